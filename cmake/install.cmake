@@ -1,0 +1,21 @@
+# Installs fp8mla as a CMake package: find_package(fp8mla) then link fp8mla::fp8mla.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+install(TARGETS fp8mla EXPORT fp8mlaTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+install(DIRECTORY include/fp8mla DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  FILES_MATCHING PATTERN "*.hpp")
+install(FILES ${PROJECT_BINARY_DIR}/include/fp8mla/version.hpp
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/fp8mla)
+
+set(FP8MLA_CONFIG_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/fp8mla)
+install(EXPORT fp8mlaTargets NAMESPACE fp8mla:: DESTINATION ${FP8MLA_CONFIG_DIR})
+configure_package_config_file(cmake/fp8mlaConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/fp8mlaConfig.cmake INSTALL_DESTINATION ${FP8MLA_CONFIG_DIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/fp8mlaConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/fp8mlaConfig.cmake ${PROJECT_BINARY_DIR}/fp8mlaConfigVersion.cmake
+  DESTINATION ${FP8MLA_CONFIG_DIR})

@@ -1,0 +1,67 @@
+#include "core/check.hpp"
+
+namespace fp8mla {
+
+void ArgChecker::fail(ErrorCategory category, std::string_view message) const {
+  throw Error(category, concat(op_, ": ", message), where_);
+}
+
+void ArgChecker::require(bool ok, ErrorCategory category, std::string_view message) const {
+  if (!ok) fail(category, message);
+}
+
+void ArgChecker::dtype(const TensorView& t, std::string_view name,
+                       std::initializer_list<DType> allowed) const {
+  for (DType d : allowed) {
+    if (t.dtype() == d) return;
+  }
+  std::string names;
+  for (DType d : allowed) names += concat(names.empty() ? "" : ", ", dtype_name(d));
+  fail(ErrorCategory::kInvalidArgument,
+       concat("`", name, "` dtype: expected ", allowed.size() == 1 ? "" : "one of {", names,
+              allowed.size() == 1 ? "" : "}", ", got ", dtype_name(t.dtype())));
+}
+
+void ArgChecker::ndim(const TensorView& t, std::string_view name, int min_dims,
+                      int max_dims) const {
+  if (t.ndim() >= min_dims && t.ndim() <= max_dims) return;
+  const std::string expected =
+      min_dims == max_dims ? concat(min_dims) : concat(min_dims, " to ", max_dims);
+  fail(ErrorCategory::kInvalidArgument,
+       concat("`", name, "`: expected ", expected, " dims, got ", t.describe()));
+}
+
+void ArgChecker::size(const TensorView& t, std::string_view name, int dim,
+                      std::int64_t expected) const {
+  if (t.size(dim) == expected) return;
+  fail(ErrorCategory::kInvalidArgument,
+       concat("`", name, "` dim ", dim, ": expected size ", expected, ", got ", t.describe()));
+}
+
+void ArgChecker::device(const TensorView& t, std::string_view name, Device expected) const {
+  if (t.device() == expected) return;
+  fail(ErrorCategory::kInvalidArgument,
+       concat("`", name, "`: expected a tensor on ", to_string(expected), ", got ", t.describe()));
+}
+
+void ArgChecker::aligned(const TensorView& t, std::string_view name, int bytes) const {
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data());
+  if (address % std::uintptr_t(bytes) != 0) {
+    fail(ErrorCategory::kInvalidArgument,
+         concat("`", name, "`: expected a ", bytes, "-byte aligned data pointer, got address 0x",
+                std::hex, address, std::dec, " (", t.describe(), ")"));
+  }
+  for (int d = 0; d < t.ndim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) != 1 && (t.stride(d) * dtype_size(t.dtype())) % bytes != 0) {
+      fail(ErrorCategory::kInvalidArgument,
+           concat("`", name, "`: expected dim ", d, "'s stride to be a multiple of ", bytes,
+                  " bytes, got ", t.stride(d), " elements (", t.describe(), ")"));
+    }
+  }
+}
+
+RowLayout ArgChecker::rows(const TensorView& t, std::string_view name) const {
+  return fold_rows(t, concat(op_, ": `", name, "`"));
+}
+
+}  // namespace fp8mla

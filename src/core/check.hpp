@@ -1,0 +1,45 @@
+// Argument validation shared by every op. Each message starts with the op and the argument's
+// name and says what was expected and what was given:
+//   "quantize_fp8: `out` dtype: expected one of {e4m3fn, e5m2}, got bf16"
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <source_location>
+#include <string>
+#include <string_view>
+
+#include "fp8mla/error.hpp"
+#include "fp8mla/tensor_view.hpp"
+
+namespace fp8mla {
+
+class ArgChecker {
+ public:
+  explicit ArgChecker(std::string_view op,
+                      std::source_location where = std::source_location::current())
+      : op_(op), where_(where) {}
+
+  void dtype(const TensorView& t, std::string_view name,
+             std::initializer_list<DType> allowed) const;
+  void ndim(const TensorView& t, std::string_view name, int min_dims, int max_dims) const;
+  void ndim(const TensorView& t, std::string_view name, int dims) const {
+    ndim(t, name, dims, dims);
+  }
+  void size(const TensorView& t, std::string_view name, int dim, std::int64_t expected) const;
+  void device(const TensorView& t, std::string_view name, Device expected) const;
+  // The data pointer, and every stride other than 1 element, are multiples of `bytes` bytes.
+  void aligned(const TensorView& t, std::string_view name, int bytes) const;
+  // Rows of `t` as fold_rows() sees them, with errors naming the op and argument.
+  RowLayout rows(const TensorView& t, std::string_view name) const;
+  // A free-form requirement: throws `category` with "<op>: <message>" when `ok` is false.
+  void require(bool ok, ErrorCategory category, std::string_view message) const;
+
+ private:
+  [[noreturn]] void fail(ErrorCategory category, std::string_view message) const;
+
+  std::string_view op_;
+  std::source_location where_;
+};
+
+}  // namespace fp8mla

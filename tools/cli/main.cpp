@@ -1,0 +1,25 @@
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "fp8mla/error.hpp"
+#include "fp8mla/version.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"fp8mla: FP8 Multi-head Latent Attention prefill for NVIDIA Hopper"};
+  app.set_version_flag("--version", fp8mla::kVersionString);
+  app.require_subcommand(1);
+  fp8mla::cli::add_info_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const fp8mla::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fp8mla: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
