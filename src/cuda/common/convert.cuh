@@ -1,0 +1,99 @@
+// Hardware conversions (PTX cvt) for the device path. Each one is proved bit-identical to the
+// software codec in fp8mla/numerics.hpp on every input by tests/cpp/numerics_cuda_test.cu; below
+// sm_89 they fall back to that codec.
+#pragma once
+
+#include <cstdint>
+
+#include "fp8mla/numerics.hpp"
+
+namespace fp8mla::cuda {
+
+// Two fp32 values to two e4m3fn bytes (lo in the low byte), nearest-even, saturating.
+__device__ __forceinline__ std::uint16_t cvt_e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  std::uint16_t out;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+  return out;
+#else
+  return std::uint16_t(encode_e4m3(lo) | (encode_e4m3(hi) << 8));
+#endif
+}
+
+__device__ __forceinline__ std::uint16_t cvt_e5m2x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  std::uint16_t out;
+  asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+  return out;
+#else
+  return std::uint16_t(encode_e5m2(lo) | (encode_e5m2(hi) << 8));
+#endif
+}
+
+// Two packed fp16 values (low half first) straight to two e4m3fn bytes.
+__device__ __forceinline__ std::uint16_t cvt_e4m3x2_from_f16x2(std::uint32_t f16x2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  std::uint16_t out;
+  asm("cvt.rn.satfinite.e4m3x2.f16x2 %0, %1;" : "=h"(out) : "r"(f16x2));
+  return out;
+#else
+  return cvt_e4m3x2(decode_f16(std::uint16_t(f16x2)), decode_f16(std::uint16_t(f16x2 >> 16)));
+#endif
+}
+
+__device__ __forceinline__ std::uint16_t cvt_e5m2x2_from_f16x2(std::uint32_t f16x2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  std::uint16_t out;
+  asm("cvt.rn.satfinite.e5m2x2.f16x2 %0, %1;" : "=h"(out) : "r"(f16x2));
+  return out;
+#else
+  return cvt_e5m2x2(decode_f16(std::uint16_t(f16x2)), decode_f16(std::uint16_t(f16x2 >> 16)));
+#endif
+}
+
+// Two e4m3fn / e5m2 bytes to fp32, through the hardware's fp8 -> f16x2 conversion.
+__device__ __forceinline__ float2 cvt_e4m3x2_to_f32x2(std::uint16_t fp8x2) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 890
+  return {decode_e4m3(std::uint8_t(fp8x2)), decode_e4m3(std::uint8_t(fp8x2 >> 8))};
+#else
+  std::uint32_t f16x2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(f16x2) : "h"(fp8x2));
+  float lo, hi;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(std::uint16_t(f16x2)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(std::uint16_t(f16x2 >> 16)));
+  return {lo, hi};
+#endif
+}
+
+__device__ __forceinline__ float2 cvt_e5m2x2_to_f32x2(std::uint16_t fp8x2) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 890
+  return {decode_e5m2(std::uint8_t(fp8x2)), decode_e5m2(std::uint8_t(fp8x2 >> 8))};
+#else
+  std::uint32_t f16x2;
+  asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(f16x2) : "h"(fp8x2));
+  float lo, hi;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(std::uint16_t(f16x2)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(std::uint16_t(f16x2 >> 16)));
+  return {lo, hi};
+#endif
+}
+
+__device__ __forceinline__ std::uint16_t cvt_bf16(float x) {
+  std::uint16_t out;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(x));
+  return out;
+}
+
+__device__ __forceinline__ std::uint16_t cvt_f16(float x) {
+  std::uint16_t out;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out) : "f"(x));
+  return out;
+}
+
+__device__ __forceinline__ float cvt_f16_to_f32(std::uint16_t x) {
+  float out;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(out) : "h"(x));
+  return out;
+}
+
+}  // namespace fp8mla::cuda

@@ -1,0 +1,97 @@
+#include "cuda/common/runtime.hpp"
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "fp8mla/error.hpp"
+#include "fp8mla/runtime_info.hpp"
+
+namespace fp8mla::cuda {
+
+void check(cudaError_t status, const char* what, std::source_location where) {
+  if (status == cudaSuccess) return;
+  throw Error(
+      ErrorCategory::kCuda,
+      concat(what, " failed: ", cudaGetErrorName(status), " (", cudaGetErrorString(status), ")"),
+      where);
+}
+
+void check_launch(const char* kernel, std::source_location where) {
+  check(cudaGetLastError(), concat("launch of ", kernel).c_str(), where);
+}
+
+namespace {
+
+DeviceProps query_props(int ordinal) {
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, ordinal), "cudaGetDeviceProperties");
+  int smem_optin = 0;
+  check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ordinal),
+        "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  DeviceProps props;
+  props.ordinal = ordinal;
+  props.name = prop.name;
+  props.arch = prop.major * 10 + prop.minor;
+  props.sm_count = prop.multiProcessorCount;
+  props.l2_bytes = prop.l2CacheSize;
+  props.global_memory_bytes = std::int64_t(prop.totalGlobalMem);
+  props.max_shared_memory_per_block_optin = smem_optin;
+  return props;
+}
+
+int device_count() {
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  return count;
+}
+
+}  // namespace
+
+const DeviceProps& device_props(int ordinal) {
+  // One slot per device, filled on first use; entries never move once created.
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<DeviceProps>> cache;
+  std::lock_guard lock(mutex);
+  if (cache.empty()) cache.resize(std::size_t(device_count()));
+  if (ordinal < 0 || std::size_t(ordinal) >= cache.size()) {
+    throw Error(ErrorCategory::kOutOfRange,
+                concat("expected a CUDA device ordinal in [0, ", cache.size(), "), got ", ordinal));
+  }
+  auto& slot = cache[std::size_t(ordinal)];
+  if (!slot) slot = std::make_unique<DeviceProps>(query_props(ordinal));
+  return *slot;
+}
+
+const DeviceProps& current_device_props() {
+  int ordinal = 0;
+  check(cudaGetDevice(&ordinal), "cudaGetDevice");
+  return device_props(ordinal);
+}
+
+}  // namespace fp8mla::cuda
+
+namespace fp8mla {
+
+CudaDevices cuda_devices() {
+  CudaDevices result;
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the error so later calls are not poisoned by it
+    result.unavailable_reason = concat(cudaGetErrorName(status), ": ", cudaGetErrorString(status));
+    return result;
+  }
+  if (count == 0) {
+    result.unavailable_reason = "the CUDA runtime reports no device";
+    return result;
+  }
+  for (int i = 0; i < count; ++i) {
+    const cuda::DeviceProps& p = cuda::device_props(i);
+    result.devices.push_back(
+        {p.ordinal, p.name, p.arch, p.sm_count, p.l2_bytes, p.global_memory_bytes});
+  }
+  return result;
+}
+
+}  // namespace fp8mla

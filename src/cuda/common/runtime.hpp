@@ -1,0 +1,34 @@
+// CUDA runtime helpers: errors become fp8mla::Error, and device properties are queried once.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <source_location>
+#include <string>
+
+namespace fp8mla::cuda {
+
+// Throws Error{kCuda} naming `what` and the CUDA error when `status` is not cudaSuccess.
+void check(cudaError_t status, const char* what,
+           std::source_location where = std::source_location::current());
+
+// Checks the status of the last launch on this thread (a bad configuration shows up here).
+void check_launch(const char* kernel, std::source_location where = std::source_location::current());
+
+struct DeviceProps {
+  int ordinal = 0;
+  std::string name;
+  int arch = 0;  // major * 10 + minor
+  int sm_count = 0;
+  std::int64_t l2_bytes = 0;
+  std::int64_t global_memory_bytes = 0;
+  std::int64_t max_shared_memory_per_block_optin = 0;
+};
+
+// Properties of device `ordinal`, queried on first use and cached (thread-safe).
+const DeviceProps& device_props(int ordinal);
+// Properties of the current device of the calling thread.
+const DeviceProps& current_device_props();
+
+}  // namespace fp8mla::cuda
