@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# What a developer runs on a Hopper machine: builds fp8mla with CUDA, runs every test (the CUDA-
+# labelled ones included) and compute-sanitizer on the CUDA tests, then prints a summary table.
+#   scripts/gpu-check.sh [--no-build] [--out DIR] [BUILD_DIR]
+# --no-build runs a build tree made elsewhere at the same absolute path (the tests' paths are
+# absolute). Logs and the JUnit report go to DIR (default BUILD_DIR/gpu-check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+build=1 out="" dir=build-gpu
+while (($#)); do
+  case "$1" in
+    --no-build) build=0 ;;
+    --out) out=$2; shift ;;
+    *) dir=$1 ;;
+  esac
+  shift
+done
+out=${out:-$dir/gpu-check}
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+
+if ((build)); then
+  scripts/setup.sh
+  cmake -S . -B "$dir" -G Ninja -DFP8MLA_CUDA=ON >"$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
+  start=$(date +%s)
+  cmake --build "$dir" -j"$(nproc)" >"$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+  echo "build: $(($(date +%s) - start)) s on $(nproc) cores"
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+"$dir/fp8mla" info
+
+ctest_status=0
+labels=(cpu long cuda install)
+for label in "${labels[@]}"; do
+  ctest --test-dir "$dir" -L "^$label\$" --output-on-failure --no-tests=ignore \
+    --output-junit "$out/ctest-$label.xml" >"$out/ctest-$label.log" 2>&1 || ctest_status=1
+done
+
+# compute-sanitizer on the CUDA tests. Left out: the 2^32 sweep (hours when instrumented) and the
+# test that makes a launch fail on purpose (the sanitizer reports that API error).
+sanitizer_rows=()
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck initcheck synccheck; do
+    for exe in cuda_runtime_test numerics_cuda_test; do
+      log="$out/sanitizer-$tool-$exe.log"
+      compute-sanitizer --tool "$tool" --error-exitcode 99 "$dir/tests/$exe" \
+        --gtest_filter=-NumericsCuda.HardwareConversionsEqualSoftwareCodec:CudaRuntime.LaunchErrorBecomesFp8mlaError \
+        >"$log" 2>&1
+      status=$?
+      ((status == 0)) || ctest_status=1
+      sanitizer_rows+=("$tool $exe $([[ $status == 0 ]] && echo clean || echo "FAILED($status)")")
+    done
+  done
+fi
+
+echo
+python3 - "$out" "${labels[@]}" <<'PY'
+import os, sys, xml.etree.ElementTree as ET
+out, labels = sys.argv[1], sys.argv[2:]
+print(f"{'tests':<10}{'passed':>8}{'failed':>8}{'skipped':>9}{'seconds':>10}")
+for label in labels:
+    path = os.path.join(out, f"ctest-{label}.xml")
+    if not os.path.exists(path):
+        print(f"{label:<10}  (no report)")
+        continue
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    seconds = 0.0
+    for case in ET.parse(path).getroot().iter("testcase"):
+        status = case.get("status", "run")
+        if status in ("notrun", "disabled") or case.find("skipped") is not None:
+            counts["skipped"] += 1
+        elif status == "fail" or case.find("failure") is not None:
+            counts["failed"] += 1
+        else:
+            counts["passed"] += 1
+        seconds += float(case.get("time", 0))
+    print(f"{label:<10}{counts['passed']:>8}{counts['failed']:>8}{counts['skipped']:>9}{seconds:>10.1f}")
+PY
+for row in "${sanitizer_rows[@]}"; do echo "sanitizer $row"; done
+exit $ctest_status
