@@ -15,7 +15,8 @@ struct LaunchConfig {
   std::size_t shared_bytes = 0;
   cudaStream_t stream = nullptr;
   // Let the kernel start while the previous one on the stream drains. Set it only for kernels that
-  // call pdl_wait() before their first dependent load; it is dropped below sm_90.
+  // call pdl_wait() before their first dependent load; it is dropped below sm_90 and when
+  // set_pdl_enabled(false) was called.
   bool pdl = false;
 };
 
@@ -28,7 +29,7 @@ void launch(const char* name, void (*kernel)(KernelArgs...), const LaunchConfig&
   cfg.dynamicSmemBytes = config.shared_bytes;
   cfg.stream = config.stream;
   cudaLaunchAttribute attribute{};
-  if (config.pdl && current_device_props().arch >= 90) {
+  if (config.pdl && pdl_enabled() && current_device_props().arch >= 90) {
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute.val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = &attribute;

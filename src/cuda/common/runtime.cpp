@@ -1,5 +1,6 @@
 #include "cuda/common/runtime.hpp"
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -63,11 +64,20 @@ const DeviceProps& device_props(int ordinal) {
   return *slot;
 }
 
-const DeviceProps& current_device_props() {
+int current_device() {
   int ordinal = 0;
   check(cudaGetDevice(&ordinal), "cudaGetDevice");
-  return device_props(ordinal);
+  return ordinal;
 }
+
+const DeviceProps& current_device_props() { return device_props(current_device()); }
+
+namespace {
+std::atomic<bool> pdl_switch{true};
+}  // namespace
+
+void set_pdl_enabled(bool enabled) { pdl_switch.store(enabled, std::memory_order_relaxed); }
+bool pdl_enabled() { return pdl_switch.load(std::memory_order_relaxed); }
 
 }  // namespace fp8mla::cuda
 

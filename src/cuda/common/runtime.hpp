@@ -28,7 +28,14 @@ struct DeviceProps {
 
 // Properties of device `ordinal`, queried on first use and cached (thread-safe).
 const DeviceProps& device_props(int ordinal);
+// The calling thread's current device.
+int current_device();
 // Properties of the current device of the calling thread.
 const DeviceProps& current_device_props();
+
+// Process-wide switch for programmatic dependent launch (on by default). Results are bit-identical
+// either way; tests and benchmarks turn it off to prove that or to measure it.
+void set_pdl_enabled(bool enabled);
+bool pdl_enabled();
 
 }  // namespace fp8mla::cuda
