@@ -11,9 +11,12 @@ namespace fp8mla::cpu {
 // Element i of a bf16, f16 or f32 array, exactly as fp32.
 inline float load_f32(const void* data, DType dtype, std::int64_t i) {
   switch (dtype) {
-    case DType::kBF16: return decode_bf16(static_cast<const std::uint16_t*>(data)[i]);
-    case DType::kF16: return decode_f16(static_cast<const std::uint16_t*>(data)[i]);
-    default: return static_cast<const float*>(data)[i];
+    case DType::kBF16:
+      return decode_bf16(static_cast<const std::uint16_t*>(data)[i]);
+    case DType::kF16:
+      return decode_f16(static_cast<const std::uint16_t*>(data)[i]);
+    default:
+      return static_cast<const float*>(data)[i];
   }
 }
 
@@ -21,6 +24,8 @@ inline std::uint8_t encode_fp8(float x, DType dtype) {
   return dtype == DType::kE5M2 ? encode_e5m2(x) : encode_e4m3(x);
 }
 
-inline float fp8_max(DType dtype) { return dtype == DType::kE5M2 ? kE5M2Max : kE4M3Max; }
+inline float fp8_max(DType dtype) {
+  return dtype == DType::kE5M2 ? kE5M2Max : kE4M3Max;
+}
 
 }  // namespace fp8mla::cpu

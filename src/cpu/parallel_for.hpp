@@ -17,7 +17,8 @@ template <typename Fn>
 void parallel_for(std::int64_t n, std::int64_t grain, Fn fn) {
   if (n <= 0) return;
   const std::int64_t hw = std::max<unsigned>(1, std::thread::hardware_concurrency());
-  const std::int64_t workers = std::clamp<std::int64_t>(n / std::max<std::int64_t>(grain, 1), 1, hw);
+  const std::int64_t workers =
+      std::clamp<std::int64_t>(n / std::max<std::int64_t>(grain, 1), 1, hw);
   if (workers == 1) {
     fn(std::int64_t{0}, n);
     return;

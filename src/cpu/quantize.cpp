@@ -29,7 +29,8 @@ float input_amax(const Rows& in) {
     float local = 0.0f;
     for (std::int64_t r = begin; r < end; ++r) {
       const char* row = row_ptr(in, r);
-      for (std::int64_t c = 0; c < in.cols; ++c) local = std::fmax(local, std::fabs(load_f32(row, in.dtype, c)));
+      for (std::int64_t c = 0; c < in.cols; ++c)
+        local = std::fmax(local, std::fabs(load_f32(row, in.dtype, c)));
     }
     std::lock_guard lock(mutex);
     amax = std::fmax(amax, local);
@@ -90,7 +91,8 @@ void quantize_fp8_per_token_group(const QuantizeGroupParams& p) {
           case Format::kPackedUe8m0:
             packed_word |= std::uint32_t(exponent) << (8 * (g % 4));
             if (g % 4 == 3 || g + 1 == groups) {  // last group of the word: bytes past it stay 0
-              static_cast<std::uint32_t*>(p.scales)[at + (g / 4) * p.scale_col_stride] = packed_word;
+              static_cast<std::uint32_t*>(p.scales)[at + (g / 4) * p.scale_col_stride] =
+                  packed_word;
               packed_word = 0;
             }
             break;

@@ -20,9 +20,9 @@ void check_devices(const ArgChecker& check, Device device,
                 concat("expected tensors on the current CUDA device cuda:", current, ", got ",
                        to_string(device), " (set the device before calling)"));
 #else
-  check.require(false, ErrorCategory::kUnsupported,
-                concat("tensors are on ", to_string(device),
-                       " but this fp8mla was built without CUDA"));
+  check.require(
+      false, ErrorCategory::kUnsupported,
+      concat("tensors are on ", to_string(device), " but this fp8mla was built without CUDA"));
 #endif
 }
 

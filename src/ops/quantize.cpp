@@ -52,7 +52,8 @@ void run_quantize_fp8(const ArgChecker& check, const TensorView& input, const Te
                       QuantizeFp8Params& p, CudaStream stream) {
   std::tie(p.input, p.out) = fp8_rows(check, input, out, {DType::kE4M3, DType::kE5M2});
   if (p.input.rows == 0 || p.input.cols == 0) return;
-  dispatch(input.device(), [&] { cpu::quantize_fp8(p); }, [&](auto) { cuda::quantize_fp8(p, stream); });
+  dispatch(
+      input.device(), [&] { cpu::quantize_fp8(p); }, [&](auto) { cuda::quantize_fp8(p, stream); });
 }
 
 }  // namespace
@@ -83,7 +84,8 @@ void quantize_fp8_dynamic(const TensorView& input, const TensorView& out, const 
   p.scale_out = const_cast<float*>(scalar_f32(check, scale, "scale", input.device()));
   std::tie(p.input, p.out) = fp8_rows(check, input, out, {DType::kE4M3, DType::kE5M2});
   // An empty input still defines its scale: amax = 0 gives kMinDynamicScale.
-  dispatch(input.device(), [&] { cpu::quantize_fp8(p); }, [&](auto) { cuda::quantize_fp8(p, stream); });
+  dispatch(
+      input.device(), [&] { cpu::quantize_fp8(p); }, [&](auto) { cuda::quantize_fp8(p, stream); });
 }
 
 void quantize_fp8_per_token_group(const TensorView& input, const TensorView& out,
@@ -112,28 +114,29 @@ void quantize_fp8_per_token_group(const TensorView& input, const TensorView& out
   check.require(scales.size(0) == p.input.rows && scales.size(1) == scale_cols,
                 ErrorCategory::kInvalidArgument,
                 concat("`scales`: expected [", p.input.rows, ", ", scale_cols, "] (",
-                       packed ? "packed UE8M0 words for " : "", groups, " groups of ",
-                       p.group_size, " per row), got ", scales.describe()));
+                       packed ? "packed UE8M0 words for " : "", groups, " groups of ", p.group_size,
+                       " per row), got ", scales.describe()));
   // Distinct scales must not share memory: one dim's stride spans the whole other dim.
   const std::int64_t s0 = scales.stride(0), s1 = scales.stride(1);
-  const bool disjoint = scales.size(0) <= 1 || scales.size(1) <= 1
-                            ? (scales.size(0) <= 1 || s0 > 0) && (scales.size(1) <= 1 || s1 > 0)
-                            : (s1 > 0 && s0 >= s1 * scales.size(1)) ||
-                                  (s0 > 0 && s1 >= s0 * scales.size(0));
-  check.require(disjoint, ErrorCategory::kInvalidArgument,
-                concat("`scales`: expected strides that keep every scale apart, got ",
-                       scales.describe()));
+  const bool disjoint =
+      scales.size(0) <= 1 || scales.size(1) <= 1
+          ? (scales.size(0) <= 1 || s0 > 0) && (scales.size(1) <= 1 || s1 > 0)
+          : (s1 > 0 && s0 >= s1 * scales.size(1)) || (s0 > 0 && s1 >= s0 * scales.size(0));
+  check.require(
+      disjoint, ErrorCategory::kInvalidArgument,
+      concat("`scales`: expected strides that keep every scale apart, got ", scales.describe()));
   p.scales = scales.data();
   p.scale_row_stride = s0;
   p.scale_col_stride = s1;
   using Format = QuantizeGroupParams::ScaleFormat;
-  p.scale_format = packed                                ? Format::kPackedUe8m0
-                   : scales.dtype() == DType::kUE8M0     ? Format::kUe8m0
-                   : options.round_scale_to_pow2         ? Format::kF32Pow2
-                                                         : Format::kF32;
+  p.scale_format = packed                            ? Format::kPackedUe8m0
+                   : scales.dtype() == DType::kUE8M0 ? Format::kUe8m0
+                   : options.round_scale_to_pow2     ? Format::kF32Pow2
+                                                     : Format::kF32;
   if (p.input.rows == 0) return;
-  dispatch(input.device(), [&] { cpu::quantize_fp8_per_token_group(p); },
-           [&](auto) { cuda::quantize_fp8_per_token_group(p, stream); });
+  dispatch(
+      input.device(), [&] { cpu::quantize_fp8_per_token_group(p); },
+      [&](auto) { cuda::quantize_fp8_per_token_group(p, stream); });
 }
 
 void quantize_nvfp4(const TensorView& input, const TensorView& out, const TensorView& block_scales,
@@ -148,12 +151,14 @@ void quantize_nvfp4(const TensorView& input, const TensorView& out, const Tensor
   p.input = rows_of(check, input, "input");
   check.require(p.input.cols % 16 == 0, ErrorCategory::kInvalidArgument,
                 concat("`input`: expected the last dim to be a multiple of 16 (the NVFP4 block), "
-                       "got ", input.describe()));
+                       "got ",
+                       input.describe()));
   bool out_shape = out.ndim() == input.ndim() && out.size(-1) * 2 == p.input.cols;
   for (int d = 0; out_shape && d + 1 < input.ndim(); ++d) out_shape = out.size(d) == input.size(d);
   check.require(out_shape, ErrorCategory::kInvalidArgument,
                 concat("`out`: expected the shape of `input` with the last dim halved (two fp4 "
-                       "values per byte), input ", input.describe(), ", got ", out.describe()));
+                       "values per byte), input ",
+                       input.describe(), ", got ", out.describe()));
   p.out = rows_of(check, out, "out");
   p.global_scale = scalar_f32(check, global_scale, "global_scale", input.device());
   p.layout = layout;
@@ -161,11 +166,11 @@ void quantize_nvfp4(const TensorView& input, const TensorView& out, const Tensor
 
   const std::int64_t m = p.input.rows, k_blocks = p.input.cols / 16;
   if (layout == Nvfp4ScaleLayout::kLinear) {
-    check.require(block_scales.ndim() == 2 && block_scales.size(0) == m &&
-                      block_scales.size(1) == k_blocks,
-                  ErrorCategory::kInvalidArgument,
-                  concat("`block_scales` (linear layout): expected [", m, ", ", k_blocks,
-                         "], got ", block_scales.describe()));
+    check.require(
+        block_scales.ndim() == 2 && block_scales.size(0) == m && block_scales.size(1) == k_blocks,
+        ErrorCategory::kInvalidArgument,
+        concat("`block_scales` (linear layout): expected [", m, ", ", k_blocks, "], got ",
+               block_scales.describe()));
     p.scale_row_stride = check.rows(block_scales, "block_scales").row_stride;
   } else {
     const std::int64_t m_tiles = (m + 127) / 128, k_tiles = (k_blocks + 3) / 4;
@@ -174,15 +179,15 @@ void quantize_nvfp4(const TensorView& input, const TensorView& out, const Tensor
                        block_scales.size(3) == 4 && block_scales.size(4) == 4;
     const bool as_2d = block_scales.ndim() == 2 && block_scales.size(0) == m_tiles * 128 &&
                        block_scales.size(1) == k_tiles * 4;
-    check.require((as_5d || as_2d) && block_scales.is_contiguous(),
-                  ErrorCategory::kInvalidArgument,
+    check.require((as_5d || as_2d) && block_scales.is_contiguous(), ErrorCategory::kInvalidArgument,
                   concat("`block_scales` (128x4 swizzled layout): expected contiguous [", m_tiles,
                          ", ", k_tiles, ", 32, 4, 4] or [", m_tiles * 128, ", ", k_tiles * 4,
                          "], got ", block_scales.describe()));
   }
   if (m == 0) return;
-  dispatch(input.device(), [&] { cpu::quantize_nvfp4(p); },
-           [&](auto) { cuda::quantize_nvfp4(p, stream); });
+  dispatch(
+      input.device(), [&] { cpu::quantize_nvfp4(p); },
+      [&](auto) { cuda::quantize_nvfp4(p, stream); });
 }
 
 }  // namespace fp8mla

@@ -58,7 +58,8 @@ struct QuantizeNvfp4Params {
 
 // Byte offset of the block scale of row m, block kb in the 128x4 swizzled layout of a matrix
 // with `k_blocks` blocks of 16 per row: [M/128, ceil(k_blocks/4), 32, 4, 4].
-FP8MLA_HOST_DEVICE std::int64_t swizzled_scale_offset(std::int64_t m, std::int64_t kb, std::int64_t k_blocks) {
+FP8MLA_HOST_DEVICE std::int64_t swizzled_scale_offset(std::int64_t m, std::int64_t kb,
+                                                      std::int64_t k_blocks) {
   const std::int64_t k_tiles = (k_blocks + 3) / 4;
   return (((m / 128) * k_tiles + kb / 4) * 32 + m % 32) * 16 + ((m % 128) / 32) * 4 + kb % 4;
 }

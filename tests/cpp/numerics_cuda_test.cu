@@ -20,6 +20,7 @@ enum Check : int {
   kE5M2FromF32,
   kBf16FromF32,
   kF16FromF32,
+  kE2M1FromF32,
   kE4M3FromF16x2,
   kE5M2FromF16x2,
   kF32FromF16,
@@ -72,6 +73,8 @@ __global__ void every_f32_pattern(Mismatches* m) {
     expect_equal(m, kBf16FromF32, u1, cuda::cvt_bf16(x1), encode_bf16(x1));
     expect_equal(m, kF16FromF32, u0, cuda::cvt_f16(x0), encode_f16(x0));
     expect_equal(m, kF16FromF32, u1, cuda::cvt_f16(x1), encode_f16(x1));
+    expect_equal(m, kE2M1FromF32, u0, cuda::cvt_e2m1(x0), encode_e2m1(x0));
+    expect_equal(m, kE2M1FromF32, u1, cuda::cvt_e2m1(x1), encode_e2m1(x1));
   }
 }
 

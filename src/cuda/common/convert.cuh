@@ -96,4 +96,13 @@ __device__ __forceinline__ float cvt_f16_to_f32(std::uint16_t x) {
   return out;
 }
 
+// fp4 e2m1 (4-bit code) by comparisons against the midpoints of its values, ties to the even code;
+// sm_90 has no e2m1 cvt. Equal to encode_e2m1 on every input (tests/cpp/numerics_cuda_test.cu).
+__device__ __forceinline__ std::uint32_t cvt_e2m1(float x) {
+  const float a = fabsf(x);
+  const std::uint32_t magnitude = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) +
+                                  (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return x != x ? 0x7u : magnitude | ((float_bits(x) >> 28) & 0x8u);
+}
+
 }  // namespace fp8mla::cuda

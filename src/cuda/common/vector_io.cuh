@@ -1,0 +1,121 @@
+// Vectorised element access for the memory-bound kernels: 16-byte loads of bf16/f16/f32 turned
+// into fp32, and the 32-bit fast division that maps a flat vector index to (row, column).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/convert.cuh"
+#include "fp8mla/dtype.hpp"
+
+namespace fp8mla::cuda {
+
+// Input element types: storage and widening to fp32.
+struct Bf16In {
+  using Storage = std::uint16_t;
+  __device__ static float to_f32(Storage x) { return decode_bf16(x); }
+};
+struct F16In {
+  using Storage = std::uint16_t;
+  __device__ static float to_f32(Storage x) { return cvt_f16_to_f32(x); }
+};
+struct F32In {
+  using Storage = float;
+  __device__ static float to_f32(Storage x) { return x; }
+};
+
+// Calls fn.template operator()<InputType>() for the runtime dtype (bf16, f16 or f32).
+template <typename Fn>
+void dispatch_input_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kBF16:
+      fn.template operator()<Bf16In>();
+      break;
+    case DType::kF16:
+      fn.template operator()<F16In>();
+      break;
+    default:
+      fn.template operator()<F32In>();
+      break;
+  }
+}
+
+// kN consecutive elements as fp32. With kN * sizeof(Storage) == 16 the address must be 16-byte
+// aligned and the load is one LDG.128; kN == 1 is a plain scalar load.
+template <typename In, int kN>
+__device__ __forceinline__ void load_f32(const typename In::Storage* p, float (&out)[kN]) {
+  using S = typename In::Storage;
+  if constexpr (kN * sizeof(S) == 16) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+    const S* s = reinterpret_cast<const S*>(&v);
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = In::to_f32(s[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) out[i] = In::to_f32(__ldg(p + i));
+  }
+}
+
+// kN fp8 bytes (kN even) from kN fp32 values, e4m3 or e5m2 by `e5m2`, stored with one access of
+// kN bytes when kN is 2, 4, 8 or 16 (the address must be aligned to that).
+template <int kN>
+__device__ __forceinline__ void store_fp8(std::uint8_t* p, const float (&x)[kN], bool e5m2) {
+  static_assert(kN % 2 == 0 || kN == 1);
+  if constexpr (kN == 1) {
+    *p = e5m2 ? std::uint8_t(cvt_e5m2x2(x[0], 0.0f)) : std::uint8_t(cvt_e4m3x2(x[0], 0.0f));
+  } else {
+    std::uint16_t pairs[kN / 2];
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) {
+      pairs[i] = e5m2 ? cvt_e5m2x2(x[2 * i], x[2 * i + 1]) : cvt_e4m3x2(x[2 * i], x[2 * i + 1]);
+    }
+    if constexpr (kN == 16) {
+      *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(pairs);
+    } else if constexpr (kN == 8) {
+      *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(pairs);
+    } else if constexpr (kN == 4) {
+      *reinterpret_cast<std::uint32_t*>(p) = *reinterpret_cast<const std::uint32_t*>(pairs);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kN / 2; ++i) reinterpret_cast<std::uint16_t*>(p)[i] = pairs[i];
+    }
+  }
+}
+
+// n / d and n % d for 32-bit n by a 64-bit multiply: magic = ceil(2^64 / d) is exact for every
+// n < 2^32 and d < 2^32 (the error n / 2^64 stays below 1 / d).
+struct FastDivmod {
+  std::uint32_t divisor = 1;
+  std::uint64_t magic = 0;  // unused for divisor 1
+
+  FastDivmod() = default;
+  explicit FastDivmod(std::uint32_t d) : divisor(d), magic(d > 1 ? ~0ull / d + 1 : 0) {}
+
+  __device__ __forceinline__ std::uint32_t div(std::uint32_t n) const {
+    return divisor == 1 ? n : std::uint32_t(__umul64hi(n, magic));
+  }
+  __device__ __forceinline__ void divmod(std::uint32_t n, std::uint32_t& q,
+                                         std::uint32_t& r) const {
+    q = div(n);
+    r = n - q * divisor;
+  }
+};
+
+// Block-wide max of non-negative floats (NaNs already dropped); the result is valid in thread 0.
+template <int kThreads>
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float warp_max[kThreads / 32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(~0u, v, offset));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < kThreads / 32 ? warp_max[threadIdx.x] : 0.0f;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(~0u, v, offset));
+  }
+  return v;
+}
+
+}  // namespace fp8mla::cuda

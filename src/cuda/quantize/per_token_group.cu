@@ -1,0 +1,222 @@
+// Per-token-group FP8 quantization: one scale per group of 64 or 128 contiguous elements.
+//
+// Vector variant: kLanes lanes share a group, each with one 16-byte load; the group max is a
+// shuffle reduction inside those lanes, then each lane scales and stores its 8 (or 4) bytes and the
+// group's first lane writes the scale. Every thread handles kUnroll groups per step so enough
+// loads are in flight. Scales go wherever the scale tensor's strides say; packed UE8M0 words are
+// written one exponent byte at a time, so no group waits for its three neighbours. Inputs that do
+// not allow 16-byte vectors take the scalar variant (one thread per group, two passes).
+#include <algorithm>
+
+#include "cuda/common/launch.cuh"
+#include "cuda/common/vector_io.cuh"
+#include "fp8mla/error.hpp"
+#include "ops/quantize_params.hpp"
+
+namespace fp8mla::cuda {
+namespace {
+
+using ScaleFormat = QuantizeGroupParams::ScaleFormat;
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+
+struct GroupArgs {
+  const void* input;
+  std::int64_t input_row_stride;
+  std::uint8_t* out;
+  std::int64_t out_row_stride;
+  float eps;
+  ScaleFormat format;
+  void* scales;
+  std::int64_t scale_row_stride;
+  std::int64_t scale_col_stride;
+  std::uint32_t groups_per_row;
+  std::int64_t first_row;  // launches are split so group indices fit in 32 bits
+  std::uint32_t groups;    // groups in this launch
+  FastDivmod row_of_group;
+};
+
+// The group scale s and the factor the elements are multiplied by (1 / s, exact for powers of
+// two), or divided by (s itself) for f32 scales. Returns true when dividing.
+__device__ __forceinline__ bool group_scale(float amax, ScaleFormat format, float& s,
+                                            std::uint8_t& exponent) {
+  s = __fdiv_rn(amax, kE4M3Max);
+  exponent = encode_ue8m0(s);
+  if (format == ScaleFormat::kF32) return true;
+  s = decode_ue8m0(exponent);
+  return false;
+}
+
+__device__ __forceinline__ void write_scale(const GroupArgs& a, std::int64_t row, std::uint32_t g,
+                                            float s, std::uint8_t exponent) {
+  const std::int64_t at = row * a.scale_row_stride;
+  switch (a.format) {
+    case ScaleFormat::kF32:
+    case ScaleFormat::kF32Pow2:
+      static_cast<float*>(a.scales)[at + g * a.scale_col_stride] = s;
+      break;
+    case ScaleFormat::kUe8m0:
+      static_cast<std::uint8_t*>(a.scales)[at + g * a.scale_col_stride] = exponent;
+      break;
+    case ScaleFormat::kPackedUe8m0: {
+      auto* word = reinterpret_cast<std::uint8_t*>(static_cast<std::uint32_t*>(a.scales) + at +
+                                                   (g / 4) * a.scale_col_stride);
+      word[g % 4] = exponent;
+      if (g + 1 == a.groups_per_row) {  // the row's last word: zero the bytes past its last group
+        for (std::uint32_t b = g % 4 + 1; b < 4; ++b) word[b] = 0;
+      }
+      break;
+    }
+  }
+}
+
+template <typename In, int kGroup>
+__global__ void __launch_bounds__(kThreads) group_quant_vector_kernel(GroupArgs a) {
+  using Storage = typename In::Storage;
+  constexpr int kVec = 16 / sizeof(Storage);
+  constexpr int kLanes = kGroup / kVec;  // lanes per group: 8, 16 or 32
+  constexpr int kGroupsPerWarp = 32 / kLanes;
+  constexpr int kWarps = kThreads / 32;
+  pdl_wait();
+  const std::uint32_t lane = threadIdx.x % kLanes;
+  const std::uint32_t sub = (threadIdx.x % 32) / kLanes;  // which of the warp's groups
+  // A warp takes kUnroll * kGroupsPerWarp consecutive groups per step. The loop bound is uniform
+  // across the warp, so every lane reaches the shuffles.
+  const std::uint32_t step = gridDim.x * kWarps * kGroupsPerWarp * kUnroll;
+  for (std::uint32_t warp_base =
+           (blockIdx.x * kWarps + threadIdx.x / 32) * kGroupsPerWarp * kUnroll;
+       warp_base < a.groups; warp_base += step) {
+    float x[kUnroll][kVec];
+    std::int64_t rows[kUnroll];
+    std::uint32_t cols[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::uint32_t group = warp_base + u * kGroupsPerWarp + sub;
+      if (group < a.groups) {
+        std::uint32_t row, g;
+        a.row_of_group.divmod(group, row, g);
+        rows[u] = a.first_row + row;
+        cols[u] = g;
+        const auto* in = static_cast<const Storage*>(a.input) + rows[u] * a.input_row_stride +
+                         std::int64_t(g) * kGroup + lane * kVec;
+        load_f32<In, kVec>(in, x[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const bool valid = warp_base + u * kGroupsPerWarp + sub < a.groups;
+      float amax = a.eps;
+      if (valid) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, fabsf(x[u][i]));
+      }
+#pragma unroll
+      for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+        amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, offset, kLanes));
+      }
+      if (!valid) continue;
+      float s;
+      std::uint8_t exponent;
+      if (group_scale(amax, a.format, s, exponent)) {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) x[u][i] = __fdiv_rn(x[u][i], s);
+      } else {
+        const float inv = decode_ue8m0(std::uint8_t(254 - exponent));  // exactly 1 / s
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) x[u][i] *= inv;
+      }
+      store_fp8<kVec>(
+          a.out + rows[u] * a.out_row_stride + std::int64_t(cols[u]) * kGroup + lane * kVec, x[u],
+          false);
+      if (lane == 0) write_scale(a, rows[u], cols[u], s, exponent);
+    }
+  }
+  pdl_launch_dependents();
+}
+
+template <typename In, int kGroup>
+__global__ void __launch_bounds__(kThreads) group_quant_scalar_kernel(GroupArgs a) {
+  using Storage = typename In::Storage;
+  pdl_wait();
+  for (std::uint32_t group = blockIdx.x * kThreads + threadIdx.x; group < a.groups;
+       group += gridDim.x * kThreads) {
+    std::uint32_t row, g;
+    a.row_of_group.divmod(group, row, g);
+    const std::int64_t r = a.first_row + row;
+    const Storage* in =
+        static_cast<const Storage*>(a.input) + r * a.input_row_stride + std::int64_t(g) * kGroup;
+    float amax = a.eps;
+    for (int i = 0; i < kGroup; ++i) amax = fmaxf(amax, fabsf(In::to_f32(in[i])));
+    float s;
+    std::uint8_t exponent;
+    const bool divide = group_scale(amax, a.format, s, exponent);
+    const float inv = decode_ue8m0(std::uint8_t(254 - exponent));
+    std::uint8_t* out = a.out + r * a.out_row_stride + std::int64_t(g) * kGroup;
+    for (int i = 0; i < kGroup; ++i) {
+      const float x = In::to_f32(in[i]);
+      out[i] = std::uint8_t(cvt_e4m3x2(divide ? __fdiv_rn(x, s) : x * inv, 0.0f));
+    }
+    write_scale(a, r, g, s, exponent);
+  }
+  pdl_launch_dependents();
+}
+
+template <typename In, int kGroup>
+void run(const QuantizeGroupParams& p, CudaStream stream) {
+  using Storage = typename In::Storage;
+  constexpr int kVec = 16 / sizeof(Storage);
+  const bool vector = reinterpret_cast<std::uintptr_t>(p.input.data) % 16 == 0 &&
+                      (p.input.row_stride * sizeof(Storage)) % 16 == 0 &&
+                      reinterpret_cast<std::uintptr_t>(p.out.data) % kVec == 0 &&
+                      p.out.row_stride % kVec == 0;
+  const std::int64_t groups_per_row = p.input.cols / kGroup;
+  const std::int64_t max_rows = std::max<std::int64_t>(1, (std::int64_t(1) << 31) / groups_per_row);
+  const int max_blocks = device_props(current_device()).sm_count * 8;
+  for (std::int64_t first = 0; first < p.input.rows; first += max_rows) {
+    const std::int64_t rows = std::min(max_rows, p.input.rows - first);
+    const GroupArgs a{p.input.data,
+                      p.input.row_stride,
+                      static_cast<std::uint8_t*>(p.out.data),
+                      p.out.row_stride,
+                      p.eps,
+                      p.scale_format,
+                      p.scales,
+                      p.scale_row_stride,
+                      p.scale_col_stride,
+                      std::uint32_t(groups_per_row),
+                      first,
+                      std::uint32_t(rows * groups_per_row),
+                      FastDivmod(std::uint32_t(groups_per_row))};
+    const std::int64_t groups_per_block =
+        vector ? std::int64_t(kThreads / (kGroup / kVec)) * kUnroll : kThreads;  // per step
+    const std::int64_t blocks = (std::int64_t(a.groups) + groups_per_block - 1) / groups_per_block;
+    const LaunchConfig config{dim3(unsigned(std::clamp<std::int64_t>(blocks, 1, max_blocks))),
+                              dim3(kThreads), 0, stream, true};
+    if (vector) {
+      launch("quantize_fp8_per_token_group", group_quant_vector_kernel<In, kGroup>, config, a);
+    } else {
+      launch("quantize_fp8_per_token_group (scalar)", group_quant_scalar_kernel<In, kGroup>, config,
+             a);
+    }
+  }
+}
+
+}  // namespace
+
+void quantize_fp8_per_token_group(const QuantizeGroupParams& p, CudaStream stream) {
+  if (p.input.cols > std::int64_t(1) << 31) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("quantize_fp8_per_token_group: rows of more than 2^31 elements, got ",
+                       p.input.cols));
+  }
+  dispatch_input_dtype(p.input.dtype, [&]<typename In>() {
+    if (p.group_size == 64) {
+      run<In, 64>(p, stream);
+    } else {
+      run<In, 128>(p, stream);
+    }
+  });
+}
+
+}  // namespace fp8mla::cuda
