@@ -1,8 +1,12 @@
 #include "cuda/common/runtime.hpp"
 
+#include <algorithm>
+
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "fp8mla/error.hpp"
@@ -70,14 +74,36 @@ int current_device() {
   return ordinal;
 }
 
-const DeviceProps& current_device_props() { return device_props(current_device()); }
+const DeviceProps& current_device_props() {
+  return device_props(current_device());
+}
+
+int resident_blocks(const void* kernel, int threads, std::size_t shared_bytes) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, std::size_t, int>, int> cache;
+  const int device = current_device();
+  const auto key = std::make_tuple(kernel, threads, shared_bytes, device);
+  std::lock_guard lock(mutex);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    it = cache.emplace(key, std::max(per_sm, 1) * device_props(device).sm_count).first;
+  }
+  return it->second;
+}
 
 namespace {
 std::atomic<bool> pdl_switch{true};
 }  // namespace
 
-void set_pdl_enabled(bool enabled) { pdl_switch.store(enabled, std::memory_order_relaxed); }
-bool pdl_enabled() { return pdl_switch.load(std::memory_order_relaxed); }
+void set_pdl_enabled(bool enabled) {
+  pdl_switch.store(enabled, std::memory_order_relaxed);
+}
+bool pdl_enabled() {
+  return pdl_switch.load(std::memory_order_relaxed);
+}
 
 }  // namespace fp8mla::cuda
 

@@ -33,6 +33,11 @@ int current_device();
 // Properties of the current device of the calling thread.
 const DeviceProps& current_device_props();
 
+// Blocks of `kernel` (with `threads` threads and `shared_bytes` of dynamic shared memory) that the
+// current device runs at once: a grid-stride kernel launched with this many has no tail wave.
+// Queried once per kernel and device.
+int resident_blocks(const void* kernel, int threads, std::size_t shared_bytes = 0);
+
 // Process-wide switch for programmatic dependent launch (on by default). Results are bit-identical
 // either way; tests and benchmarks turn it off to prove that or to measure it.
 void set_pdl_enabled(bool enabled);

@@ -138,7 +138,9 @@ void run(const QuantizeNvfp4Params& p, CudaStream stream) {
                     std::uint64_t(positions),
                     FastDivmod(std::uint32_t(k_tiles)),
                     FastDivmod(std::uint32_t(k_blocks))};
-  const int max_blocks = device_props(current_device()).sm_count * 8;
+  const auto* kernel = vector ? reinterpret_cast<const void*>(nvfp4_kernel<In, true>)
+                              : reinterpret_cast<const void*>(nvfp4_kernel<In, false>);
+  const int max_blocks = resident_blocks(kernel, kThreads);
   const std::int64_t blocks = (positions + kThreads * kUnroll - 1) / (kThreads * kUnroll);
   const LaunchConfig config{dim3(unsigned(std::clamp<std::int64_t>(blocks, 1, max_blocks))),
                             dim3(kThreads), 0, stream, true};

@@ -119,11 +119,12 @@ int vector_width(const QuantizeFp8Params& p) {
 
 // Calls launch_one(traversal, grid) for row ranges whose vector count fits in 32 bits.
 template <typename LaunchOne>
-void for_each_launch(const Rows& rows, int vec, int per_thread, LaunchOne launch_one) {
+void for_each_launch(const Rows& rows, int vec, int per_thread, const void* kernel,
+                     LaunchOne launch_one) {
   const std::int64_t vectors_per_row = rows.cols / vec;
   const std::int64_t max_rows =
       std::max<std::int64_t>(1, (std::int64_t(1) << 31) / vectors_per_row);
-  const int max_blocks = device_props(current_device()).sm_count * 8;
+  const int max_blocks = resident_blocks(kernel, kThreads);
   for (std::int64_t first = 0; first < rows.rows; first += max_rows) {
     const std::int64_t n = std::min(max_rows, rows.rows - first);
     Traversal t{first, std::uint32_t(n * vectors_per_row),
@@ -160,12 +161,14 @@ void run(const QuantizeFp8Params& p, CudaStream stream) {
   const int vec = p.input.rows == 0 ? 1 : vector_width<In>(p);
   auto launch_all = [&]<int kVec>() {
     if (dynamic) {
-      for_each_launch(p.input, kVec, 1, [&](const Traversal& t, dim3 grid) {
+      const void* amax = reinterpret_cast<const void*>(amax_kernel<In, kVec>);
+      for_each_launch(p.input, kVec, 1, amax, [&](const Traversal& t, dim3 grid) {
         launch("quantize_fp8 amax", amax_kernel<In, kVec>, {grid, dim3(kThreads), 0, stream, true},
                input, p.input.row_stride, t, p.scale_out);
       });
     }
-    for_each_launch(p.input, kVec, kUnroll, [&](const Traversal& t, dim3 grid) {
+    const void* quantize = reinterpret_cast<const void*>(quantize_kernel<In, kVec>);
+    for_each_launch(p.input, kVec, kUnroll, quantize, [&](const Traversal& t, dim3 grid) {
       launch("quantize_fp8", quantize_kernel<In, kVec>, {grid, dim3(kThreads), 0, stream, true},
              args, t);
     });

@@ -172,7 +172,10 @@ void run(const QuantizeGroupParams& p, CudaStream stream) {
                       p.out.row_stride % kVec == 0;
   const std::int64_t groups_per_row = p.input.cols / kGroup;
   const std::int64_t max_rows = std::max<std::int64_t>(1, (std::int64_t(1) << 31) / groups_per_row);
-  const int max_blocks = device_props(current_device()).sm_count * 8;
+  const auto* kernel = vector
+                           ? reinterpret_cast<const void*>(group_quant_vector_kernel<In, kGroup>)
+                           : reinterpret_cast<const void*>(group_quant_scalar_kernel<In, kGroup>);
+  const int max_blocks = resident_blocks(kernel, kThreads);
   for (std::int64_t first = 0; first < p.input.rows; first += max_rows) {
     const std::int64_t rows = std::min(max_rows, p.input.rows - first);
     const GroupArgs a{p.input.data,
