@@ -37,16 +37,23 @@ for label in "${labels[@]}"; do
     --output-junit "$out/ctest-$label.xml" >"$out/ctest-$label.log" 2>&1 || ctest_status=1
 done
 
-# compute-sanitizer on the CUDA tests. Left out: the 2^32 sweep (hours when instrumented) and the
-# test that makes a launch fail on purpose (the sanitizer reports that API error).
+# compute-sanitizer on the CUDA tests, each binary with the cases that fit under instrumentation:
+# left out are the exhaustive 2^32 sweep and the 2^31-element cases (hours when instrumented) and
+# the test that makes a launch fail on purpose (the sanitizer reports that API error).
+sanitize_cases=(
+  "cuda_runtime_test -CudaRuntime.LaunchErrorBecomesFp8mlaError"
+  "numerics_cuda_test -NumericsCuda.HardwareConversionsEqualSoftwareCodec"
+  "quantize_cuda_test QuantizeCuda.*MatchesCpu:QuantizeCuda.PdlOnAndOffBitIdentical"
+)
 sanitizer_rows=()
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck initcheck synccheck; do
-    for exe in cuda_runtime_test numerics_cuda_test; do
+    for case in "${sanitize_cases[@]}"; do
+      read -r exe filter <<<"$case"
+      [[ -x "$dir/tests/$exe" ]] || continue
       log="$out/sanitizer-$tool-$exe.log"
-      compute-sanitizer --tool "$tool" --error-exitcode 99 "$dir/tests/$exe" \
-        --gtest_filter=-NumericsCuda.HardwareConversionsEqualSoftwareCodec:CudaRuntime.LaunchErrorBecomesFp8mlaError \
-        >"$log" 2>&1
+      timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+        "$dir/tests/$exe" --gtest_filter="$filter" >"$log" 2>&1
       status=$?
       ((status == 0)) || ctest_status=1
       sanitizer_rows+=("$tool $exe $([[ $status == 0 ]] && echo clean || echo "FAILED($status)")")

@@ -21,7 +21,7 @@ char* row_ptr_mut(const Rows& r, std::int64_t row) {
   return static_cast<char*>(r.data) + row * r.row_stride * dtype_size(r.dtype);
 }
 
-// max |x| over the input, NaNs ignored (fmax keeps the non-NaN operand).
+// max |x| over the input, NaNs ignored.
 float input_amax(const Rows& in) {
   std::mutex mutex;
   float amax = 0.0f;
@@ -30,10 +30,10 @@ float input_amax(const Rows& in) {
     for (std::int64_t r = begin; r < end; ++r) {
       const char* row = row_ptr(in, r);
       for (std::int64_t c = 0; c < in.cols; ++c)
-        local = std::fmax(local, std::fabs(load_f32(row, in.dtype, c)));
+        local = max_magnitude(local, load_f32(row, in.dtype, c));
     }
     std::lock_guard lock(mutex);
-    amax = std::fmax(amax, local);
+    amax = max_magnitude(amax, local);
   });
   return amax;
 }
@@ -71,7 +71,7 @@ void quantize_fp8_per_token_group(const QuantizeGroupParams& p) {
         const std::int64_t c0 = g * p.group_size;
         float amax = p.eps;
         for (int i = 0; i < p.group_size; ++i) {
-          amax = std::fmax(amax, std::fabs(load_f32(in, p.input.dtype, c0 + i)));
+          amax = max_magnitude(amax, load_f32(in, p.input.dtype, c0 + i));
         }
         float s = amax / kE4M3Max;
         const std::uint8_t exponent = encode_ue8m0(s);
@@ -115,7 +115,7 @@ void quantize_nvfp4(const QuantizeNvfp4Params& p) {
         float amax = 0.0f;
         for (int i = 0; i < 16; ++i) {
           x[i] = load_f32(in, p.input.dtype, kb * 16 + i);
-          amax = std::fmax(amax, std::fabs(x[i]));
+          amax = max_magnitude(amax, x[i]);
         }
         const std::uint8_t sf = encode_e4m3(global_scale * (amax / kE2M1Max));
         const float sf_value = decode_e4m3(sf);

@@ -118,10 +118,11 @@ void quantize_fp8_per_token_group(const TensorView& input, const TensorView& out
                        " per row), got ", scales.describe()));
   // Distinct scales must not share memory: one dim's stride spans the whole other dim.
   const std::int64_t s0 = scales.stride(0), s1 = scales.stride(1);
+  const std::int64_t n0 = scales.size(0), n1 = scales.size(1);
   const bool disjoint =
-      scales.size(0) <= 1 || scales.size(1) <= 1
-          ? (scales.size(0) <= 1 || s0 > 0) && (scales.size(1) <= 1 || s1 > 0)
-          : (s1 > 0 && s0 >= s1 * scales.size(1)) || (s0 > 0 && s1 >= s0 * scales.size(0));
+      n0 == 0 || n1 == 0 ||  // an empty tensor has nothing to overlap
+      (n0 == 1 || n1 == 1 ? (n0 == 1 || s0 > 0) && (n1 == 1 || s1 > 0)
+                          : (s1 > 0 && s0 >= s1 * n1) || (s0 > 0 && s1 >= s0 * n0));
   check.require(
       disjoint, ErrorCategory::kInvalidArgument,
       concat("`scales`: expected strides that keep every scale apart, got ", scales.describe()));
