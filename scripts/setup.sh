@@ -17,6 +17,14 @@ APT_PACKAGES=(
   libcli11-dev=2.1.2+ds-1
   clang-format=1:14.0-55.7~deb12u1
 )
+# PyPI packages for the Python package (pip install . --no-build-isolation) and its tests.
+PIP_PACKAGES=(
+  nanobind==3.1.0
+  scikit-build-core==1.1.2
+  numpy==2.4.6
+  ml-dtypes==0.6.0
+  pytest==9.2.0
+)
 CUTLASS_VERSION=4.2.0.0  # PyPI nvidia-cutlass wheel; it ships the CUTLASS/CuTe headers
 CUTLASS_DIR=.deps/cutlass-${CUTLASS_VERSION}
 
@@ -31,6 +39,26 @@ if ((${#missing[@]})); then
   sudo=""; [[ $(id -u) == 0 ]] || sudo=sudo
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+missing_pip=$(python3 - "${PIP_PACKAGES[@]}" <<'PY'
+import sys
+from importlib import metadata
+for spec in sys.argv[1:]:
+    name, version = spec.split("==")
+    try:
+        installed = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        installed = None
+    if installed != version:
+        print(spec)
+PY
+)
+if [[ -n "$missing_pip" ]]; then
+  echo "setup: pip installing" $missing_pip
+  # A Debian-managed Python refuses pip installs unless told otherwise (PEP 668).
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check \
+    --root-user-action=ignore $missing_pip
 fi
 
 want_cuda=${FP8MLA_CUDA:-AUTO}

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite. CUDA-labelled tests run on a Hopper GPU and report
 # themselves skipped elsewhere.   FP8MLA_CUDA=AUTO|ON|OFF (default AUTO)   BUILD_DIR (default build)
+# Then installs the Python package from this tree (same FP8MLA_CUDA; its CMake build is kept in
+# PY_BUILD_DIR, default $BUILD_DIR/pip) and runs pytest on tests/python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
@@ -10,3 +12,11 @@ start=$(date +%s)
 cmake --build "$build"
 echo "build: $(($(date +%s) - start)) s"
 ctest --test-dir "$build" -j"$(nproc)" --output-on-failure
+
+py_build=${PY_BUILD_DIR:-$build/pip}
+start=$(date +%s)
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+  --no-build-isolation --no-deps . -C build-dir="$py_build" \
+  -C cmake.define.FP8MLA_CUDA="${FP8MLA_CUDA:-AUTO}"
+echo "python build: $(($(date +%s) - start)) s"
+python3 -m pytest tests/python -q -rs

@@ -1,0 +1,66 @@
+"""Helpers shared by the numpy and torch front ends: output shapes and scale layouts."""
+
+from __future__ import annotations
+
+from . import _C
+
+SCALE_LAYOUTS = ("row_major", "column_major", "tma_aligned", "ue8m0", "packed_ue8m0")
+FP8_DTYPES = ("e4m3", "e5m2")
+NVFP4_LAYOUTS = ("swizzled", "linear")
+
+
+def invalid_argument(message: str) -> Exception:
+    """An fp8mla.InvalidArgumentError raised by the Python layer (same class as the C++ ones)."""
+    error = _C.InvalidArgumentError(f"fp8mla invalid-argument error: {message}")
+    error.category = "invalid-argument"
+    error.message = message
+    return error
+
+
+def check_choice(op: str, name: str, value, choices) -> None:
+    if value not in choices:
+        raise invalid_argument(f"{op}: expected {name} one of {choices}, got {value!r}")
+
+
+def round_up(value: int, multiple: int) -> int:
+    return (value + multiple - 1) // multiple * multiple
+
+
+def folded_rows(shape) -> int:
+    """Rows of an N-d tensor seen as rows of its last dim (a 0-d tensor is one row)."""
+    rows = 1
+    for size in shape[:-1]:  # a loop, not math.prod: sizes may be torch SymInts under compile
+        rows = rows * size
+    return rows
+
+
+def group_scale_plan(shape, group_size: int, layout: str):
+    """(kind, storage_shape, transpose, rows) for the scales of quantize_fp8_per_token_group.
+
+    kind is 'f32', 'ue8m0' or 'i32'. The scales are `empty(storage_shape)`, then, when
+    `transpose`, `[:, :rows].T` (column-major views with strides (1, storage_shape[1])).
+    """
+    rows = folded_rows(shape)
+    cols = shape[-1] if len(shape) else 1
+    groups = cols // group_size if group_size > 0 else 0
+    if layout == "row_major":
+        return "f32", (rows, groups), False, rows
+    if layout == "column_major":
+        return "f32", (groups, rows), True, rows
+    if layout == "tma_aligned":
+        return "f32", (groups, round_up(rows, 4)), True, rows
+    if layout == "ue8m0":
+        return "ue8m0", (rows, groups), False, rows
+    # packed_ue8m0: 4 exponent bytes per int32 along the groups, TMA-aligned column-major.
+    return "i32", ((groups + 3) // 4, round_up(rows, 4)), True, rows
+
+
+def nvfp4_shapes(shape, layout: str):
+    """(out_shape, block_scales_shape) of quantize_nvfp4 for an input of `shape`."""
+    rows = folded_rows(shape)
+    cols = shape[-1] if len(shape) else 1
+    out_shape = tuple(shape[:-1]) + (cols // 2,)
+    blocks = cols // 16
+    if layout == "swizzled":
+        return out_shape, (round_up(rows, 128), round_up(blocks, 4))
+    return out_shape, (rows, blocks)

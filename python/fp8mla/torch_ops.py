@@ -1,0 +1,260 @@
+"""The torch front end: each op is a torch.library custom op in the namespace ``fp8mla`` (with a
+fake implementation), so it works under torch.compile(fullgraph=True) and CUDA graph capture.
+
+Custom ops (they write into their caller-allocated outputs and return nothing):
+    torch.ops.fp8mla.quantize_fp8(x, out, scale_inv: float, dtype, stream)
+    torch.ops.fp8mla.quantize_fp8_scale_tensor(x, out, scale_inv: Tensor, dtype, stream)
+    torch.ops.fp8mla.quantize_fp8_dynamic(x, out, scale, dtype, stream)
+    torch.ops.fp8mla.quantize_fp8_per_token_group(x, out, scales, group_size, eps,
+                                                  round_scale_to_pow2, stream)
+    torch.ops.fp8mla.quantize_nvfp4(x, out, block_scales, global_scale, layout, stream)
+`stream` 0 means torch's current stream on x's device. The functions of this module allocate the
+outputs (torch.empty on x's device) and call these ops; fp8mla.quantize_* call them for torch
+tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import _C
+from ._common import (
+    FP8_DTYPES,
+    NVFP4_LAYOUTS,
+    SCALE_LAYOUTS,
+    check_choice,
+    group_scale_plan,
+    nvfp4_shapes,
+)
+
+# torch dtype -> fp8mla dtype name, for types passed to the C++ library as uint8 views (torch
+# may not export them through DLPack).
+_BYTE_DTYPES = {
+    torch.float8_e4m3fn: "e4m3",
+    torch.float8_e5m2: "e5m2",
+}
+if hasattr(torch, "float8_e8m0fnu"):
+    _BYTE_DTYPES[torch.float8_e8m0fnu] = "ue8m0"
+if hasattr(torch, "float4_e2m1fn_x2"):
+    _BYTE_DTYPES[torch.float4_e2m1fn_x2] = "e2m1x2"
+
+FP8_TORCH_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+UE8M0_TORCH_DTYPE = getattr(torch, "float8_e8m0fnu", torch.uint8)
+NVFP4_TORCH_DTYPE = getattr(torch, "float4_e2m1fn_x2", torch.uint8)
+
+
+def _arg(t: torch.Tensor, raw_dtype: str | None = None):
+    """The argument _C takes for tensor `t`: a DLPack capsule or (capsule, fp8mla dtype name)."""
+    t = t.detach()
+    name = _BYTE_DTYPES.get(t.dtype)
+    if name is not None:
+        t = t.view(torch.uint8)
+    elif raw_dtype is not None and t.dtype == torch.uint8:
+        name = raw_dtype
+    # stream=-1: no synchronization by the producer (the op runs on the stream we pass), so this
+    # is safe during CUDA graph capture.
+    capsule = t.__dlpack__(stream=-1) if t.is_cuda else t
+    return (capsule, name) if name is not None else capsule
+
+
+def _stream(x: torch.Tensor, stream: int) -> int:
+    if stream or not x.is_cuda:
+        return stream
+    return torch.cuda.current_stream(x.device).cuda_stream
+
+
+class _on_device:
+    """Makes x's CUDA device current for the call (the C++ library requires it)."""
+
+    def __init__(self, x: torch.Tensor):
+        self.guard = None
+        if x.is_cuda and x.device.index is not None and x.device.index != torch.cuda.current_device():
+            self.guard = torch.cuda.device(x.device.index)
+
+    def __enter__(self):
+        if self.guard is not None:
+            self.guard.__enter__()
+
+    def __exit__(self, *exc):
+        if self.guard is not None:
+            return self.guard.__exit__(*exc)
+        return False
+
+
+# ---- custom ops ------------------------------------------------------------------------------
+
+_IMPLS = {}
+
+
+def _custom_op(name, mutates_args):
+    """torch.library.custom_op that also keeps the plain implementation for the eager fast path."""
+
+    def register(fn):
+        _IMPLS[name.split("::")[1]] = fn
+        return torch.library.custom_op(name, mutates_args=mutates_args)(fn)
+
+    return register
+
+
+def _run(name: str, *args):
+    """Calls custom op `name`; in plain eager mode (no compile, no dispatch mode, plain tensors) it
+    calls the implementation directly, skipping the dispatcher's ~30 us of Python overhead."""
+    if (
+        not torch.compiler.is_compiling()
+        and torch._C._len_torch_dispatch_stack() == 0
+        and all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
+    ):
+        _IMPLS[name](*args)
+    else:
+        getattr(torch.ops.fp8mla, name)(*args)
+
+
+@_custom_op("fp8mla::quantize_fp8", mutates_args=("out",))
+def _quantize_fp8(x: torch.Tensor, out: torch.Tensor, scale_inv: float, dtype: str, stream: int) -> None:
+    with _on_device(x):
+        _C.quantize_fp8(_arg(x), _arg(out, dtype), float(scale_inv), _stream(x, stream))
+
+
+@_quantize_fp8.register_fake
+def _(x, out, scale_inv, dtype, stream):
+    return None
+
+
+@_custom_op("fp8mla::quantize_fp8_scale_tensor", mutates_args=("out",))
+def _quantize_fp8_scale_tensor(
+    x: torch.Tensor, out: torch.Tensor, scale_inv: torch.Tensor, dtype: str, stream: int
+) -> None:
+    with _on_device(x):
+        _C.quantize_fp8(_arg(x), _arg(out, dtype), _arg(scale_inv), _stream(x, stream))
+
+
+@_quantize_fp8_scale_tensor.register_fake
+def _(x, out, scale_inv, dtype, stream):
+    return None
+
+
+@_custom_op("fp8mla::quantize_fp8_dynamic", mutates_args=("out", "scale"))
+def _quantize_fp8_dynamic(
+    x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, dtype: str, stream: int
+) -> None:
+    with _on_device(x):
+        _C.quantize_fp8_dynamic(_arg(x), _arg(out, dtype), _arg(scale), _stream(x, stream))
+
+
+@_quantize_fp8_dynamic.register_fake
+def _(x, out, scale, dtype, stream):
+    return None
+
+
+@_custom_op("fp8mla::quantize_fp8_per_token_group", mutates_args=("out", "scales"))
+def _quantize_fp8_per_token_group(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    eps: float,
+    round_scale_to_pow2: bool,
+    stream: int,
+) -> None:
+    with _on_device(x):
+        _C.quantize_fp8_per_token_group(
+            _arg(x), _arg(out, "e4m3"), _arg(scales, "ue8m0"), group_size, eps,
+            round_scale_to_pow2, _stream(x, stream),
+        )
+
+
+@_quantize_fp8_per_token_group.register_fake
+def _(x, out, scales, group_size, eps, round_scale_to_pow2, stream):
+    return None
+
+
+@_custom_op("fp8mla::quantize_nvfp4", mutates_args=("out", "block_scales"))
+def _quantize_nvfp4(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    block_scales: torch.Tensor,
+    global_scale: torch.Tensor,
+    layout: str,
+    stream: int,
+) -> None:
+    with _on_device(x):
+        _C.quantize_nvfp4(
+            _arg(x), _arg(out, "e2m1x2"), _arg(block_scales, "e4m3"), _arg(global_scale),
+            layout, _stream(x, stream),
+        )
+
+
+@_quantize_nvfp4.register_fake
+def _(x, out, block_scales, global_scale, layout, stream):
+    return None
+
+
+# ---- front end: allocate outputs, call the custom ops -----------------------------------------
+
+
+def quantize_fp8(x, scale_inv, *, out=None, dtype="e4m3", stream=None):
+    check_choice("quantize_fp8", "dtype", dtype, FP8_DTYPES)
+    if out is None:
+        out = torch.empty(x.shape, dtype=FP8_TORCH_DTYPES[dtype], device=x.device)
+    if isinstance(scale_inv, torch.Tensor):
+        _run("quantize_fp8_scale_tensor", x, out, scale_inv, dtype, stream or 0)
+    else:
+        _run("quantize_fp8", x, out, float(scale_inv), dtype, stream or 0)
+    return out
+
+
+def quantize_fp8_dynamic(x, *, out=None, scale=None, dtype="e4m3", stream=None):
+    check_choice("quantize_fp8_dynamic", "dtype", dtype, FP8_DTYPES)
+    if out is None:
+        out = torch.empty(x.shape, dtype=FP8_TORCH_DTYPES[dtype], device=x.device)
+    if scale is None:
+        scale = torch.empty((1,), dtype=torch.float32, device=x.device)
+    _run("quantize_fp8_dynamic", x, out, scale, dtype, stream or 0)
+    return out, scale
+
+
+def quantize_fp8_per_token_group(
+    x,
+    *,
+    group_size=128,
+    eps=1e-10,
+    scale_layout="row_major",
+    round_scale_to_pow2=False,
+    out=None,
+    scales=None,
+    stream=None,
+):
+    if out is None:
+        out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    if scales is None:
+        check_choice("quantize_fp8_per_token_group", "scale_layout", scale_layout, SCALE_LAYOUTS)
+        kind, shape, transpose, rows = group_scale_plan(tuple(x.shape), group_size, scale_layout)
+        dtype = {"f32": torch.float32, "ue8m0": UE8M0_TORCH_DTYPE, "i32": torch.int32}[kind]
+        scales = torch.empty(shape, dtype=dtype, device=x.device)
+        if transpose:
+            scales = scales[:, :rows].t()
+    _run(
+        "quantize_fp8_per_token_group",
+        x, out, scales, group_size, float(eps), bool(round_scale_to_pow2), stream or 0
+    )
+    return out, scales
+
+
+def quantize_nvfp4(x, global_scale, *, layout="swizzled", out=None, block_scales=None, stream=None):
+    check_choice("quantize_nvfp4", "layout", layout, NVFP4_LAYOUTS)
+    out_shape, scales_shape = nvfp4_shapes(tuple(x.shape), layout)
+    if out is None:
+        out = torch.empty(out_shape, dtype=NVFP4_TORCH_DTYPE, device=x.device)
+    if block_scales is None:
+        block_scales = torch.empty(scales_shape, dtype=torch.float8_e4m3fn, device=x.device)
+    if not isinstance(global_scale, torch.Tensor):
+        global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
+    _run("quantize_nvfp4", x, out, block_scales, global_scale, layout, stream or 0)
+    return out, block_scales
+
+
+# fp8mla.quantize_* route torch tensors here from now on (also when this module was imported
+# directly, before any torch tensor reached them).
+import sys as _sys  # noqa: E402
+
+_sys.modules[__package__]._torch_ops = _sys.modules[__name__]

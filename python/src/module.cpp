@@ -1,0 +1,400 @@
+// fp8mla._C — the nanobind module behind the Python package `fp8mla`.
+//
+// Bindings only convert: every tensor argument arrives through DLPack (torch, numpy, cupy, jax,
+// ...) as an nb::ndarray, becomes an fp8mla::TensorView (pointer, shape, strides in elements,
+// device, dtype), and the C++ op does every check. A tensor argument is either an array or a
+// pair (array, "dtype") naming the fp8mla dtype of an array whose framework has no such type (a
+// uint8 view of float8 data, a uint16 view of numpy bfloat16). fp8mla::Error becomes fp8mla.Error
+// (InvalidArgumentError / UnsupportedError subclasses) with the same message. The GIL is released
+// around every op.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fp8mla/error.hpp"
+#include "fp8mla/quantize.hpp"
+#include "fp8mla/runtime_info.hpp"
+#include "fp8mla/tensor_view.hpp"
+#include "fp8mla/version.hpp"
+
+namespace nb = nanobind;
+using fp8mla::DType;
+using fp8mla::Error;
+using fp8mla::ErrorCategory;
+using fp8mla::TensorView;
+
+namespace {
+
+// ---- Exceptions --------------------------------------------------------------------------------
+
+PyObject* g_error = nullptr;             // fp8mla.Error(RuntimeError)
+PyObject* g_invalid_argument = nullptr;  // fp8mla.InvalidArgumentError(Error, ValueError)
+PyObject* g_unsupported = nullptr;       // fp8mla.UnsupportedError(Error, NotImplementedError)
+
+PyObject* new_exception(const char* name, const char* doc, PyObject* bases) {
+  PyObject* type = PyErr_NewExceptionWithDoc(name, doc, bases, nullptr);
+  if (!type) throw nb::python_error();
+  return type;
+}
+
+void create_exceptions(nb::module_& m) {
+  g_error = new_exception(
+      "fp8mla.Error",
+      "An error reported by the fp8mla library. `category` is one of 'invalid-argument', "
+      "'unsupported', 'out-of-range', 'cuda', 'io', 'internal'; `message` is the message without "
+      "the category and source-location prefix that str() shows.",
+      PyExc_RuntimeError);
+  nb::object invalid_bases = nb::make_tuple(nb::handle(g_error), nb::handle(PyExc_ValueError));
+  g_invalid_argument = new_exception(
+      "fp8mla.InvalidArgumentError",
+      "fp8mla.Error for a bad argument (wrong dtype, shape, stride, device, value or index).",
+      invalid_bases.ptr());
+  nb::object unsupported_bases =
+      nb::make_tuple(nb::handle(g_error), nb::handle(PyExc_NotImplementedError));
+  g_unsupported =
+      new_exception("fp8mla.UnsupportedError",
+                    "fp8mla.Error for a valid request this build or device cannot serve.",
+                    unsupported_bases.ptr());
+  m.attr("Error") = nb::handle(g_error);
+  m.attr("InvalidArgumentError") = nb::handle(g_invalid_argument);
+  m.attr("UnsupportedError") = nb::handle(g_unsupported);
+}
+
+void raise_error(const Error& e) {
+  PyObject* type = g_error;
+  switch (e.category()) {
+    case ErrorCategory::kInvalidArgument:
+    case ErrorCategory::kOutOfRange:
+      type = g_invalid_argument;
+      break;
+    case ErrorCategory::kUnsupported:
+      type = g_unsupported;
+      break;
+    default:
+      break;
+  }
+  nb::object instance = nb::steal(PyObject_CallFunction(type, "s", e.what()));
+  if (!instance.is_valid()) return;  // the Python error is already set
+  instance.attr("category") = nb::str(std::string(fp8mla::category_name(e.category())).c_str());
+  instance.attr("message") = nb::str(e.message().c_str());
+  PyErr_SetObject(type, instance.ptr());
+}
+
+// ---- Tensors -----------------------------------------------------------------------------------
+
+[[noreturn]] void fail(std::string_view op, std::string_view name, const std::string& message) {
+  throw Error(ErrorCategory::kInvalidArgument, fp8mla::concat(op, ": `", name, "`: ", message));
+}
+
+std::optional<DType> parse_dtype(std::string_view s) {
+  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
+  if (s == "f16" || s == "float16") return DType::kF16;
+  if (s == "f32" || s == "float32") return DType::kF32;
+  if (s == "e4m3" || s == "e4m3fn" || s == "float8_e4m3fn") return DType::kE4M3;
+  if (s == "e5m2" || s == "float8_e5m2") return DType::kE5M2;
+  if (s == "ue8m0" || s == "e8m0fnu" || s == "float8_e8m0fnu") return DType::kUE8M0;
+  if (s == "e2m1x2" || s == "float4_e2m1fn_x2") return DType::kE2M1x2;
+  if (s == "i32" || s == "int32") return DType::kI32;
+  if (s == "i64" || s == "int64") return DType::kI64;
+  return std::nullopt;
+}
+
+std::string describe_dlpack_dtype(nb::dlpack::dtype d) {
+  using Code = nb::dlpack::dtype_code;
+  const char* code = "code?";
+  switch (Code(d.code)) {
+    case Code::Int:
+      code = "int";
+      break;
+    case Code::UInt:
+      code = "uint";
+      break;
+    case Code::Float:
+      code = "float";
+      break;
+    case Code::Bfloat:
+      code = "bfloat";
+      break;
+    case Code::Complex:
+      code = "complex";
+      break;
+    case Code::Bool:
+      code = "bool";
+      break;
+    case Code::Float8_E4M3FN:
+      code = "float8_e4m3fn";
+      break;
+    case Code::Float8_E5M2:
+      code = "float8_e5m2";
+      break;
+    case Code::Float8_E8M0FNU:
+      code = "float8_e8m0fnu";
+      break;
+    case Code::Float4_E2M1FN:
+      code = "float4_e2m1fn";
+      break;
+    default:
+      return fp8mla::concat("DLPack dtype code ", int(d.code), " bits ", int(d.bits), " lanes ",
+                            int(d.lanes));
+  }
+  std::string s = fp8mla::concat(code, int(d.bits));
+  if (d.lanes != 1) s += fp8mla::concat("x", int(d.lanes));
+  return s;
+}
+
+// The fp8mla dtype of a DLPack dtype, if there is one.
+std::optional<DType> from_dlpack(nb::dlpack::dtype d) {
+  using Code = nb::dlpack::dtype_code;
+  if (d.lanes != 1 && !(Code(d.code) == Code::Float4_E2M1FN && d.bits == 4 && d.lanes == 2))
+    return std::nullopt;
+  switch (Code(d.code)) {
+    case Code::Float:
+      if (d.bits == 16) return DType::kF16;
+      if (d.bits == 32) return DType::kF32;
+      break;
+    case Code::Bfloat:
+      if (d.bits == 16) return DType::kBF16;
+      break;
+    case Code::Int:
+      if (d.bits == 32) return DType::kI32;
+      if (d.bits == 64) return DType::kI64;
+      break;
+    case Code::Float8_E4M3FN:
+      if (d.bits == 8) return DType::kE4M3;
+      break;
+    case Code::Float8_E5M2:
+      if (d.bits == 8) return DType::kE5M2;
+      break;
+    case Code::Float8_E8M0FNU:
+      if (d.bits == 8) return DType::kUE8M0;
+      break;
+    case Code::Float4_E2M1FN:  // packed pairs: one byte per element of the [M, K/2] view
+      if (d.bits * d.lanes == 8) return DType::kE2M1x2;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+// Converts one tensor argument; keeps its ndarray alive for the duration of the call.
+class Args {
+ public:
+  explicit Args(const char* op) : op_(op) {}
+
+  TensorView input(nb::handle obj, const char* name) { return convert<nb::ro>(obj, name); }
+  TensorView output(nb::handle obj, const char* name) { return convert<>(obj, name); }
+
+ private:
+  template <typename... Flags>
+  TensorView convert(nb::handle obj, const char* name) {
+    using Array = nb::ndarray<Flags...>;
+    nb::handle array_obj = obj;
+    std::optional<DType> dtype_override;
+    if (nb::isinstance<nb::tuple>(obj)) {
+      nb::tuple pair = nb::borrow<nb::tuple>(obj);
+      if (pair.size() != 2 || !nb::isinstance<nb::str>(pair[1])) {
+        fail(op_, name, "expected an array or a pair (array, dtype name)");
+      }
+      array_obj = pair[0];
+      const std::string dtype_name = nb::cast<std::string>(pair[1]);
+      dtype_override = parse_dtype(dtype_name);
+      if (!dtype_override) fail(op_, name, fp8mla::concat("unknown dtype name '", dtype_name, "'"));
+    }
+    Array array;
+    if (!nb::try_cast<Array>(array_obj, array, /*convert=*/false)) {
+      fail(op_, name,
+           fp8mla::concat("expected an array that supports DLPack or the buffer protocol, got ",
+                          nb::inst_name(array_obj).c_str()));
+    }
+
+    const nb::dlpack::dtype dl = array.dtype();
+    DType dtype;
+    if (dtype_override) {
+      using Code = nb::dlpack::dtype_code;
+      const int bits = dl.bits * dl.lanes;
+      const bool raw = Code(dl.code) == Code::Int || Code(dl.code) == Code::UInt;
+      const std::optional<DType> native = from_dlpack(dl);
+      if (!(native == dtype_override) &&
+          !(raw && bits == 8 * fp8mla::dtype_size(*dtype_override))) {
+        fail(op_, name,
+             fp8mla::concat("cannot view ", describe_dlpack_dtype(dl), " data as ",
+                            fp8mla::dtype_name(*dtype_override),
+                            " (a dtype override needs an integer array of the same element size)"));
+      }
+      dtype = *dtype_override;
+    } else if (const std::optional<DType> native = from_dlpack(dl)) {
+      dtype = *native;
+    } else {
+      fail(op_, name,
+           fp8mla::concat("dtype ", describe_dlpack_dtype(dl),
+                          " has no fp8mla dtype (supported: bfloat16, float16, float32, int32, "
+                          "int64, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float4_e2m1fn_x2; "
+                          "uint8 arrays need an explicit dtype)"));
+    }
+
+    fp8mla::Device device;
+    const int device_type = array.device_type();
+    if (device_type == nb::device::cpu::value || device_type == nb::device::cuda_host::value) {
+      device = fp8mla::Device::cpu();
+    } else if (device_type == nb::device::cuda::value ||
+               device_type == nb::device::cuda_managed::value) {
+      device = fp8mla::Device::cuda(array.device_id());
+    } else {
+      fail(op_, name,
+           fp8mla::concat("expected a tensor on the CPU or a CUDA device, got DLPack device type ",
+                          device_type));
+    }
+
+    const std::size_t ndim = array.ndim();
+    if (ndim > std::size_t(fp8mla::kMaxDims)) {
+      fail(op_, name, fp8mla::concat("expected at most ", fp8mla::kMaxDims, " dims, got ", ndim));
+    }
+    std::array<std::int64_t, fp8mla::kMaxDims> shape{}, strides{};
+    for (std::size_t d = 0; d < ndim; ++d) {
+      shape[d] = std::int64_t(array.shape(d));
+      strides[d] = array.stride(d);
+    }
+    void* data = const_cast<void*>(static_cast<const void*>(array.data()));
+    keep(std::move(array));
+    return TensorView(data, dtype, std::span<const std::int64_t>(shape.data(), ndim),
+                      std::span<const std::int64_t>(strides.data(), ndim), device);
+  }
+
+  void keep(nb::ndarray<nb::ro>&& a) { inputs_.push_back(std::move(a)); }
+  void keep(nb::ndarray<>&& a) { outputs_.push_back(std::move(a)); }
+
+  const char* op_;
+  std::vector<nb::ndarray<nb::ro>> inputs_;
+  std::vector<nb::ndarray<>> outputs_;
+};
+
+fp8mla::CudaStream to_stream(std::uintptr_t handle) {
+  return reinterpret_cast<fp8mla::CudaStream>(handle);
+}
+
+bool is_number(nb::handle h) {
+  return PyFloat_Check(h.ptr()) || (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()));
+}
+
+// ---- Ops ---------------------------------------------------------------------------------------
+
+void quantize_fp8(nb::handle input, nb::handle out, nb::handle scale_inv, std::uintptr_t stream) {
+  Args args("quantize_fp8");
+  const TensorView x = args.input(input, "input");
+  const TensorView o = args.output(out, "out");
+  if (is_number(scale_inv)) {
+    const float s = nb::cast<float>(scale_inv);
+    nb::gil_scoped_release release;
+    fp8mla::quantize_fp8(x, o, s, to_stream(stream));
+  } else {
+    const TensorView s = args.input(scale_inv, "scale_inv");
+    nb::gil_scoped_release release;
+    fp8mla::quantize_fp8(x, o, s, to_stream(stream));
+  }
+}
+
+void quantize_fp8_dynamic(nb::handle input, nb::handle out, nb::handle scale,
+                          std::uintptr_t stream) {
+  Args args("quantize_fp8_dynamic");
+  const TensorView x = args.input(input, "input");
+  const TensorView o = args.output(out, "out");
+  const TensorView s = args.output(scale, "scale");
+  nb::gil_scoped_release release;
+  fp8mla::quantize_fp8_dynamic(x, o, s, to_stream(stream));
+}
+
+void quantize_fp8_per_token_group(nb::handle input, nb::handle out, nb::handle scales,
+                                  int group_size, float eps, bool round_scale_to_pow2,
+                                  std::uintptr_t stream) {
+  Args args("quantize_fp8_per_token_group");
+  const TensorView x = args.input(input, "input");
+  const TensorView o = args.output(out, "out");
+  const TensorView s = args.output(scales, "scales");
+  fp8mla::GroupQuantOptions options;
+  options.group_size = group_size;
+  options.eps = eps;
+  options.round_scale_to_pow2 = round_scale_to_pow2;
+  nb::gil_scoped_release release;
+  fp8mla::quantize_fp8_per_token_group(x, o, s, options, to_stream(stream));
+}
+
+void quantize_nvfp4(nb::handle input, nb::handle out, nb::handle block_scales,
+                    nb::handle global_scale, const std::string& layout, std::uintptr_t stream) {
+  Args args("quantize_nvfp4");
+  fp8mla::Nvfp4ScaleLayout scale_layout;
+  if (layout == "swizzled") {
+    scale_layout = fp8mla::Nvfp4ScaleLayout::kSwizzled128x4;
+  } else if (layout == "linear") {
+    scale_layout = fp8mla::Nvfp4ScaleLayout::kLinear;
+  } else {
+    throw Error(ErrorCategory::kInvalidArgument,
+                fp8mla::concat("quantize_nvfp4: expected layout 'swizzled' or 'linear', got '",
+                               layout, "'"));
+  }
+  const TensorView x = args.input(input, "input");
+  const TensorView o = args.output(out, "out");
+  const TensorView bs = args.output(block_scales, "block_scales");
+  const TensorView gs = args.input(global_scale, "global_scale");
+  nb::gil_scoped_release release;
+  fp8mla::quantize_nvfp4(x, o, bs, gs, scale_layout, to_stream(stream));
+}
+
+nb::dict info() {
+  const fp8mla::BuildInfo build = fp8mla::build_info();
+  nb::dict d;
+  d["version"] = build.version;
+  d["cuda"] = build.cuda;
+  d["cuda_arch"] = build.cuda_arch;
+  d["cuda_version"] = build.cuda_version;
+  d["compiler"] = build.compiler;
+  d["build_type"] = build.build_type;
+  const fp8mla::CudaDevices cuda = fp8mla::cuda_devices();
+  nb::list devices;
+  for (const fp8mla::CudaDeviceInfo& dev : cuda.devices) {
+    nb::dict e;
+    e["ordinal"] = dev.ordinal;
+    e["name"] = dev.name;
+    e["arch"] = dev.arch;
+    e["sm_count"] = dev.sm_count;
+    e["l2_bytes"] = dev.l2_bytes;
+    e["global_memory_bytes"] = dev.global_memory_bytes;
+    devices.append(e);
+  }
+  d["devices"] = devices;
+  d["devices_unavailable_reason"] = cuda.unavailable_reason;
+  return d;
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "fp8mla C++ bindings (use the fp8mla package, not this module, directly)";
+  create_exceptions(m);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      raise_error(e);
+    }
+  });
+
+  m.attr("__version__") = fp8mla::kVersionString;
+  m.def("info", &info, "Build and device information");
+  m.def("quantize_fp8", &quantize_fp8, nb::arg("input"), nb::arg("out"), nb::arg("scale_inv"),
+        nb::arg("stream") = 0);
+  m.def("quantize_fp8_dynamic", &quantize_fp8_dynamic, nb::arg("input"), nb::arg("out"),
+        nb::arg("scale"), nb::arg("stream") = 0);
+  m.def("quantize_fp8_per_token_group", &quantize_fp8_per_token_group, nb::arg("input"),
+        nb::arg("out"), nb::arg("scales"), nb::arg("group_size"), nb::arg("eps"),
+        nb::arg("round_scale_to_pow2"), nb::arg("stream") = 0);
+  m.def("quantize_nvfp4", &quantize_nvfp4, nb::arg("input"), nb::arg("out"),
+        nb::arg("block_scales"), nb::arg("global_scale"), nb::arg("layout"), nb::arg("stream") = 0);
+}
