@@ -1,0 +1,175 @@
+// Helpers for the CUDA benchmarks of the fp8mla tool: device buffers, rotating buffer sets that
+// keep the working set out of the L2, random fill, and a CUDA-event timer (median of N launches).
+// CUDA builds only; every CUDA call is checked and a failure throws fp8mla::Error.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "cuda/common/runtime.hpp"
+#include "fp8mla/numerics.hpp"
+
+namespace fp8mla::cli {
+
+// Owning cudaMalloc allocation.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::int64_t bytes) : bytes_(bytes) {
+    if (bytes > 0) cuda::check(cudaMalloc(&data_, std::size_t(bytes)), "cudaMalloc");
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    DeviceBuffer(std::move(other)).swap(*this);
+    return *this;
+  }
+  ~DeviceBuffer() {
+    if (data_ != nullptr) cudaFree(data_);
+  }
+  void swap(DeviceBuffer& other) noexcept {
+    std::swap(data_, other.data_);
+    std::swap(bytes_, other.bytes_);
+  }
+  std::byte* data() const { return static_cast<std::byte*>(data_); }
+  std::int64_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::int64_t bytes_ = 0;
+};
+
+inline std::int64_t round_up(std::int64_t x, std::int64_t to) {
+  return (x + to - 1) / to * to;
+}
+
+// `sets` copies of each of several buffers ("roles": input, out, scales, ...), each role one
+// allocation with its copies `stride(role)` bytes apart (256-byte aligned). Set s of role r
+// starts at at(r, s). The number of sets is the fewest whose total exceeds `min_total_bytes`
+// (2x the L2), at least one: a launch that rotates through them never finds its data in the L2.
+class RotatingSets {
+ public:
+  RotatingSets(const std::vector<std::int64_t>& role_bytes, std::int64_t min_total_bytes) {
+    std::int64_t set_bytes = 0;
+    for (std::int64_t b : role_bytes) {
+      strides_.push_back(round_up(std::max<std::int64_t>(b, 1), 256));
+      set_bytes += strides_.back();
+    }
+    sets_ = int(std::max<std::int64_t>(1, min_total_bytes / set_bytes + 1));
+    for (std::int64_t stride : strides_) buffers_.emplace_back(stride * sets_);
+  }
+  int sets() const { return sets_; }
+  int roles() const { return int(strides_.size()); }
+  std::int64_t stride(int role) const { return strides_[std::size_t(role)]; }
+  std::byte* region(int role) const { return buffers_[std::size_t(role)].data(); }
+  std::int64_t region_bytes(int role) const { return buffers_[std::size_t(role)].bytes(); }
+  std::byte* at(int role, int set) const { return region(role) + stride(role) * set; }
+  std::int64_t total_bytes() const {
+    std::int64_t total = 0;
+    for (const DeviceBuffer& b : buffers_) total += b.bytes();
+    return total;
+  }
+
+ private:
+  std::vector<std::int64_t> strides_;
+  std::vector<DeviceBuffer> buffers_;
+  int sets_ = 1;
+};
+
+// A device pool of random, non-zero bf16 values (|x| in [1/64, 16), magnitudes varying per block
+// of 64 so that group and block scales differ), made once on the host; fill() tiles it into
+// device memory with device-to-device copies, starting at an offset chosen by `salt`.
+class RandomBf16Pool {
+ public:
+  static constexpr std::int64_t kElements = std::int64_t(1) << 24;  // 32 MiB
+
+  RandomBf16Pool() : pool_(kElements * 2) {
+    std::vector<std::uint16_t> host(static_cast<std::size_t>(kElements));
+    std::uint64_t state = 0x9E3779B97F4A7C15ull;
+    auto next = [&state] {
+      state ^= state >> 12;
+      state ^= state << 25;
+      state ^= state >> 27;
+      return state * 0x2545F4914F6CDD1Dull;
+    };
+    float block_scale = 1.0f;
+    for (std::int64_t i = 0; i < kElements; ++i) {
+      const std::uint64_t r = next();
+      if (i % 64 == 0) block_scale = float(1 << (r >> 62)) / 2.0f;  // 0.5, 1, 2, 4
+      const float u = float((r >> 8) & 0xFFFFFF) / float(1 << 24);  // [0, 1)
+      const float magnitude = (0.03125f + u * 3.96875f) * block_scale;
+      host[std::size_t(i)] = encode_bf16((r & 1) ? -magnitude : magnitude);
+    }
+    cuda::check(
+        cudaMemcpy(pool_.data(), host.data(), std::size_t(pool_.bytes()), cudaMemcpyHostToDevice),
+        "cudaMemcpy(random pool)");
+  }
+
+  void fill(std::byte* dst, std::int64_t bytes, std::uint64_t salt) const {
+    std::int64_t offset = std::int64_t((salt * 7919 * 2) % std::uint64_t(pool_.bytes()));
+    while (bytes > 0) {
+      const std::int64_t n = std::min(bytes, pool_.bytes() - offset);
+      cuda::check(cudaMemcpyAsync(dst, pool_.data() + offset, std::size_t(n),
+                                  cudaMemcpyDeviceToDevice, nullptr),
+                  "cudaMemcpyAsync(random fill)");
+      dst += n;
+      bytes -= n;
+      offset = 0;
+    }
+  }
+
+ private:
+  DeviceBuffer pool_;
+};
+
+// Median time of one launch, in microseconds, from CUDA events on the default stream:
+// `warmup` untimed launches, then `iters` launches each between two events, all queued before
+// one synchronization. launch(k) is the k-th launch overall (so it can rotate buffer sets).
+class EventTimer {
+ public:
+  explicit EventTimer(int iters) : events_(std::size_t(2 * iters)) {
+    for (cudaEvent_t& e : events_) cuda::check(cudaEventCreate(&e), "cudaEventCreate");
+  }
+  EventTimer(const EventTimer&) = delete;
+  EventTimer& operator=(const EventTimer&) = delete;
+  ~EventTimer() {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+
+  template <typename Launch>
+  double median_us(Launch&& launch, int warmup) {
+    const int iters = int(events_.size() / 2);
+    int k = 0;
+    for (int i = 0; i < warmup; ++i) launch(k++);
+    cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (after warm-up)");
+    for (int i = 0; i < iters; ++i) {
+      cuda::check(cudaEventRecord(events_[std::size_t(2 * i)], nullptr), "cudaEventRecord");
+      launch(k++);
+      cuda::check(cudaEventRecord(events_[std::size_t(2 * i + 1)], nullptr), "cudaEventRecord");
+    }
+    cuda::check(cudaEventSynchronize(events_.back()), "cudaEventSynchronize");
+    cuda::check(cudaGetLastError(), "timed launches");
+    std::vector<float> ms(static_cast<std::size_t>(iters));
+    for (int i = 0; i < iters; ++i) {
+      cuda::check(cudaEventElapsedTime(&ms[std::size_t(i)], events_[std::size_t(2 * i)],
+                                       events_[std::size_t(2 * i + 1)]),
+                  "cudaEventElapsedTime");
+    }
+    std::sort(ms.begin(), ms.end());
+    const std::size_t mid = ms.size() / 2;
+    const double median = ms.size() % 2 ? ms[mid] : 0.5 * (double(ms[mid - 1]) + ms[mid]);
+    return median * 1e3;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+};
+
+}  // namespace fp8mla::cli
