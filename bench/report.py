@@ -185,7 +185,7 @@ def summary(checks):
     return out
 
 
-def build_section(cli, py, cli_path, py_path):
+def build_section(cli, py, cli_path, py_path, analysis=None, plot=None):
     device = (cli or py)["device"]
     dates = [d["date"] for d in (cli, py) if d]
     run_id = f"{device} | " + " | ".join(dates)
@@ -221,6 +221,10 @@ def build_section(cli, py, cli_path, py_path):
                 body.append(f"{NOTES[op]}\n")
             body += part
     lines += summary(checks)
+    if plot:
+        lines += [f"![TB/s against bytes moved, fp8mla and the anchors]({plot})", ""]
+    if analysis:
+        lines += ["### Why targets are missed (analysis, written by hand)", "", analysis.strip(), ""]
     lines += body
     lines.append(END)
     return run_id, "\n".join(lines) + "\n"
@@ -248,6 +252,8 @@ def main():
     p.add_argument("--cli", help="JSON of `fp8mla bench quant --json`")
     p.add_argument("--py", help="JSON of bench/quant.py")
     p.add_argument("--out", default=os.path.join(here, "RESULTS.md"))
+    p.add_argument("--analysis", help="markdown file explaining the misses, placed under the targets")
+    p.add_argument("--plot", help="the run's PNG, linked from the section (path relative to --out)")
     args = p.parse_args()
     if not args.cli and not args.py:
         sys.exit("report.py: give --cli and/or --py")
@@ -258,7 +264,8 @@ def main():
                 docs.append(json.load(fh))
         else:
             docs.append(None)
-    run_id, section = build_section(docs[0], docs[1], args.cli, args.py)
+    analysis = open(args.analysis).read() if args.analysis else None
+    run_id, section = build_section(docs[0], docs[1], args.cli, args.py, analysis, args.plot)
     update(args.out, run_id, section)
     print(f"report.py: wrote the section '{run_id}' into {args.out}")
 

@@ -96,12 +96,16 @@ __device__ __forceinline__ float cvt_f16_to_f32(std::uint16_t x) {
   return out;
 }
 
-// fp4 e2m1 (4-bit code) by comparisons against the midpoints of its values, ties to the even code;
-// sm_90 has no e2m1 cvt. Equal to encode_e2m1 on every input (tests/cpp/numerics_cuda_test.cu).
+// fp4 e2m1 (4-bit code), nearest-even, saturating, NaN -> +6; sm_90 has no e2m1 cvt. From 1 up,
+// the fp32 bits are rounded to one mantissa bit (the exponent carries); below 1 the codes 0, 1, 2
+// are two comparisons. Equal to encode_e2m1 on every input (tests/cpp/numerics_cuda_test.cu).
 __device__ __forceinline__ std::uint32_t cvt_e2m1(float x) {
-  const float a = fabsf(x);
-  const std::uint32_t magnitude = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) +
-                                  (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  const float a = fminf(fabsf(x), kE2M1Max);  // NaN -> 6
+  const std::uint32_t u = float_bits(a);
+  // (u >> 22) is exponent:mantissa-bit; add just under half, plus the kept bit for ties to even.
+  const std::uint32_t large = ((u + 0x1FFFFFu + ((u >> 22) & 1u)) >> 22) - (126u << 1);
+  const std::uint32_t small = (a > 0.25f) + (a >= 0.75f);
+  const std::uint32_t magnitude = a < 1.0f ? small : large;
   return x != x ? 0x7u : magnitude | ((float_bits(x) >> 28) & 0x8u);
 }
 

@@ -41,14 +41,17 @@ void dispatch_input_dtype(DType dtype, Fn&& fn) {
   }
 }
 
-// kN consecutive elements as fp32. With kN * sizeof(Storage) == 16 the address must be 16-byte
-// aligned and the load is one LDG.128; kN == 1 is a plain scalar load.
+// kN consecutive elements as fp32. When kN elements fill whole 16-byte words the address must be
+// 16-byte aligned and each word is one LDG.128; otherwise the loads are scalar.
 template <typename In, int kN>
 __device__ __forceinline__ void load_f32(const typename In::Storage* p, float (&out)[kN]) {
   using S = typename In::Storage;
-  if constexpr (kN * sizeof(S) == 16) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    const S* s = reinterpret_cast<const S*>(&v);
+  constexpr int kPerWord = 16 / sizeof(S);
+  if constexpr (kN % kPerWord == 0) {
+    uint4 words[kN / kPerWord];
+#pragma unroll
+    for (int w = 0; w < kN / kPerWord; ++w) words[w] = __ldg(reinterpret_cast<const uint4*>(p) + w);
+    const S* s = reinterpret_cast<const S*>(words);
 #pragma unroll
     for (int i = 0; i < kN; ++i) out[i] = In::to_f32(s[i]);
   } else {
