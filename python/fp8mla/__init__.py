@@ -119,7 +119,7 @@ def quantize_fp8(x, scale_inv, *, out=None, dtype="e4m3", stream=None):
 
 def quantize_fp8_dynamic(x, *, out=None, scale=None, dtype="e4m3", stream=None):
     """Dynamic per-tensor FP8: scale = max(amax / fp8_max, min) into `scale` (one f32), then
-    out = fp8(x / scale). Returns (out, scale)."""
+    out = fp8(x * (1 / scale)). Returns (out, scale)."""
     return _frontend(x).quantize_fp8_dynamic(x, out=out, scale=scale, dtype=dtype, stream=stream)
 
 
