@@ -11,7 +11,7 @@ void check_devices(const ArgChecker& check, Device device,
   for (const NamedTensor& other : others) {
     check.require(other.tensor->device() == device, ErrorCategory::kInvalidArgument,
                   concat("`", other.name, "`: expected a tensor on ", to_string(device),
-                         " like `input`, got ", other.tensor->describe()));
+                         ", the device of the other tensors, got ", other.tensor->describe()));
   }
   if (!device.is_cuda()) return;
 #if defined(FP8MLA_WITH_CUDA)

@@ -309,7 +309,8 @@ TEST(QuantizeArgs, DeviceMismatch) {
         quantize_fp8(fake(DType::kBF16, {4, 64}, gpu), fake(DType::kE4M3, {4, 64}), 1.0f);
       },
       ErrorCategory::kInvalidArgument,
-      {"`out`: expected a tensor on cuda:0 like `input`", "e4m3fn[4, 64] strides [64, 1] on cpu"});
+      {"`out`: expected a tensor on cuda:0, the device of the other tensors",
+       "e4m3fn[4, 64] strides [64, 1] on cpu"});
   expect_error(
       [&] {
         quantize_fp8_dynamic(fake(DType::kBF16, {4, 64}, gpu), fake(DType::kE4M3, {4, 64}, gpu),
@@ -322,14 +323,15 @@ TEST(QuantizeArgs, DeviceMismatch) {
                                      fake(DType::kF32, {4, 1}, gpu));
       },
       ErrorCategory::kInvalidArgument,
-      {"`scales`: expected a tensor on cpu like `input`", "on cuda:0"});
+      {"`scales`: expected a tensor on cpu, the device of the other tensors", "on cuda:0"});
   expect_error(
       [&] {
         quantize_nvfp4(fake(DType::kBF16, {4, 64}, gpu), fake(DType::kE2M1x2, {4, 32}, gpu),
                        fake(DType::kE4M3, {128, 4}), fake(DType::kF32, {1}, gpu));
       },
       ErrorCategory::kInvalidArgument,
-      {"`block_scales`: expected a tensor on cuda:0 like `input`", "e4m3fn[128, 4]", "on cpu"});
+      {"`block_scales`: expected a tensor on cuda:0, the device of the other tensors",
+       "e4m3fn[128, 4]", "on cpu"});
 }
 
 TEST(QuantizeArgs, CudaTensorsWithoutCuda) {

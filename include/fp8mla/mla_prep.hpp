@@ -1,0 +1,135 @@
+// MLA prefill preparation ops (DESIGN section 3, ops 4-7): the kernels a backend's
+// prepare_prefill_qkv hook is made of. Conventions as in quantize.hpp: TensorViews on one device,
+// caller-allocated outputs written in full, 0 tokens valid, bad arguments throw fp8mla::Error.
+//
+// Exact arithmetic (the CPU implementation and the CUDA kernels agree bit for bit):
+//   RoPE of a pair (x0, x1) with c = cos[pos][i], s = sin[pos][i], in fp32:
+//     y0 = fma(x0, c, -(x1 * s)),  y1 = fma(x1, c, x0 * s)
+//   interleaved pairs (2i, 2i+1) (DeepSeek); NeoX pairs (i, i + rope_dim / 2).
+//   FP8: q = e4m3(x * scale_inv) (numerics.hpp: nearest-even, saturating).
+//   Dequantization: x = bf16(decode_e4m3(q) * scale).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "fp8mla/stream.hpp"
+#include "fp8mla/tensor_view.hpp"
+
+namespace fp8mla {
+
+inline constexpr int kMlaNopeDim = 128;     // per-head non-RoPE part of Q and K
+inline constexpr int kMlaRopeDim = 64;      // RoPE part; K's is shared by all heads
+inline constexpr int kMlaQkDim = 192;       // kMlaNopeDim + kMlaRopeDim
+inline constexpr int kMlaVDim = 128;        // value head dim
+inline constexpr int kMlaKvLoraRank = 512;  // width of the compressed latent kv_c
+inline constexpr int kMlaLatentDim = 576;   // one cached token: kv_c then k_pe
+
+enum class RopeStyle {
+  kInterleaved,  // pairs (2i, 2i + 1), as DeepSeek uses
+  kNeox,         // pairs (i, i + rope_dim / 2)
+};
+
+// DeepSeek-V3's rope_scaling (type "yarn").
+struct YarnScaling {
+  double factor = 40.0;
+  std::int64_t original_max_position = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 1.0;
+};
+
+struct RopeConfig {
+  int rope_dim = kMlaRopeDim;
+  double theta = 10000.0;
+  std::optional<YarnScaling> yarn;  // plain RoPE when empty
+};
+
+// Fills `cos_sin`, f32 [max_pos, rope_dim] = [cos(rope_dim/2) | sin(rope_dim/2)] for positions
+// 0..max_pos-1, computed in double and rounded once (on the host; a CUDA view is filled by a
+// blocking copy: this is set-up work, not a per-request op).
+void make_cos_sin_cache(const TensorView& cos_sin, const RopeConfig& config,
+                        CudaStream stream = nullptr);
+
+// The factor YaRN applies to the softmax scale: scale = qk_dim^-0.5 * mscale^2, where mscale =
+// 0.1 * mscale_all_dim * ln(factor) + 1 (1 without YaRN or with factor <= 1).
+double softmax_mscale(const RopeConfig& config);
+
+// Where a latent row (kv_c then the RoPE'd k_pe, FP8) goes: slot s is row s % page_size of page
+// s / page_size of `cache`, e4m3 [num_pages, page_size, 576] (rows contiguous, any page and row
+// strides). A slot of -1 is skipped. Any other slot outside [0, num_pages * page_size) is an
+// error: the CPU path throws before writing; the CUDA path cannot throw without a sync, so it
+// skips that token and sets `error_flag` (one i32 on the device, written 1, never cleared by the
+// op) when one is given.
+struct LatentCacheWrite {
+  TensorView cache;         // e4m3 [num_pages, page_size, 576]
+  TensorView slot_mapping;  // i32 or i64 [T]
+  float scale_inv = 1.0f;   // cache = e4m3(x * scale_inv)
+  TensorView error_flag;    // optional (data == nullptr: none)
+};
+
+// ---- 4. Fused RoPE + FP8 Q and K -----------------------------------------------------------
+struct MlaRopeQuantizeArgs {
+  TensorView q_nope;     // [T, H, 128] bf16/f16, any strides with a contiguous last dim
+  TensorView q_pe;       // [T, H, 64]
+  TensorView k_nope;     // [T, H, 128]
+  TensorView k_pe;       // [T, 64] or [T, 1, 64]: shared by all heads
+  TensorView positions;  // i32 or i64 [T]
+  TensorView cos_sin;    // f32 [max_pos, 64] (make_cos_sin_cache)
+  RopeStyle style = RopeStyle::kInterleaved;
+  float q_scale_inv = 1.0f;
+  float k_scale_inv = 1.0f;
+  TensorView q_out;  // e4m3 [T, H, 192] = [nope | rope], any token/head strides
+  TensorView k_out;  // e4m3 [T, H, 192]
+  // Optional: in the same pass, write kv_c (bf16/f16 [T, 512]) and the RoPE'd k_pe to the cache.
+  std::optional<LatentCacheWrite> cache_write;
+  TensorView kv_c;  // needed with cache_write
+};
+
+// For each token t (p = positions[t]) and head h:
+//   q_out[t, h] = [e4m3(q_nope[t, h] * q_scale_inv) | e4m3(rope(q_pe[t, h], p) * q_scale_inv)]
+//   k_out[t, h] = [e4m3(k_nope[t, h] * k_scale_inv) | e4m3(rope(k_pe[t], p) * k_scale_inv)]
+// and with cache_write the latent row of slot_mapping[t]:
+//   [e4m3(kv_c[t] * scale_inv) | e4m3(rope(k_pe[t], p) * scale_inv)]
+// All inputs share one dtype (bf16 or f16). A position outside [0, max_pos) is an error: the CPU
+// path throws before writing anything; the CUDA path writes that token's q_out and k_out rows as
+// zeros, skips its cache row and sets cache_write's error_flag (when given). Slots: see
+// LatentCacheWrite. The cache row's RoPE part is rounded once from fp32, so it need not equal
+// what mla_kv_cache_write writes from a k_pe the caller RoPE'd and rounded to bf16 first.
+void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream = nullptr);
+
+// ---- 5. Latent cache write -----------------------------------------------------------------
+// kv_c bf16/f16 [T, 512] and the already RoPE'd k_pe [T, 64] (or [T, 1, 64]) into the cache.
+// Slots not in slot_mapping stay bit-identical. Page sizes 1 to 128.
+void mla_kv_cache_write(const TensorView& kv_c, const TensorView& k_pe,
+                        const LatentCacheWrite& write, CudaStream stream = nullptr);
+
+// ---- 6. Latent cache gather ----------------------------------------------------------------
+// The latent rows of `slots` (i32/i64 [n], each in range; a bad slot is an error as above, and
+// its output rows are written as zeros on the CUDA path) back to bf16:
+// kv_c_out [n, 512] and k_pe_out [n, 64] = bf16(decode(q) * scale).
+void mla_kv_gather(const TensorView& cache, const TensorView& slots, float scale,
+                   const TensorView& kv_c_out, const TensorView& k_pe_out,
+                   const TensorView& error_flag = {}, CudaStream stream = nullptr);
+
+// ---- 7. Prefix-chunk K/V pack --------------------------------------------------------------
+// Layout of the packed V the attention kernel reads.
+enum class PackedVLayout {
+  kTokenMajor,  // [n, H, 128], like the input
+};
+
+struct MlaKvPackArgs {
+  TensorView k_nope;  // [n, H, 128] bf16/f16, strided (e.g. a slice of kv_b_proj's output)
+  TensorView k_pe;    // [n, 64] or [n, 1, 64]: broadcast to every head
+  TensorView v;       // [n, H, 128], strided
+  float k_scale_inv = 1.0f;
+  float v_scale_inv = 1.0f;
+  TensorView k_out;  // e4m3 [n, H, 192] = [k_nope | k_pe]
+  TensorView v_out;  // e4m3, laid out as v_layout says
+  PackedVLayout v_layout = PackedVLayout::kTokenMajor;
+};
+
+void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream = nullptr);
+
+}  // namespace fp8mla

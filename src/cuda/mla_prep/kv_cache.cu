@@ -1,0 +1,350 @@
+// The latent-cache kernels of fp8mla/mla_prep.hpp: cache write, gather and prefix K/V pack.
+//
+// All three are memory-bound and share one shape (as per_tensor.cu): a flat index over (token,
+// unit) pairs, each unit 16 elements (16 bytes of FP8, two LDG.128 of bf16/f16), kUnroll units per
+// thread with every load issued before the first conversion, one block per kThreads * kUnroll
+// units, launches split so indices fit in 32 bits (offsets are 64-bit). Views whose pointers or
+// strides do not allow 16-byte vectors take the scalar variant (units of one element).
+//   write:  a 576-byte latent row = 36 units (32 of kv_c, 4 of k_pe).
+//   gather: 36 units per row, each one 16-byte load and two 16-byte stores of bf16.
+//   pack:   per token, 16 units per head (8 of k_nope, 8 of v), then 4 units of k_pe per group of
+//           kPeHeads heads: the 16 k_pe bytes are converted once and stored to each head of the
+//           group.
+// A bad slot (not -1 for the write; any for the gather) cannot throw here: the write skips the
+// token, the gather writes zeros, and both set *error_flag = 1 when a flag is given.
+#include <algorithm>
+
+#include "cuda/common/launch.cuh"
+#include "cuda/common/vector_io.cuh"
+#include "fp8mla/error.hpp"
+#include "fp8mla/mla_prep.hpp"
+#include "ops/mla_kv_params.hpp"
+
+namespace fp8mla::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWide = 16;    // elements per vector unit
+constexpr int kPeHeads = 8;  // heads one converted k_pe unit is stored to
+
+struct Traversal {
+  std::int64_t first_token;
+  std::uint32_t units;  // tokens in this launch * units_per_token
+  FastDivmod units_per_token;
+};
+
+template <typename Fn>
+void for_each_launch(std::int64_t tokens, std::int64_t units_per_token, int per_thread,
+                     Fn launch_one) {
+  const std::int64_t max_tokens =
+      std::max<std::int64_t>(1, (std::int64_t(1) << 31) / units_per_token);
+  for (std::int64_t first = 0; first < tokens; first += max_tokens) {
+    const std::int64_t n = std::min(max_tokens, tokens - first);
+    const Traversal t{first, std::uint32_t(n * units_per_token),
+                      FastDivmod(std::uint32_t(units_per_token))};
+    const std::int64_t blocks =
+        (std::int64_t(t.units) + kThreads * per_thread - 1) / (kThreads * per_thread);
+    launch_one(t, dim3(unsigned(std::max<std::int64_t>(blocks, 1))));
+  }
+}
+
+template <typename Fn>
+void dispatch_16bit(DType dtype, Fn&& fn) {
+  if (dtype == DType::kBF16) {
+    fn.template operator()<Bf16In>();
+  } else {
+    fn.template operator()<F16In>();
+  }
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+// A stride (in bytes) that keeps 16-byte alignment, or one that is never applied.
+bool stride_ok(std::int64_t stride_bytes, std::int64_t count) {
+  return count <= 1 || stride_bytes % 16 == 0;
+}
+
+bool vectors_ok(const TokenHeads& t) {
+  const std::int64_t size = dtype_size(t.dtype);
+  return aligned16(t.data) && t.dim % kWide == 0 && stride_ok(t.token_stride * size, t.tokens) &&
+         stride_ok(t.head_stride * size, t.heads);
+}
+
+bool vectors_ok(const LatentCacheParams& c) {
+  return aligned16(c.cache) && stride_ok(c.page_stride, c.num_pages) &&
+         stride_ok(c.row_stride, c.page_size);
+}
+
+template <typename S>
+__device__ __forceinline__ S* at(const TokenHeads& t, std::int64_t token, std::int64_t head,
+                                 std::int64_t element) {
+  return static_cast<S*>(t.data) + token * t.token_stride + head * t.head_stride + element;
+}
+
+__device__ __forceinline__ void flag_error(std::int32_t* flag) {
+  if (flag != nullptr) *flag = 1;
+}
+
+// e4m3 codes of kN values (kN even or 1), converted once.
+template <int kN>
+struct Fp8Bytes {
+  static constexpr int kPairs = kN > 1 ? kN / 2 : 1;
+  alignas(16) std::uint16_t pairs[kPairs];
+};
+
+template <int kN>
+__device__ __forceinline__ Fp8Bytes<kN> to_e4m3(float (&x)[kN], float scale_inv) {
+  Fp8Bytes<kN> b;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) x[i] = __fmul_rn(x[i], scale_inv);
+  if constexpr (kN == 1) {
+    b.pairs[0] = cvt_e4m3x2(x[0], 0.0f);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) b.pairs[i] = cvt_e4m3x2(x[2 * i], x[2 * i + 1]);
+  }
+  return b;
+}
+
+template <int kN>
+__device__ __forceinline__ void store_bytes(std::uint8_t* p, const Fp8Bytes<kN>& b) {
+  if constexpr (kN == 16) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(b.pairs);
+  } else {
+    static_assert(kN == 1);
+    *p = std::uint8_t(b.pairs[0]);
+  }
+}
+
+// ---- Cache write ---------------------------------------------------------------------------
+
+constexpr int kWriteUnroll = 2;
+
+template <typename In, int kVec>
+__global__ void __launch_bounds__(kThreads) write_kernel(MlaKvCacheWriteParams p, Traversal t) {
+  using S = typename In::Storage;
+  pdl_wait();
+  const std::uint32_t stride = gridDim.x * kThreads;
+  for (std::uint32_t base = blockIdx.x * kThreads * kWriteUnroll + threadIdx.x; base < t.units;
+       base += stride * kWriteUnroll) {
+    float x[kWriteUnroll][kVec];
+    std::uint8_t* dst[kWriteUnroll];
+#pragma unroll
+    for (int u = 0; u < kWriteUnroll; ++u) {
+      dst[u] = nullptr;
+      const std::uint32_t v = base + u * kThreads;
+      if (v >= t.units) continue;
+      std::uint32_t token, col;
+      t.units_per_token.divmod(v, token, col);
+      const std::int64_t tok = t.first_token + token;
+      const std::int64_t slot = load_slot(p.cache, tok);
+      std::uint8_t* row = latent_row(p.cache, slot);
+      if (row == nullptr) {
+        if (slot != -1 && col == 0) flag_error(p.cache.error_flag);
+        continue;
+      }
+      const std::int64_t e = std::int64_t(col) * kVec;
+      const S* src = e < kMlaKvLoraRank ? at<const S>(p.kv_c, tok, 0, e)
+                                        : at<const S>(p.k_pe, tok, 0, e - kMlaKvLoraRank);
+      load_f32<In, kVec>(src, x[u]);
+      dst[u] = row + e;
+    }
+#pragma unroll
+    for (int u = 0; u < kWriteUnroll; ++u) {
+      if (dst[u] != nullptr) store_bytes<kVec>(dst[u], to_e4m3<kVec>(x[u], p.cache.scale_inv));
+    }
+  }
+  pdl_launch_dependents();
+}
+
+// ---- Gather --------------------------------------------------------------------------------
+
+constexpr int kGatherUnroll = 4;
+
+template <int kVec>
+__global__ void __launch_bounds__(kThreads) gather_kernel(MlaKvGatherParams p, Traversal t) {
+  pdl_wait();
+  const std::uint32_t stride = gridDim.x * kThreads;
+  for (std::uint32_t base = blockIdx.x * kThreads * kGatherUnroll + threadIdx.x; base < t.units;
+       base += stride * kGatherUnroll) {
+    // kVec codes per unit: one 16-byte word, or one byte.
+    uint4 words[kGatherUnroll];
+    std::uint16_t* dst[kGatherUnroll];
+    bool bad[kGatherUnroll];
+#pragma unroll
+    for (int u = 0; u < kGatherUnroll; ++u) {
+      dst[u] = nullptr;
+      bad[u] = false;
+      words[u] = make_uint4(0, 0, 0, 0);
+      const std::uint32_t v = base + u * kThreads;
+      if (v >= t.units) continue;
+      std::uint32_t token, col;
+      t.units_per_token.divmod(v, token, col);
+      const std::int64_t tok = t.first_token + token;
+      const std::int64_t e = std::int64_t(col) * kVec;
+      dst[u] = e < kMlaKvLoraRank ? at<std::uint16_t>(p.kv_c_out, tok, 0, e)
+                                  : at<std::uint16_t>(p.k_pe_out, tok, 0, e - kMlaKvLoraRank);
+      const std::int64_t slot = load_slot(p.cache, tok);
+      const std::uint8_t* row = latent_row(p.cache, slot);
+      if (row == nullptr) {
+        if (col == 0) flag_error(p.cache.error_flag);
+        bad[u] = true;  // its rows are written as zeros
+        continue;
+      }
+      if constexpr (kVec == 16) {
+        words[u] = __ldg(reinterpret_cast<const uint4*>(row + e));
+      } else {
+        words[u].x = __ldg(row + e);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kGatherUnroll; ++u) {
+      if (dst[u] == nullptr) continue;
+      const auto* codes = reinterpret_cast<const std::uint16_t*>(&words[u]);
+      alignas(16) std::uint16_t out[kVec];
+#pragma unroll
+      for (int i = 0; i < (kVec + 1) / 2; ++i) {
+        const float2 f = cvt_e4m3x2_to_f32x2(codes[i]);
+        out[2 * i] = bad[u] ? 0 : cvt_bf16(__fmul_rn(f.x, p.scale));
+        if constexpr (kVec > 1) out[2 * i + 1] = bad[u] ? 0 : cvt_bf16(__fmul_rn(f.y, p.scale));
+      }
+      if constexpr (kVec == 16) {
+        reinterpret_cast<uint4*>(dst[u])[0] = reinterpret_cast<const uint4*>(out)[0];
+        reinterpret_cast<uint4*>(dst[u])[1] = reinterpret_cast<const uint4*>(out)[1];
+      } else {
+        dst[u][0] = out[0];
+      }
+    }
+  }
+  pdl_launch_dependents();
+}
+
+// ---- Prefix K/V pack -----------------------------------------------------------------------
+
+constexpr int kPackUnroll = 2;
+
+template <typename In, int kVec>
+__global__ void __launch_bounds__(kThreads) pack_kernel(MlaKvPackParams p, Traversal t) {
+  using S = typename In::Storage;
+  constexpr int kNopeUnits = kMlaNopeDim / kVec;  // == kMlaVDim / kVec
+  constexpr int kHeadUnits = 2 * kNopeUnits;
+  constexpr int kPeUnits = kMlaRopeDim / kVec;
+  const std::int64_t heads = p.k_nope.heads;
+  const std::uint32_t head_units = std::uint32_t(heads) * kHeadUnits;
+  pdl_wait();
+  const std::uint32_t stride = gridDim.x * kThreads;
+  for (std::uint32_t base = blockIdx.x * kThreads * kPackUnroll + threadIdx.x; base < t.units;
+       base += stride * kPackUnroll) {
+    float x[kPackUnroll][kVec];
+    std::uint8_t* dst[kPackUnroll];
+    int copies[kPackUnroll];  // heads the unit is stored to (0: none)
+    float scale_inv[kPackUnroll];
+#pragma unroll
+    for (int u = 0; u < kPackUnroll; ++u) {
+      copies[u] = 0;
+      dst[u] = nullptr;
+      scale_inv[u] = p.k_scale_inv;
+      const std::uint32_t v = base + u * kThreads;
+      if (v >= t.units) continue;
+      std::uint32_t token, col;
+      t.units_per_token.divmod(v, token, col);
+      const std::int64_t tok = t.first_token + token;
+      const S* src;
+      if (col < head_units) {
+        const std::int64_t head = col / kHeadUnits;
+        const int sub = int(col % kHeadUnits);
+        if (sub < kNopeUnits) {
+          src = at<const S>(p.k_nope, tok, head, sub * kVec);
+          dst[u] = at<std::uint8_t>(p.k_out, tok, head, sub * kVec);
+        } else {
+          src = at<const S>(p.v, tok, head, (sub - kNopeUnits) * kVec);
+          dst[u] = at<std::uint8_t>(p.v_out, tok, head, (sub - kNopeUnits) * kVec);
+          scale_inv[u] = p.v_scale_inv;
+        }
+        copies[u] = 1;
+      } else {
+        const std::uint32_t pe = col - head_units;
+        const int chunk = int(pe % kPeUnits);
+        const std::int64_t first_head = std::int64_t(pe / kPeUnits) * kPeHeads;
+        src = at<const S>(p.k_pe, tok, 0, chunk * kVec);
+        dst[u] = at<std::uint8_t>(p.k_out, tok, first_head, kMlaNopeDim + chunk * kVec);
+        copies[u] = int(std::min<std::int64_t>(kPeHeads, heads - first_head));
+      }
+      load_f32<In, kVec>(src, x[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kPackUnroll; ++u) {
+      if (copies[u] == 0) continue;
+      const Fp8Bytes<kVec> bytes = to_e4m3<kVec>(x[u], scale_inv[u]);
+      store_bytes<kVec>(dst[u], bytes);
+      for (int h = 1; h < copies[u]; ++h)
+        store_bytes<kVec>(dst[u] + h * p.k_out.head_stride, bytes);
+    }
+  }
+  pdl_launch_dependents();
+}
+
+}  // namespace
+
+void mla_kv_cache_write(const MlaKvCacheWriteParams& p, CudaStream stream) {
+  const bool wide = vectors_ok(p.kv_c) && vectors_ok(p.k_pe) && vectors_ok(p.cache);
+  dispatch_16bit(p.kv_c.dtype, [&]<typename In>() {
+    auto run = [&]<int kVec>() {
+      for_each_launch(p.kv_c.tokens, kMlaLatentDim / kVec, kWriteUnroll,
+                      [&](const Traversal& t, dim3 grid) {
+                        launch("mla_kv_cache_write", write_kernel<In, kVec>,
+                               {grid, dim3(kThreads), 0, stream, true}, p, t);
+                      });
+    };
+    if (wide) {
+      run.template operator()<kWide>();
+    } else {
+      run.template operator()<1>();
+    }
+  });
+}
+
+void mla_kv_gather(const MlaKvGatherParams& p, CudaStream stream) {
+  const bool wide = vectors_ok(p.kv_c_out) && vectors_ok(p.k_pe_out) && vectors_ok(p.cache);
+  auto run = [&]<int kVec>() {
+    for_each_launch(p.kv_c_out.tokens, kMlaLatentDim / kVec, kGatherUnroll,
+                    [&](const Traversal& t, dim3 grid) {
+                      launch("mla_kv_gather", gather_kernel<kVec>,
+                             {grid, dim3(kThreads), 0, stream, true}, p, t);
+                    });
+  };
+  if (wide) {
+    run.template operator()<kWide>();
+  } else {
+    run.template operator()<1>();
+  }
+}
+
+void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
+  const bool wide = vectors_ok(p.k_nope) && vectors_ok(p.k_pe) && vectors_ok(p.v) &&
+                    vectors_ok(p.k_out) && vectors_ok(p.v_out);
+  const std::int64_t heads = p.k_nope.heads;
+  const std::int64_t groups = (heads + kPeHeads - 1) / kPeHeads;
+  if (heads > (std::int64_t(1) << 20)) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("mla_kv_pack_quantize_fp8: more than 2^20 heads, got ", heads));
+  }
+  dispatch_16bit(p.k_nope.dtype, [&]<typename In>() {
+    auto run = [&]<int kVec>() {
+      const std::int64_t units = heads * 2 * (kMlaNopeDim / kVec) + groups * (kMlaRopeDim / kVec);
+      for_each_launch(p.k_nope.tokens, units, kPackUnroll, [&](const Traversal& t, dim3 grid) {
+        launch("mla_kv_pack_quantize_fp8", pack_kernel<In, kVec>,
+               {grid, dim3(kThreads), 0, stream, true}, p, t);
+      });
+    };
+    if (wide) {
+      run.template operator()<kWide>();
+    } else {
+      run.template operator()<1>();
+    }
+  });
+}
+
+}  // namespace fp8mla::cuda

@@ -1,0 +1,245 @@
+// Argument checks and CPU/CUDA dispatch of the RoPE ops of fp8mla/mla_prep.hpp:
+// make_cos_sin_cache, softmax_mscale and mla_rope_quantize_fp8.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/check.hpp"
+#include "fp8mla/mla_prep.hpp"
+#include "ops/device_dispatch.hpp"
+#include "ops/mla_rope_params.hpp"
+
+namespace fp8mla {
+namespace {
+
+// DeepSeek-V3's yarn_get_mscale.
+double yarn_get_mscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// DeepSeek-V3's yarn_find_correction_dim.
+double yarn_correction_dim(double num_rotations, int dim, double base, double max_position) {
+  return dim * std::log(max_position / (num_rotations * 2.0 * std::numbers::pi)) /
+         (2.0 * std::log(base));
+}
+
+// inv_freq[i], i < rope_dim / 2, and the factor applied to cos and sin.
+std::vector<double> inverse_frequencies(const RopeConfig& config, double& magnitude) {
+  const int d = config.rope_dim;
+  std::vector<double> inv_freq(std::size_t(d / 2));
+  magnitude = 1.0;
+  for (int i = 0; i < d / 2; ++i) inv_freq[i] = 1.0 / std::pow(config.theta, 2.0 * i / d);
+  if (!config.yarn) return inv_freq;
+  const YarnScaling& y = *config.yarn;
+  const double max_position = double(y.original_max_position);
+  const double low =
+      std::max(std::floor(yarn_correction_dim(y.beta_fast, d, config.theta, max_position)), 0.0);
+  double high = std::min(std::ceil(yarn_correction_dim(y.beta_slow, d, config.theta, max_position)),
+                         double(d - 1));
+  if (low == high) high += 0.001;
+  for (int i = 0; i < d / 2; ++i) {
+    const double freq_extra = inv_freq[i];
+    const double freq_inter = 1.0 / (y.factor * std::pow(config.theta, 2.0 * i / d));
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double mask = 1.0 - ramp;
+    inv_freq[i] = freq_inter * (1.0 - mask) + freq_extra * mask;
+  }
+  magnitude = yarn_get_mscale(y.factor, y.mscale) / yarn_get_mscale(y.factor, y.mscale_all_dim);
+  return inv_freq;
+}
+
+void check_config(const ArgChecker& check, const RopeConfig& config) {
+  check.require(config.rope_dim > 0 && config.rope_dim % 2 == 0, ErrorCategory::kInvalidArgument,
+                concat("expected an even, positive rope_dim, got ", config.rope_dim));
+  check.require(config.theta > 1.0 && std::isfinite(config.theta), ErrorCategory::kInvalidArgument,
+                concat("expected a finite theta > 1, got ", config.theta));
+  if (!config.yarn) return;
+  const YarnScaling& y = *config.yarn;
+  check.require(y.factor > 0.0 && std::isfinite(y.factor), ErrorCategory::kInvalidArgument,
+                concat("yarn: expected a finite factor > 0, got ", y.factor));
+  check.require(y.original_max_position > 0, ErrorCategory::kInvalidArgument,
+                concat("yarn: expected original_max_position > 0, got ", y.original_max_position));
+  check.require(y.beta_fast > 0.0 && y.beta_slow > 0.0, ErrorCategory::kInvalidArgument,
+                concat("yarn: expected beta_fast and beta_slow > 0, got ", y.beta_fast, " and ",
+                       y.beta_slow));
+}
+
+// A [T, heads, dim] view (or [T, dim] when `shared`, also accepted as [T, 1, dim]) with a
+// contiguous last dim.
+TokenHeads token_heads(const ArgChecker& check, const TensorView& t, std::string_view name,
+                       DType dtype, std::int64_t tokens, std::int64_t heads, std::int64_t dim,
+                       bool shared) {
+  check.dtype(t, name, {dtype});
+  const bool shape_ok =
+      shared ? (t.ndim() == 2 && t.size(0) == tokens && t.size(1) == dim) ||
+                   (t.ndim() == 3 && t.size(0) == tokens && t.size(1) == 1 && t.size(2) == dim)
+             : t.ndim() == 3 && t.size(0) == tokens && t.size(1) == heads && t.size(2) == dim;
+  check.require(shape_ok, ErrorCategory::kInvalidArgument,
+                shared ? concat("`", name, "`: expected [T, ", dim, "] or [T, 1, ", dim,
+                                "] with T = ", tokens, ", got ", t.describe())
+                       : concat("`", name, "`: expected [T, H, ", dim, "] = [", tokens, ", ", heads,
+                                ", ", dim, "], got ", t.describe()));
+  check.require(
+      t.stride(-1) == 1, ErrorCategory::kInvalidArgument,
+      concat("`", name, "`: expected a contiguous last dim (stride 1), got ", t.describe()));
+  check.aligned(t, name, int(dtype_size(dtype)));
+  TokenHeads th;
+  th.data = t.data();
+  th.dtype = dtype;
+  th.tokens = tokens;
+  th.heads = shared ? 1 : heads;
+  th.dim = dim;
+  th.token_stride = t.stride(0);
+  th.head_stride = shared ? 0 : t.stride(1);
+  return th;
+}
+
+// An i32 or i64 [T] index vector with stride 1.
+const void* index_vector(const ArgChecker& check, const TensorView& t, std::string_view name,
+                         std::int64_t tokens) {
+  check.dtype(t, name, {DType::kI32, DType::kI64});
+  check.require(
+      t.ndim() == 1 && t.size(0) == tokens && (tokens <= 1 || t.stride(0) == 1),
+      ErrorCategory::kInvalidArgument,
+      concat("`", name, "`: expected a contiguous [T] = [", tokens, "], got ", t.describe()));
+  check.aligned(t, name, int(dtype_size(t.dtype())));
+  return t.data();
+}
+
+}  // namespace
+
+double softmax_mscale(const RopeConfig& config) {
+  return config.yarn ? yarn_get_mscale(config.yarn->factor, config.yarn->mscale_all_dim) : 1.0;
+}
+
+void make_cos_sin_cache(const TensorView& cos_sin, const RopeConfig& config, CudaStream) {
+  const ArgChecker check("make_cos_sin_cache");
+  check_config(check, config);
+  check.dtype(cos_sin, "cos_sin", {DType::kF32});
+  check.ndim(cos_sin, "cos_sin", 2);
+  check.size(cos_sin, "cos_sin", 1, config.rope_dim);
+  check.require(
+      cos_sin.stride(1) == 1, ErrorCategory::kInvalidArgument,
+      concat("`cos_sin`: expected contiguous rows (last-dim stride 1), got ", cos_sin.describe()));
+  check.aligned(cos_sin, "cos_sin", 4);
+  check_devices(check, cos_sin.device(), {});
+  const std::int64_t rows = cos_sin.size(0), d = config.rope_dim, half = d / 2;
+  if (rows == 0) return;
+
+  double magnitude = 1.0;
+  const std::vector<double> inv_freq = inverse_frequencies(config, magnitude);
+  std::vector<float> table(std::size_t(rows * d));
+  for (std::int64_t p = 0; p < rows; ++p) {
+    for (std::int64_t i = 0; i < half; ++i) {
+      const double angle = double(p) * inv_freq[std::size_t(i)];
+      table[std::size_t(p * d + i)] = float(std::cos(angle) * magnitude);
+      table[std::size_t(p * d + half + i)] = float(std::sin(angle) * magnitude);
+    }
+  }
+  float* dst = cos_sin.data_as<float>();
+  const std::int64_t stride = cos_sin.stride(0);
+  dispatch(
+      cos_sin.device(),
+      [&] {
+        for (std::int64_t p = 0; p < rows; ++p) {
+          std::copy_n(table.data() + p * d, d, dst + p * stride);
+        }
+      },
+      [&](auto) { cuda::copy_f32_rows_to_device(dst, stride, table.data(), rows, d); });
+}
+
+void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
+  const ArgChecker check("mla_rope_quantize_fp8");
+  MlaRopeQuantizeParams p;
+
+  check.dtype(args.q_nope, "q_nope", {DType::kBF16, DType::kF16});
+  check.require(
+      args.q_nope.ndim() == 3 && args.q_nope.size(2) == kMlaNopeDim,
+      ErrorCategory::kInvalidArgument,
+      concat("`q_nope`: expected [T, H, ", kMlaNopeDim, "], got ", args.q_nope.describe()));
+  const DType in = args.q_nope.dtype();
+  const std::int64_t tokens = args.q_nope.size(0), heads = args.q_nope.size(1);
+  check.require(heads >= 1, ErrorCategory::kInvalidArgument,
+                concat("`q_nope`: expected at least one head, got ", args.q_nope.describe()));
+  p.tokens = tokens;
+  p.heads = heads;
+  p.q_nope = token_heads(check, args.q_nope, "q_nope", in, tokens, heads, kMlaNopeDim, false);
+  p.q_pe = token_heads(check, args.q_pe, "q_pe", in, tokens, heads, kMlaRopeDim, false);
+  p.k_nope = token_heads(check, args.k_nope, "k_nope", in, tokens, heads, kMlaNopeDim, false);
+  p.k_pe = token_heads(check, args.k_pe, "k_pe", in, tokens, 1, kMlaRopeDim, true);
+  p.q_out = token_heads(check, args.q_out, "q_out", DType::kE4M3, tokens, heads, kMlaQkDim, false);
+  p.k_out = token_heads(check, args.k_out, "k_out", DType::kE4M3, tokens, heads, kMlaQkDim, false);
+
+  p.positions = index_vector(check, args.positions, "positions", tokens);
+  p.position_dtype = args.positions.dtype();
+
+  const TensorView& cs = args.cos_sin;
+  check.dtype(cs, "cos_sin", {DType::kF32});
+  check.require(cs.ndim() == 2 && cs.size(1) == kMlaRopeDim && cs.stride(1) == 1,
+                ErrorCategory::kInvalidArgument,
+                concat("`cos_sin`: expected [max_pos, ", kMlaRopeDim,
+                       "] with contiguous rows (make_cos_sin_cache), got ", cs.describe()));
+  check.aligned(cs, "cos_sin", 4);
+  p.cos_sin = cs.data_as<const float>();
+  p.max_pos = cs.size(0);
+  p.cos_sin_row_stride = cs.stride(0);
+  p.style = args.style;
+  p.q_scale_inv = args.q_scale_inv;
+  p.k_scale_inv = args.k_scale_inv;
+
+  const Device device = args.q_nope.device();
+  check_devices(check, device,
+                {{&args.q_pe, "q_pe"},
+                 {&args.k_nope, "k_nope"},
+                 {&args.k_pe, "k_pe"},
+                 {&args.positions, "positions"},
+                 {&args.cos_sin, "cos_sin"},
+                 {&args.q_out, "q_out"},
+                 {&args.k_out, "k_out"}});
+
+  if (args.cache_write) {
+    const LatentCacheWrite& w = *args.cache_write;
+    p.cache_write = true;
+    check.require(
+        args.kv_c.data() != nullptr || tokens == 0, ErrorCategory::kInvalidArgument,
+        concat("`kv_c`: required with cache_write (bf16/f16 [T, ", kMlaKvLoraRank, "]), got none"));
+    p.kv_c = token_heads(check, args.kv_c, "kv_c", in, tokens, 1, kMlaKvLoraRank, true);
+    const TensorView& c = w.cache;
+    check.dtype(c, "cache", {DType::kE4M3});
+    check.require(c.ndim() == 3 && c.size(2) == kMlaLatentDim && c.stride(2) == 1,
+                  ErrorCategory::kInvalidArgument,
+                  concat("`cache`: expected [num_pages, page_size, ", kMlaLatentDim,
+                         "] with contiguous rows, got ", c.describe()));
+    check.require(c.size(1) >= 1 && c.size(1) <= 128, ErrorCategory::kUnsupported,
+                  concat("`cache`: expected a page size from 1 to 128, got ", c.describe()));
+    p.cache.cache = c.data_as<std::uint8_t>();
+    p.cache.num_pages = c.size(0);
+    p.cache.page_size = c.size(1);
+    p.cache.page_stride = c.stride(0);
+    p.cache.row_stride = c.stride(1);
+    p.cache.slots = index_vector(check, w.slot_mapping, "slot_mapping", tokens);
+    p.cache.slot_dtype = w.slot_mapping.dtype();
+    p.cache.scale_inv = w.scale_inv;
+    check_devices(check, device,
+                  {{&args.kv_c, "kv_c"}, {&w.cache, "cache"}, {&w.slot_mapping, "slot_mapping"}});
+    if (w.error_flag.data() != nullptr) {
+      check.dtype(w.error_flag, "error_flag", {DType::kI32});
+      check.require(w.error_flag.numel() == 1 && w.error_flag.ndim() <= 1,
+                    ErrorCategory::kInvalidArgument,
+                    concat("`error_flag`: expected one i32 of shape [] or [1], got ",
+                           w.error_flag.describe()));
+      check.aligned(w.error_flag, "error_flag", 4);
+      check_devices(check, device, {{&w.error_flag, "error_flag"}});
+      p.cache.error_flag = w.error_flag.data_as<std::int32_t>();
+    }
+  }
+  if (tokens == 0) return;
+  dispatch(
+      device, [&] { cpu::mla_rope_quantize_fp8(p); },
+      [&](auto) { cuda::mla_rope_quantize_fp8(p, stream); });
+}
+
+}  // namespace fp8mla

@@ -1,0 +1,276 @@
+// The CUDA latent-cache kernels equal the CPU ops bit for bit: each case runs on the CPU and on
+// the GPU from identical buffers (outputs poisoned, the cache filled with random bytes, guard bands
+// around every device buffer) and every byte of every buffer must match. Also: bad slots on the
+// GPU (flag set, nothing written out of bounds, gather rows zeroed), PDL on/off, and a cache of
+// more than 2^31 bytes (64-bit addressing).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "cuda/common/runtime.hpp"
+#include "cuda_test_util.hpp"
+#include "fp8mla/mla_prep.hpp"
+#include "mla_kv_test_util.hpp"
+#include "quantize_test_util.hpp"
+
+namespace fp8mla {
+namespace {
+
+using test::Data;
+using test::DeviceBuffer;
+using test::HostBuffer;
+using test::KvGatherCase;
+using test::KvPackCase;
+using test::KvWriteCase;
+
+class PdlScope {
+ public:
+  explicit PdlScope(bool enabled) : saved_(cuda::pdl_enabled()) { cuda::set_pdl_enabled(enabled); }
+  ~PdlScope() { cuda::set_pdl_enabled(saved_); }
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+
+ private:
+  bool saved_;
+};
+
+std::vector<DeviceBuffer> upload(const std::vector<HostBuffer>& host) {
+  std::vector<DeviceBuffer> device;
+  for (const HostBuffer& h : host) {
+    device.emplace_back(h.bytes());
+    device.back().upload(h.data());
+  }
+  return device;
+}
+
+std::vector<void*> bases_of(const std::vector<DeviceBuffer>& device) {
+  std::vector<void*> bases;
+  for (const DeviceBuffer& d : device) bases.push_back(d.data());
+  return bases;
+}
+
+void run_gpu(const auto& c, const std::vector<DeviceBuffer>& device) {
+  cudaStream_t stream;
+  cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate");
+  c.run(bases_of(device), Device::cuda(0), stream);
+  cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  cudaStreamDestroy(stream);
+}
+
+void expect_same_buffers(const std::vector<DeviceBuffer>& device,
+                         const std::vector<HostBuffer>& host) {
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    EXPECT_TRUE(test::same_bytes(device[i].download(), host[i].payload(), concat("buffer ", i)));
+    EXPECT_TRUE(device[i].guards_intact()) << "buffer " << i;
+  }
+}
+
+// CPU and GPU from identical buffers; every byte equal, with PDL on and off.
+template <typename Case>
+void expect_cuda_equals_cpu(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  std::vector<HostBuffer> host = test::host_buffers(c);
+  const std::vector<HostBuffer> initial = test::host_buffers(c);
+  test::run_cpu(c, host);
+  for (bool pdl : {true, false}) {
+    SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
+    const PdlScope scope(pdl);
+    const std::vector<DeviceBuffer> device = upload(initial);
+    run_gpu(c, device);
+    expect_same_buffers(device, host);
+  }
+}
+
+std::int32_t flag_of(const DeviceBuffer& b) {
+  std::int32_t flag;
+  const std::vector<std::uint8_t> bytes = b.download(0, 4);
+  std::memcpy(&flag, bytes.data(), 4);
+  return flag;
+}
+
+TEST(MlaKvCuda, WriteMatchesCpu) {
+  FP8MLA_REQUIRE_HOPPER();
+  std::uint64_t seed = 0;
+  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
+    for (std::int64_t tokens : {0, 1, 3, 5, 7, 64, 1000}) {
+      for (int layout = 0; layout < 4; ++layout) {
+        ++seed;
+        KvWriteCase c;
+        c.dtype = seed % 2 ? DType::kF16 : DType::kBF16;
+        c.tokens = tokens;
+        c.cache = {(tokens + page_size) / page_size + 2, page_size, layout % 2 ? 16 : 0,
+                   layout >= 2 ? 3 : 0};  // page pad 3: unaligned pages, scalar path
+        c.kv_pad = layout == 1 ? 8 : layout == 3 ? 5 : 0;
+        c.kv_offset = layout == 3 ? 3 : 0;
+        c.k_pe_3d = layout % 2 == 1;
+        c.k_pe_pad = layout == 2 ? 1 : 0;
+        c.slot_dtype = seed % 3 ? DType::kI64 : DType::kI32;
+        c.skip_every = layout == 0 ? 0 : 3 + layout;
+        c.scale_inv = layout == 2 ? 0.37f : layout == 3 ? 16.0f : 1.0f;
+        c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
+        c.seed = seed;
+        c.with_flag = seed % 2 == 0;
+        expect_cuda_equals_cpu(c);
+      }
+    }
+  }
+}
+
+TEST(MlaKvCuda, GatherMatchesCpu) {
+  FP8MLA_REQUIRE_HOPPER();
+  std::uint64_t seed = 100;
+  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
+    for (std::int64_t tokens : {0, 1, 3, 7, 65, 3000}) {
+      for (int layout = 0; layout < 3; ++layout) {
+        ++seed;
+        KvGatherCase c;
+        c.tokens = tokens;
+        c.cache = {5, page_size, layout == 1 ? 32 : 0, layout == 2 ? 5 : 0};
+        c.slot_dtype = seed % 2 ? DType::kI32 : DType::kI64;
+        c.kv_pad = layout == 1 ? 8 : layout == 2 ? 3 : 0;
+        c.k_pe_pad = layout == 2 ? 1 : 0;
+        c.k_pe_3d = layout == 1;
+        c.scale = layout == 0 ? 1.0f : layout == 1 ? 0.0123f : 3e30f;
+        c.seed = seed;
+        c.with_flag = seed % 2 == 0;
+        expect_cuda_equals_cpu(c);
+      }
+    }
+  }
+}
+
+TEST(MlaKvCuda, PackMatchesCpuForEveryTokenCount) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (std::int64_t n = 0; n <= 64; ++n) {
+    for (std::int64_t heads : {1, 16, 128}) {
+      KvPackCase c;
+      c.dtype = n % 2 ? DType::kF16 : DType::kBF16;
+      c.tokens = n;
+      c.heads = heads;
+      c.fused = n % 3 != 0;
+      c.in_pad = n % 7 == 0 ? 3 : 8;  // 3: scalar path
+      c.k_pe_3d = n % 4 == 1;
+      c.out_pad = n % 5 == 0 ? 16 : n % 5 == 1 ? 1 : 0;
+      c.k_scale_inv = 0.5f;
+      c.v_scale_inv = 3.0f;
+      c.data = n % 2 ? Data::kAdversarial : Data::kRandom;
+      c.seed = std::uint64_t(n * 1000 + heads);
+      expect_cuda_equals_cpu(c);
+    }
+  }
+}
+
+TEST(MlaKvCuda, PackMatchesCpuLarge) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (std::int64_t heads : {1, 16, 128}) {
+    for (std::int64_t n : {4097, 16384}) {
+      KvPackCase c;
+      c.tokens = n;
+      c.heads = heads;
+      c.data = Data::kAdversarial;
+      c.seed = std::uint64_t(n + heads);
+      expect_cuda_equals_cpu(c);
+    }
+  }
+}
+
+// Out-of-range slots on the GPU: the write skips them and sets the flag; nothing outside the
+// cache is touched (guards); the other rows are as the CPU writes them without the bad tokens.
+TEST(MlaKvCuda, WriteBadSlotsSetFlag) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (int layout = 0; layout < 2; ++layout) {
+    KvWriteCase c;
+    c.tokens = 40;
+    c.cache = {3, 16, 0, layout ? 3 : 0};
+    c.skip_every = 5;
+    c.bad = {0, 7, 39};
+    c.seed = 17 + layout;
+    SCOPED_TRACE(c.describe());
+    const std::vector<HostBuffer> host = test::host_buffers(c);
+    const std::vector<std::uint8_t> want = c.expected_cache(host);
+    const std::vector<DeviceBuffer> device = upload(host);
+    run_gpu(c, device);
+    EXPECT_TRUE(test::same_bytes(device[3].download(), want, "cache"));
+    EXPECT_EQ(flag_of(device[4]), 1);
+    for (const DeviceBuffer& d : device) EXPECT_TRUE(d.guards_intact());
+  }
+}
+
+TEST(MlaKvCuda, GatherBadSlotsWriteZerosAndSetFlag) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (int layout = 0; layout < 2; ++layout) {
+    KvGatherCase c;
+    c.tokens = 50;
+    c.cache = {2, 32, 0, 0};
+    c.kv_pad = layout ? 3 : 0;
+    c.bad = {0, 1, 25, 49};
+    c.scale = std::numeric_limits<float>::infinity();  // zeros must not come from 0 * scale
+    c.seed = 31 + layout;
+    SCOPED_TRACE(c.describe());
+    const std::vector<HostBuffer> host = test::host_buffers(c);
+    const auto want = c.expected_outputs(host);
+    const std::vector<DeviceBuffer> device = upload(host);
+    run_gpu(c, device);
+    EXPECT_TRUE(test::same_bytes(device[2].download(), want[0], "kv_c_out"));
+    EXPECT_TRUE(test::same_bytes(device[3].download(), want[1], "k_pe_out"));
+    EXPECT_EQ(flag_of(device[4]), 1);
+    for (const DeviceBuffer& d : device) EXPECT_TRUE(d.guards_intact());
+  }
+}
+
+// A cache of more than 2^31 bytes, written and gathered at slots near its end.
+TEST(MlaKvCuda, CacheBeyond2GiB) {
+  FP8MLA_REQUIRE_HOPPER();
+  const std::int64_t page_size = 64;
+  const std::int64_t num_pages = ((std::int64_t(1) << 31) / (page_size * 576)) + 64;
+  const std::int64_t capacity = num_pages * page_size;
+  ASSERT_GT(num_pages * page_size * 576, std::int64_t(1) << 31);
+  KvWriteCase w;
+  w.tokens = 6;
+  w.cache = {num_pages, page_size, 0, 0};
+  w.explicit_slots = {capacity - 1, capacity - 64, 5, capacity - 65, -1, capacity - 2000};
+  w.scale_inv = 2.0f;
+  w.seed = 3;
+  std::vector<HostBuffer> host = test::host_buffers(w);  // 2.1 GB of host memory
+  std::vector<DeviceBuffer> device = upload(host);
+  run_gpu(w, device);
+  test::run_cpu(w, host);
+  for (std::int64_t slot : w.explicit_slots) {
+    if (slot < 0) continue;
+    const std::size_t at = std::size_t(w.cache.row_offset(slot));
+    EXPECT_TRUE(test::same_bytes(device[3].download(at, 576), std::span(host[3].data() + at, 576),
+                                 concat("slot ", slot)));
+  }
+  EXPECT_TRUE(device[3].guards_intact());
+
+  KvGatherCase g;
+  g.tokens = 5;
+  g.cache = w.cache;
+  g.explicit_slots = {capacity - 1, capacity - 64, 5, capacity - 65, capacity - 2000};
+  g.scale = 0.5f;
+  // The gather reads the cache the write left (on both sides); its other buffers are fresh.
+  std::vector<HostBuffer> gh;
+  for (const test::Spec& s : g.specs()) gh.emplace_back(gh.empty() ? 0 : s.bytes());
+  g.init(gh);
+  gh[0] = std::move(host[3]);
+  std::vector<DeviceBuffer> gd;
+  gd.push_back(std::move(device[3]));
+  for (std::size_t i = 1; i < gh.size(); ++i) {
+    gd.emplace_back(gh[i].bytes());
+    gd.back().upload(gh[i].data());
+  }
+  run_gpu(g, gd);
+  test::run_cpu(g, gh);
+  EXPECT_TRUE(test::same_bytes(gd[2].download(), gh[2].payload(), "kv_c_out"));
+  EXPECT_TRUE(test::same_bytes(gd[3].download(), gh[3].payload(), "k_pe_out"));
+  EXPECT_EQ(flag_of(gd[4]), 0);
+  for (const DeviceBuffer& d : gd) EXPECT_TRUE(d.guards_intact());
+}
+
+}  // namespace
+}  // namespace fp8mla

@@ -1,0 +1,530 @@
+// CPU semantics of the latent-cache ops (mla_kv_cache_write, mla_kv_gather,
+// mla_kv_pack_quantize_fp8) against references on logical indices (mla_kv_test_util.hpp), and
+// their argument checks: every bad input is an fp8mla::Error of the right category whose message
+// names what was expected and what was given, and a rejected call writes nothing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fp8mla/error.hpp"
+#include "fp8mla/mla_prep.hpp"
+#include "mla_kv_test_util.hpp"
+#include "quantize_test_util.hpp"
+
+namespace fp8mla {
+namespace {
+
+using test::CacheGeometry;
+using test::Data;
+using test::HostBuffer;
+using test::kPoison;
+using test::KvGatherCase;
+using test::KvPackCase;
+using test::KvWriteCase;
+
+std::vector<std::uint8_t> bytes_of(const HostBuffer& b) {
+  return {b.payload().begin(), b.payload().end()};
+}
+
+void expect_write(const KvWriteCase& c) {
+  SCOPED_TRACE(c.describe());
+  std::vector<HostBuffer> buffers = test::host_buffers(c);
+  const std::vector<std::uint8_t> want = c.expected_cache(buffers);
+  const std::vector<std::uint8_t> kv = bytes_of(buffers[0]), pe = bytes_of(buffers[1]);
+  test::run_cpu(c, buffers);
+  EXPECT_TRUE(test::same_bytes(buffers[3].payload(), want, "cache"));
+  EXPECT_TRUE(test::same_bytes(buffers[0].payload(), kv, "kv_c (input)"));
+  EXPECT_TRUE(test::same_bytes(buffers[1].payload(), pe, "k_pe (input)"));
+  std::int32_t flag;
+  std::memcpy(&flag, buffers[4].data(), 4);
+  EXPECT_EQ(flag, 0);
+  for (const HostBuffer& b : buffers) EXPECT_TRUE(b.guards_intact());
+}
+
+void expect_gather(const KvGatherCase& c) {
+  SCOPED_TRACE(c.describe());
+  std::vector<HostBuffer> buffers = test::host_buffers(c);
+  const auto want = c.expected_outputs(buffers);
+  test::run_cpu(c, buffers);
+  EXPECT_TRUE(test::same_bytes(buffers[2].payload(), want[0], "kv_c_out"));
+  EXPECT_TRUE(test::same_bytes(buffers[3].payload(), want[1], "k_pe_out"));
+  for (const HostBuffer& b : buffers) EXPECT_TRUE(b.guards_intact());
+}
+
+void expect_pack(const KvPackCase& c) {
+  SCOPED_TRACE(c.describe());
+  std::vector<HostBuffer> buffers = test::host_buffers(c);
+  const auto want = c.expected_outputs(buffers);
+  test::run_cpu(c, buffers);
+  EXPECT_TRUE(test::same_bytes(buffers[3].payload(), want[0], "k_out"));
+  EXPECT_TRUE(test::same_bytes(buffers[4].payload(), want[1], "v_out"));
+  for (const HostBuffer& b : buffers) EXPECT_TRUE(b.guards_intact());
+}
+
+// ---- mla_kv_cache_write -------------------------------------------------------------------
+
+TEST(MlaKvCacheWrite, EveryPageSizeAndLayout) {
+  std::uint64_t seed = 0;
+  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
+    for (std::int64_t tokens : {0, 1, 3, 7, 33, 100}) {
+      for (int layout = 0; layout < 4; ++layout) {
+        ++seed;
+        KvWriteCase c;
+        c.dtype = seed % 2 ? DType::kF16 : DType::kBF16;
+        c.tokens = tokens;
+        c.cache = {std::max<std::int64_t>(1, (tokens + page_size) / page_size + 1), page_size,
+                   layout % 2 ? 16 : 0, layout >= 2 ? 3 : 0};
+        c.kv_pad = layout == 1 ? 8 : layout == 3 ? 5 : 0;
+        c.kv_offset = layout == 3 ? 3 : 0;
+        c.k_pe_3d = layout % 2 == 1;
+        c.k_pe_pad = layout == 2 ? 1 : 0;
+        c.slot_dtype = seed % 3 ? DType::kI64 : DType::kI32;
+        c.skip_every = layout == 0 ? 0 : 3 + layout;
+        c.scale_inv = layout == 2 ? 0.37f : layout == 3 ? 16.0f : 1.0f;
+        c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
+        c.seed = seed;
+        expect_write(c);
+      }
+    }
+  }
+}
+
+TEST(MlaKvCacheWrite, AllSlotsSkippedWritesNothing) {
+  KvWriteCase c;
+  c.tokens = 5;
+  c.explicit_slots = {-1, -1, -1, -1, -1};
+  expect_write(c);
+}
+
+TEST(MlaKvCacheWrite, EmptyCacheAcceptsOnlySkippedTokens) {
+  KvWriteCase c;
+  c.tokens = 2;
+  c.cache = {0, 16, 0, 0};
+  c.explicit_slots = {-1, -1};
+  expect_write(c);
+}
+
+TEST(MlaKvCacheWrite, OutOfRangeSlotThrowsAndWritesNothing) {
+  for (std::int64_t bad_slot : {std::int64_t(64), std::int64_t(-2), std::int64_t(1) << 40}) {
+    KvWriteCase c;
+    c.tokens = 6;
+    c.cache = {4, 16, 0, 0};
+    c.explicit_slots = {0, 5, 63, bad_slot, 7, -1};
+    std::vector<HostBuffer> buffers = test::host_buffers(c);
+    const std::vector<std::uint8_t> before = bytes_of(buffers[3]);
+    try {
+      test::run_cpu(c, buffers);
+      ADD_FAILURE() << "expected an fp8mla::Error for slot " << bad_slot;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.category(), ErrorCategory::kOutOfRange);
+      for (const std::string& needle :
+           {std::string("mla_kv_cache_write"), std::string("`slot_mapping`[3]"),
+            concat("= ", bad_slot), std::string("[0, 64)")}) {
+        EXPECT_NE(e.message().find(needle), std::string::npos) << needle << ": " << e.message();
+      }
+    }
+    EXPECT_TRUE(test::same_bytes(buffers[3].payload(), before, "cache after a rejected write"));
+  }
+}
+
+// ---- mla_kv_gather ------------------------------------------------------------------------
+
+TEST(MlaKvGather, EveryPageSizeAndLayout) {
+  std::uint64_t seed = 100;
+  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
+    for (std::int64_t tokens : {0, 1, 3, 7, 65, 200}) {
+      for (int layout = 0; layout < 3; ++layout) {
+        ++seed;
+        KvGatherCase c;
+        c.tokens = tokens;
+        c.cache = {3, page_size, layout == 1 ? 32 : 0, layout == 2 ? 5 : 0};
+        c.slot_dtype = seed % 2 ? DType::kI32 : DType::kI64;
+        c.kv_pad = layout == 1 ? 8 : layout == 2 ? 3 : 0;
+        c.k_pe_pad = layout == 2 ? 1 : 0;
+        c.k_pe_3d = layout == 1;
+        c.scale = layout == 0 ? 1.0f : layout == 1 ? 0.0123f : 3e30f;  // 3e30: overflow to inf
+        c.seed = seed;
+        expect_gather(c);
+      }
+    }
+  }
+}
+
+TEST(MlaKvGather, BadSlotThrowsAndWritesNothing) {
+  for (std::int64_t bad_slot : {std::int64_t(-1), std::int64_t(48), std::int64_t(-7)}) {
+    KvGatherCase c;
+    c.tokens = 4;
+    c.cache = {3, 16, 0, 0};
+    c.explicit_slots = {47, 0, bad_slot, 1};
+    std::vector<HostBuffer> buffers = test::host_buffers(c);
+    try {
+      test::run_cpu(c, buffers);
+      ADD_FAILURE() << "expected an fp8mla::Error for slot " << bad_slot;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.category(), ErrorCategory::kOutOfRange);
+      EXPECT_NE(e.message().find("`slots`[2]"), std::string::npos) << e.message();
+      EXPECT_NE(e.message().find("[0, 48)"), std::string::npos) << e.message();
+    }
+    for (int k : {2, 3}) {
+      for (std::uint8_t byte : buffers[k].payload()) ASSERT_EQ(byte, kPoison) << "buffer " << k;
+    }
+  }
+}
+
+// What the write wrote, gathered: exactly bf16(decode(q) * scale) of the cache bytes, and
+// within FP8 precision of the input.
+TEST(MlaKvGather, RoundTripsTheWrite) {
+  const float scale_inv = 4.0f, scale = 0.25f;
+  KvWriteCase w;
+  w.tokens = 77;
+  w.cache = {5, 32, 0, 0};
+  w.skip_every = 0;
+  w.scale_inv = scale_inv;
+  w.seed = 9;
+  std::vector<HostBuffer> wb = test::host_buffers(w);
+  // Inputs in [-64, 64]: x * 4 stays within e4m3's range.
+  test::Rng rng(5);
+  for (int k : {0, 1}) {
+    const test::Spec s = w.specs()[k];
+    for (std::int64_t i = 0; i < s.buffer_elems; ++i) {
+      const float v = (rng.uniform() * 2.0f - 1.0f) * std::ldexp(1.0f, int(rng.below(12)) - 5);
+      test::store_f32(wb[k].data(), DType::kBF16, i, v);
+    }
+  }
+  test::run_cpu(w, wb);
+
+  KvGatherCase g;
+  g.tokens = w.tokens;
+  g.cache = w.cache;
+  g.explicit_slots = w.slots();
+  g.scale = scale;
+  std::vector<HostBuffer> gb = test::host_buffers(g);
+  std::memcpy(gb[0].data(), wb[3].data(), wb[3].bytes());
+  const auto want = g.expected_outputs(gb);
+  test::run_cpu(g, gb);
+  EXPECT_TRUE(test::same_bytes(gb[2].payload(), want[0], "kv_c_out"));
+  EXPECT_TRUE(test::same_bytes(gb[3].payload(), want[1], "k_pe_out"));
+
+  const std::vector<test::Spec> ws = w.specs(), gs = g.specs();
+  for (std::int64_t t = 0; t < w.tokens; ++t) {
+    for (int i = 0; i < kMlaLatentDim; ++i) {
+      const bool kv = i < kMlaKvLoraRank;
+      const int j = kv ? i : i - kMlaKvLoraRank;
+      const float x = test::load_f32(wb[kv ? 0 : 1].data(), DType::kBF16,
+                                     test::element_at(ws[kv ? 0 : 1], t, 0, j));
+      const float y = test::load_f32(gb[kv ? 2 : 3].data(), DType::kBF16,
+                                     test::element_at(gs[kv ? 2 : 3], t, 0, j));
+      // e4m3: 3 mantissa bits (relative 2^-4), subnormal step 2^-9 (scaled), then bf16 rounding.
+      const float tol = std::fabs(x) * (0x1p-4f + 0x1p-8f) * 1.01f + 0x1p-10f * scale;
+      ASSERT_LE(std::fabs(x - y), tol)
+          << "token " << t << " element " << i << ": " << x << " -> " << y;
+    }
+  }
+}
+
+// ---- mla_kv_pack_quantize_fp8 -------------------------------------------------------------
+
+TEST(MlaKvPack, EveryTokenCountUpTo64) {
+  for (std::int64_t n = 0; n <= 64; ++n) {
+    for (std::int64_t heads : {1, 16}) {
+      KvPackCase c;
+      c.dtype = n % 2 ? DType::kF16 : DType::kBF16;
+      c.tokens = n;
+      c.heads = heads;
+      c.fused = n % 3 != 0;
+      c.in_pad = 8;
+      c.k_pe_3d = n % 4 == 1;
+      c.out_pad = n % 5 == 0 ? 16 : 0;
+      c.k_scale_inv = 0.5f;
+      c.v_scale_inv = 3.0f;
+      c.data = n % 2 ? Data::kAdversarial : Data::kRandom;
+      c.seed = std::uint64_t(n * 10 + heads);
+      expect_pack(c);
+    }
+  }
+}
+
+TEST(MlaKvPack, HeadsAndLayouts) {
+  std::uint64_t seed = 500;
+  for (std::int64_t heads : {1, 16, 128}) {
+    for (std::int64_t n : {1, 3, 129}) {
+      for (int layout = 0; layout < 3; ++layout) {
+        KvPackCase c;
+        c.dtype = layout == 1 ? DType::kF16 : DType::kBF16;
+        c.tokens = n;
+        c.heads = heads;
+        c.fused = layout != 2;
+        c.in_pad = layout == 2 ? 3 : 0;
+        c.k_pe_3d = layout == 1;
+        c.k_pe_pad = layout == 2 ? 5 : 0;
+        c.out_pad = layout == 0 ? 0 : layout == 1 ? 16 : 1;
+        c.k_scale_inv = layout == 2 ? 1.0f / 1024.0f : 1.0f;
+        c.v_scale_inv = layout == 1 ? 300.0f : 1.0f;
+        c.data = layout == 1 ? Data::kAdversarial : Data::kRandom;
+        c.seed = ++seed;
+        expect_pack(c);
+      }
+    }
+  }
+}
+
+TEST(MlaKvPack, LargeTokenCount) {
+  KvPackCase c;
+  c.tokens = 4099;
+  c.heads = 16;
+  c.data = Data::kAdversarial;
+  c.seed = 77;
+  expect_pack(c);
+}
+
+// ---- Argument checks ----------------------------------------------------------------------
+
+void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
+
+template <typename Fn>
+void expect_error(Fn fn, ErrorCategory category, std::initializer_list<std::string> needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an fp8mla::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), category) << e.what();
+    for (const std::string& needle : needles) {
+      EXPECT_NE(e.message().find(needle), std::string::npos)
+          << "message lacks '" << needle << "': " << e.message();
+    }
+  }
+}
+
+TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
+                Device device = Device::cpu()) {
+  return TensorView(kFake, dtype, shape, device);
+}
+
+LatentCacheWrite fake_write(std::int64_t tokens, std::int64_t page_size = 16) {
+  LatentCacheWrite w;
+  w.cache = fake(DType::kE4M3, {4, page_size, kMlaLatentDim});
+  w.slot_mapping = fake(DType::kI64, {tokens});
+  return w;
+}
+
+void write_call(const TensorView& kv_c, const TensorView& k_pe, const LatentCacheWrite& w) {
+  mla_kv_cache_write(kv_c, k_pe, w);
+}
+
+TEST(MlaKvArgs, WriteKvDtype) {
+  expect_error(
+      [] {
+        write_call(fake(DType::kF32, {4, 512}), fake(DType::kF32, {4, 64}), fake_write(4));
+      },
+      ErrorCategory::kInvalidArgument,
+      {"mla_kv_cache_write: `kv_c` dtype", "expected one of {bf16, f16}", "got f32"});
+  expect_error(
+      [] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kF16, {4, 64}), fake_write(4));
+      },
+      ErrorCategory::kInvalidArgument, {"`k_pe` dtype", "expected bf16", "got f16"});
+}
+
+TEST(MlaKvArgs, WritePageSizeRange) {
+  for (std::int64_t page_size : {0, 129}) {
+    expect_error(
+        [&] {
+          write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}),
+                     fake_write(4, page_size));
+        },
+        ErrorCategory::kUnsupported,
+        {"`cache`", "page size (dim 1) from 1 to 128", concat("got ", page_size)});
+  }
+}
+
+TEST(MlaKvArgs, WriteLatentWidth) {
+  LatentCacheWrite w = fake_write(4);
+  w.cache = fake(DType::kE4M3, {4, 16, 512});
+  expect_error(
+      [&] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
+      },
+      ErrorCategory::kInvalidArgument, {"`cache`", "latent width 576", "e4m3fn[4, 16, 512]"});
+  w.cache = fake(DType::kBF16, {4, 16, 576});
+  expect_error(
+      [&] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
+      },
+      ErrorCategory::kInvalidArgument, {"`cache` dtype", "expected e4m3fn", "got bf16"});
+}
+
+TEST(MlaKvArgs, WriteMismatchedTokens) {
+  expect_error(
+      [] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {5, 64}), fake_write(4));
+      },
+      ErrorCategory::kInvalidArgument, {"`k_pe`", "expected 4 tokens like `kv_c`"});
+  expect_error(
+      [] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), fake_write(3));
+      },
+      ErrorCategory::kInvalidArgument, {"`slot_mapping`", "expected [4]", "i64[3]"});
+}
+
+TEST(MlaKvArgs, WriteKPeShape) {
+  expect_error(
+      [] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 2, 64}), fake_write(4));
+      },
+      ErrorCategory::kInvalidArgument,
+      {"`k_pe`", "expected [tokens, 64] or [tokens, 1, 64]", "bf16[4, 2, 64]"});
+  expect_error(
+      [] {
+        write_call(fake(DType::kBF16, {4, 256}), fake(DType::kBF16, {4, 64}), fake_write(4));
+      },
+      ErrorCategory::kInvalidArgument, {"`kv_c`", "expected [tokens, 512]"});
+}
+
+TEST(MlaKvArgs, WriteSlotAndFlagDtypes) {
+  LatentCacheWrite w = fake_write(4);
+  w.slot_mapping = fake(DType::kF32, {4});
+  expect_error(
+      [&] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
+      },
+      ErrorCategory::kInvalidArgument,
+      {"`slot_mapping` dtype", "expected one of {i32, i64}", "got f32"});
+  w = fake_write(4);
+  w.error_flag = fake(DType::kI64, {1});
+  expect_error(
+      [&] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
+      },
+      ErrorCategory::kInvalidArgument, {"`error_flag` dtype", "expected i32", "got i64"});
+  w.error_flag = fake(DType::kI32, {2});
+  expect_error(
+      [&] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
+      },
+      ErrorCategory::kInvalidArgument, {"`error_flag`", "expected one i32", "i32[2]"});
+}
+
+TEST(MlaKvArgs, WriteAlignmentAndStrides) {
+  const TensorView odd(reinterpret_cast<void*>(std::uintptr_t{0x10001}), DType::kBF16, {4, 512});
+  expect_error(
+      [&] {
+        write_call(odd, fake(DType::kBF16, {4, 64}), fake_write(4));
+      },
+      ErrorCategory::kInvalidArgument, {"`kv_c`", "2-byte aligned", "0x10001"});
+  const TensorView transposed(kFake, DType::kBF16, {4, 512}, {1, 4});
+  expect_error(
+      [&] {
+        write_call(transposed, fake(DType::kBF16, {4, 64}), fake_write(4));
+      },
+      ErrorCategory::kInvalidArgument, {"`kv_c`", "contiguous last dim"});
+  LatentCacheWrite w = fake_write(4);
+  w.slot_mapping = TensorView(kFake, DType::kI64, {4}, {2});
+  expect_error(
+      [&] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
+      },
+      ErrorCategory::kInvalidArgument, {"`slot_mapping`", "contiguous", "strides [2]"});
+}
+
+TEST(MlaKvArgs, MixedDevices) {
+  // On a CPU-only build the CUDA view fails the device check; with CUDA, it is not on the CPU.
+  expect_error(
+      [] {
+        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), [] {
+          LatentCacheWrite w = fake_write(4);
+          w.cache = fake(DType::kE4M3, {4, 16, 576}, Device::cuda(0));
+          return w;
+        }());
+      },
+      ErrorCategory::kInvalidArgument, {"`cache`", "expected a tensor on cpu", "cuda:0"});
+  expect_error(
+      [] {
+        mla_kv_gather(fake(DType::kE4M3, {4, 16, 576}), fake(DType::kI32, {2}), 1.0f,
+                      fake(DType::kBF16, {2, 512}), fake(DType::kBF16, {2, 64}, Device::cuda(0)));
+      },
+      ErrorCategory::kInvalidArgument, {"`k_pe_out`", "expected a tensor on cpu", "cuda:0"});
+}
+
+TEST(MlaKvArgs, GatherShapesAndDtypes) {
+  expect_error(
+      [] {
+        mla_kv_gather(fake(DType::kE4M3, {4, 16, 576}), fake(DType::kI32, {2}), 1.0f,
+                      fake(DType::kF16, {2, 512}), fake(DType::kBF16, {2, 64}));
+      },
+      ErrorCategory::kInvalidArgument, {"`kv_c_out` dtype", "expected bf16", "got f16"});
+  expect_error(
+      [] {
+        mla_kv_gather(fake(DType::kE4M3, {4, 16, 576}), fake(DType::kI32, {3}), 1.0f,
+                      fake(DType::kBF16, {2, 512}), fake(DType::kBF16, {2, 64}));
+      },
+      ErrorCategory::kInvalidArgument, {"`slots`", "expected [2]", "i32[3]"});
+  expect_error(
+      [] {
+        mla_kv_gather(fake(DType::kE4M3, {4, 16, 576}), fake(DType::kI32, {2}), 1.0f,
+                      fake(DType::kBF16, {2, 512}), fake(DType::kBF16, {3, 64}));
+      },
+      ErrorCategory::kInvalidArgument, {"`k_pe_out`", "expected 2 tokens like `kv_c_out`"});
+  expect_error(
+      [] {
+        mla_kv_gather(fake(DType::kE4M3, {4, 256, 576}), fake(DType::kI32, {2}), 1.0f,
+                      fake(DType::kBF16, {2, 512}), fake(DType::kBF16, {2, 64}));
+      },
+      ErrorCategory::kUnsupported, {"page size (dim 1) from 1 to 128", "got 256"});
+}
+
+MlaKvPackArgs fake_pack(std::int64_t n, std::int64_t h) {
+  MlaKvPackArgs a;
+  a.k_nope = fake(DType::kBF16, {n, h, 128});
+  a.k_pe = fake(DType::kBF16, {n, 64});
+  a.v = fake(DType::kBF16, {n, h, 128});
+  a.k_out = fake(DType::kE4M3, {n, h, 192});
+  a.v_out = fake(DType::kE4M3, {n, h, 128});
+  return a;
+}
+
+TEST(MlaKvArgs, PackShapesDtypesAndCounts) {
+  MlaKvPackArgs a = fake_pack(4, 16);
+  a.k_pe = fake(DType::kBF16, {4, 2, 64});
+  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+               {"mla_kv_pack_quantize_fp8: `k_pe`", "[tokens, 1, 64]", "bf16[4, 2, 64]"});
+  a = fake_pack(4, 16);
+  a.v = fake(DType::kBF16, {4, 8, 128});
+  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+               {"`v`", "expected 16 heads like `k_nope`"});
+  a = fake_pack(4, 16);
+  a.k_out = fake(DType::kE4M3, {5, 16, 192});
+  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+               {"`k_out`", "expected 4 tokens like `k_nope`"});
+  a = fake_pack(4, 16);
+  a.k_out = fake(DType::kE4M3, {4, 16, 128});
+  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+               {"`k_out`", "expected [tokens, heads, 192]"});
+  a = fake_pack(4, 16);
+  a.v_out = fake(DType::kE5M2, {4, 16, 128});
+  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+               {"`v_out` dtype", "expected e4m3fn", "got e5m2"});
+  a = fake_pack(4, 16);
+  a.v_layout = static_cast<PackedVLayout>(7);
+  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kUnsupported,
+               {"`v_layout`", "kTokenMajor"});
+}
+
+TEST(MlaKvArgs, EmptyCallsWriteNothing) {
+  HostBuffer cache(16 * 576);
+  LatentCacheWrite w;
+  w.cache = TensorView(cache.data(), DType::kE4M3, {1, 16, 576});
+  w.slot_mapping = fake(DType::kI32, {0});
+  mla_kv_cache_write(fake(DType::kBF16, {0, 512}), fake(DType::kBF16, {0, 64}), w);
+  mla_kv_gather(w.cache, fake(DType::kI64, {0}), 1.0f, fake(DType::kBF16, {0, 512}),
+                fake(DType::kBF16, {0, 1, 64}));
+  mla_kv_pack_quantize_fp8(fake_pack(0, 16));
+  mla_kv_pack_quantize_fp8(fake_pack(3, 0));
+  for (std::uint8_t byte : cache.payload()) ASSERT_EQ(byte, kPoison);
+}
+
+}  // namespace
+}  // namespace fp8mla
