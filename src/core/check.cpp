@@ -60,6 +60,12 @@ void ArgChecker::aligned(const TensorView& t, std::string_view name, int bytes) 
   }
 }
 
+void ArgChecker::contiguous_last_dim(const TensorView& t, std::string_view name) const {
+  if (t.ndim() == 0 || t.empty() || t.size(-1) <= 1 || t.stride(-1) == 1) return;
+  fail(ErrorCategory::kInvalidArgument,
+       concat("`", name, "`: expected a contiguous last dim (stride 1), got ", t.describe()));
+}
+
 RowLayout ArgChecker::rows(const TensorView& t, std::string_view name) const {
   return fold_rows(t, concat(op_, ": `", name, "`"));
 }

@@ -30,6 +30,8 @@ class ArgChecker {
   void device(const TensorView& t, std::string_view name, Device expected) const;
   // The data pointer, and every stride other than 1 element, are multiples of `bytes` bytes.
   void aligned(const TensorView& t, std::string_view name, int bytes) const;
+  // The last dim has stride 1 (trivially true for an empty view or a last dim of size <= 1).
+  void contiguous_last_dim(const TensorView& t, std::string_view name) const;
   // Rows of `t` as fold_rows() sees them, with errors naming the op and argument.
   RowLayout rows(const TensorView& t, std::string_view name) const;
   // A free-form requirement: throws `category` with "<op>: <message>" when `ok` is false.

@@ -11,18 +11,12 @@
 namespace fp8mla {
 namespace {
 
-void contiguous_last_dim(const ArgChecker& check, const TensorView& t, std::string_view name) {
-  check.require(
-      t.stride(-1) == 1 || t.size(-1) <= 1, ErrorCategory::kInvalidArgument,
-      concat("`", name, "`: expected a contiguous last dim (stride 1), got ", t.describe()));
-}
-
 // [tokens, heads, dim] with a contiguous last dim, naturally aligned.
 TokenHeads per_head(const ArgChecker& check, const TensorView& t, std::string_view name,
                     std::int64_t dim) {
   check.require(t.ndim() == 3 && t.size(2) == dim, ErrorCategory::kInvalidArgument,
                 concat("`", name, "`: expected [tokens, heads, ", dim, "], got ", t.describe()));
-  contiguous_last_dim(check, t, name);
+  check.contiguous_last_dim(t, name);
   check.aligned(t, name, dtype_size(t.dtype()));
   return {t.data(), t.dtype(), t.size(0), t.size(1), dim, t.stride(0), t.stride(1)};
 }
@@ -34,7 +28,7 @@ TokenHeads shared_rows(const ArgChecker& check, const TensorView& t, std::string
   check.require(shape_ok, ErrorCategory::kInvalidArgument,
                 concat("`", name, "`: expected [tokens, ", dim, "] or [tokens, 1, ", dim, "], got ",
                        t.describe()));
-  contiguous_last_dim(check, t, name);
+  check.contiguous_last_dim(t, name);
   check.aligned(t, name, dtype_size(t.dtype()));
   return {t.data(), t.dtype(), t.size(0), 1, dim, t.stride(0), 0};
 }
@@ -61,7 +55,7 @@ LatentCacheParams latent_cache(const ArgChecker& check, const TensorView& cache,
   check.require(cache.size(1) >= 1 && cache.size(1) <= 128, ErrorCategory::kUnsupported,
                 concat("`cache`: expected a page size (dim 1) from 1 to 128, got ", cache.size(1),
                        " (", cache.describe(), ")"));
-  contiguous_last_dim(check, cache, "cache");
+  check.contiguous_last_dim(cache, "cache");
   check.require(slots.ndim() == 1 && slots.size(0) == tokens, ErrorCategory::kInvalidArgument,
                 concat("`", slots_name, "`: expected [", tokens, "] (one slot per token of `",
                        tokens_from, "`), got ", slots.describe()));

@@ -82,9 +82,7 @@ TokenHeads token_heads(const ArgChecker& check, const TensorView& t, std::string
                                 "] with T = ", tokens, ", got ", t.describe())
                        : concat("`", name, "`: expected [T, H, ", dim, "] = [", tokens, ", ", heads,
                                 ", ", dim, "], got ", t.describe()));
-  check.require(
-      t.stride(-1) == 1, ErrorCategory::kInvalidArgument,
-      concat("`", name, "`: expected a contiguous last dim (stride 1), got ", t.describe()));
+  check.contiguous_last_dim(t, name);
   check.aligned(t, name, int(dtype_size(dtype)));
   TokenHeads th;
   th.data = t.data();
@@ -121,9 +119,7 @@ void make_cos_sin_cache(const TensorView& cos_sin, const RopeConfig& config, Cud
   check.dtype(cos_sin, "cos_sin", {DType::kF32});
   check.ndim(cos_sin, "cos_sin", 2);
   check.size(cos_sin, "cos_sin", 1, config.rope_dim);
-  check.require(
-      cos_sin.stride(1) == 1, ErrorCategory::kInvalidArgument,
-      concat("`cos_sin`: expected contiguous rows (last-dim stride 1), got ", cos_sin.describe()));
+  check.contiguous_last_dim(cos_sin, "cos_sin");
   check.aligned(cos_sin, "cos_sin", 4);
   check_devices(check, cos_sin.device(), {});
   const std::int64_t rows = cos_sin.size(0), d = config.rope_dim, half = d / 2;

@@ -71,5 +71,16 @@ TEST(ArgChecker, RowsErrorsNameOpAndArgument) {
             std::string::npos);
 }
 
+TEST(ArgChecker, ContiguousLastDimAcceptsEmptyViews) {
+  kCheck.contiguous_last_dim(TensorView(nullptr, DType::kF32, {4, 8}), "x");
+  kCheck.contiguous_last_dim(TensorView(nullptr, DType::kF32, {0, 64}, {0, 0}), "empty");
+  kCheck.contiguous_last_dim(TensorView(nullptr, DType::kF32, {4, 1}, {1, 7}), "column");
+  EXPECT_EQ(message_of([] {
+              kCheck.contiguous_last_dim(TensorView(nullptr, DType::kF32, {4, 8}, {1, 4}), "x");
+            }),
+            "quantize_fp8: `x`: expected a contiguous last dim (stride 1), got f32[4, 8] strides "
+            "[1, 4] on cpu");
+}
+
 }  // namespace
 }  // namespace fp8mla
