@@ -14,6 +14,22 @@ InvalidArgumentError is also a ValueError) with the C++ library's message.
         -> (out, block_scales)
     info() -> dict
 
+MLA prefill preparation (DESIGN section 3, ops 4-7; the C++ header fp8mla/mla_prep.hpp defines
+the arithmetic). The latent cache is e4m3 [num_pages, page_size, 576] = [kv_c 512 | k_pe 64]:
+
+    make_cos_sin_cache(max_pos, *, rope_dim=64, theta=10000.0, yarn=None, device=None, out=None)
+        -> f32 [max_pos, rope_dim]
+    softmax_mscale(*, yarn=None) -> float
+    mla_rope_quantize_fp8(q_nope, q_pe, k_nope, k_pe, positions, cos_sin, *, style="interleaved",
+                          q_scale_inv=1.0, k_scale_inv=1.0, q_out=None, k_out=None, kv_c=None,
+                          cache=None, slot_mapping=None, cache_scale_inv=1.0, error_flag=None)
+        -> (q_out, k_out)
+    mla_kv_cache_write(kv_c, k_pe, cache, slot_mapping, *, scale_inv=1.0, error_flag=None) -> None
+    mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_flag=None)
+        -> (kv_c_out, k_pe_out)
+    mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
+                             v_out=None) -> (k_out, v_out)
+
 Every op also takes `stream=` (an int cudaStream_t handle); by default CUDA torch tensors use
 torch.cuda.current_stream().
 """
@@ -24,6 +40,8 @@ import sys
 
 from . import _C
 from ._C import Error, InvalidArgumentError, UnsupportedError
+from ._common import invalid_argument as _invalid_argument
+from ._common import yarn_tuple as _yarn_tuple
 
 __version__ = _C.__version__
 
@@ -32,10 +50,16 @@ __all__ = [
     "InvalidArgumentError",
     "UnsupportedError",
     "info",
+    "make_cos_sin_cache",
+    "mla_kv_cache_write",
+    "mla_kv_gather",
+    "mla_kv_pack_quantize_fp8",
+    "mla_rope_quantize_fp8",
     "quantize_fp8",
     "quantize_fp8_dynamic",
     "quantize_fp8_per_token_group",
     "quantize_nvfp4",
+    "softmax_mscale",
 ]
 
 _torch_ops = None
@@ -108,6 +132,46 @@ class _Generic:
         _C.quantize_nvfp4(x, out, block_scales, global_scale, layout, stream or 0)
         return out, block_scales
 
+    @staticmethod
+    def make_cos_sin_cache(max_pos, *, rope_dim=64, theta=10000.0, yarn=None, out=None,
+                           stream=None):
+        _C.make_cos_sin_cache(out, int(rope_dim), float(theta),
+                              _yarn_tuple("make_cos_sin_cache", yarn), stream or 0)
+        return out
+
+    @staticmethod
+    def mla_rope_quantize_fp8(q_nope, q_pe, k_nope, k_pe, positions, cos_sin, *,
+                              style="interleaved", q_scale_inv=1.0, k_scale_inv=1.0, q_out=None,
+                              k_out=None, kv_c=None, cache=None, slot_mapping=None,
+                              cache_scale_inv=1.0, error_flag=None, stream=None):
+        _Generic._need("mla_rope_quantize_fp8", q_out=q_out, k_out=k_out)
+        _C.mla_rope_quantize_fp8(q_nope, q_pe, k_nope, k_pe, positions, cos_sin, style,
+                                 float(q_scale_inv), float(k_scale_inv), q_out, k_out, kv_c,
+                                 cache, slot_mapping, float(cache_scale_inv), error_flag,
+                                 stream or 0)
+        return q_out, k_out
+
+    @staticmethod
+    def mla_kv_cache_write(kv_c, k_pe, cache, slot_mapping, *, scale_inv=1.0, error_flag=None,
+                           stream=None):
+        _C.mla_kv_cache_write(kv_c, k_pe, cache, slot_mapping, float(scale_inv), error_flag,
+                              stream or 0)
+
+    @staticmethod
+    def mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_flag=None,
+                      stream=None):
+        _Generic._need("mla_kv_gather", kv_c_out=kv_c_out, k_pe_out=k_pe_out)
+        _C.mla_kv_gather(cache, slots, float(scale), kv_c_out, k_pe_out, error_flag, stream or 0)
+        return kv_c_out, k_pe_out
+
+    @staticmethod
+    def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0,
+                                 k_out=None, v_out=None, stream=None):
+        _Generic._need("mla_kv_pack_quantize_fp8", k_out=k_out, v_out=v_out)
+        _C.mla_kv_pack_quantize_fp8(k_nope, k_pe, v, float(k_scale_inv), float(v_scale_inv),
+                                    k_out, v_out, stream or 0)
+        return k_out, v_out
+
 
 def quantize_fp8(x, scale_inv, *, out=None, dtype="e4m3", stream=None):
     """Per-tensor FP8: out = fp8(x * scale_inv), nearest-even, saturating.
@@ -142,6 +206,119 @@ def quantize_nvfp4(x, global_scale, *, layout="swizzled", out=None, block_scales
     per byte. Returns (out [.., K/2], block_scales)."""
     return _frontend(x).quantize_nvfp4(x, global_scale, layout=layout, out=out,
                                        block_scales=block_scales, stream=stream)
+
+
+# ---- MLA prefill preparation ---------------------------------------------------------------------
+
+
+def make_cos_sin_cache(max_pos, *, rope_dim=64, theta=10000.0, yarn=None, device=None, out=None,
+                       stream=None):
+    """The RoPE table of mla_rope_quantize_fp8: f32 [max_pos, rope_dim] = [cos(rope_dim/2) |
+    sin(rope_dim/2)] of positions 0..max_pos-1, computed in double and rounded once.
+
+    `yarn`: None (plain RoPE with base `theta`) or DeepSeek-V3's YaRN rope_scaling as a dict with
+    keys factor, original_max_position, beta_fast, beta_slow, mscale, mscale_all_dim (missing
+    keys take DeepSeek-V3's values: 40, 4096, 32, 1, 1, 1); a model config's rope_scaling dict
+    (original_max_position_embeddings, type "yarn") is accepted as it is.
+
+    Allocated (when `out` is not given) as a numpy array for `device=None`, as a torch tensor on
+    `device` otherwise ("cpu", "cuda", a torch.device; numpy for "cpu" without torch). A CUDA
+    table is filled by a blocking copy after synchronizing the stream (set-up work: not
+    for CUDA graph capture). Given `out` (f32 [max_pos, rope_dim], contiguous rows) decides."""
+    op = "make_cos_sin_cache"
+    if out is not None:
+        shape = tuple(out.shape)
+        if len(shape) >= 1 and shape[0] != max_pos:
+            raise _invalid_argument(
+                f"{op}: `out`: expected {max_pos} rows (max_pos), got shape {list(shape)}")
+        frontend = _frontend(out)
+    elif device is None:
+        from . import _numpy as frontend
+    else:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            if str(device) != "cpu":
+                raise _invalid_argument(f"{op}: device {device!r} needs torch") from None
+            from . import _numpy as frontend
+        else:
+            frontend = _torch_ops if _torch_ops is not None else _load_torch_ops()
+            return frontend.make_cos_sin_cache(max_pos, rope_dim=rope_dim, theta=theta,
+                                               yarn=yarn, device=device, stream=stream)
+    return frontend.make_cos_sin_cache(max_pos, rope_dim=rope_dim, theta=theta, yarn=yarn,
+                                       out=out, stream=stream)
+
+
+def softmax_mscale(*, yarn=None) -> float:
+    """The factor YaRN applies to the softmax scale: scale = qk_dim**-0.5 * mscale**2 with
+    mscale = 0.1 * mscale_all_dim * ln(factor) + 1 (1.0 without YaRN or with factor <= 1).
+    `yarn` as for make_cos_sin_cache."""
+    return _C.softmax_mscale(_yarn_tuple("softmax_mscale", yarn))
+
+
+def mla_rope_quantize_fp8(q_nope, q_pe, k_nope, k_pe, positions, cos_sin, *, style="interleaved",
+                          q_scale_inv=1.0, k_scale_inv=1.0, q_out=None, k_out=None, kv_c=None,
+                          cache=None, slot_mapping=None, cache_scale_inv=1.0, error_flag=None,
+                          stream=None):
+    """Fused RoPE + FP8 e4m3 of Q and K for MLA prefill; optionally writes the latent cache too.
+
+    q_nope, k_nope [T, H, 128], q_pe [T, H, 64] and k_pe [T, 64] or [T, 1, 64] (shared by all
+    heads), all bf16 or all f16, any token/head strides with a contiguous last dim (slices of a
+    projection's output work as they are); positions i32/i64 [T]; cos_sin from
+    make_cos_sin_cache (rope_dim 64). `style` "interleaved" (pairs 2i, 2i+1: DeepSeek) or "neox"
+    (pairs i, i+32). Writes
+        q_out[t, h] = [e4m3(q_nope * q_scale_inv) | e4m3(rope(q_pe, pos) * q_scale_inv)]
+        k_out[t, h] = [e4m3(k_nope * k_scale_inv) | e4m3(rope(k_pe, pos) * k_scale_inv)]
+    (e4m3 [T, H, 192], allocated when not given) and returns (q_out, k_out).
+
+    With `cache` (e4m3 [num_pages, page_size, 576]) it also writes, for slot_mapping[t] (i32/i64
+    [T]; -1 skips the token), the row [e4m3(kv_c[t] * cache_scale_inv) |
+    e4m3(rope(k_pe[t]) * cache_scale_inv)], kv_c bf16/f16 [T, 512]. A position outside cos_sin
+    or a slot outside the cache raises on the CPU (nothing written); on CUDA that token's q/k rows
+    are zeros, its cache row is skipped and `error_flag` (one i32 on the device, set to 1, never
+    cleared) is set when given. kv_c, slot_mapping and error_flag need `cache`."""
+    return _frontend(q_nope).mla_rope_quantize_fp8(
+        q_nope, q_pe, k_nope, k_pe, positions, cos_sin, style=style, q_scale_inv=q_scale_inv,
+        k_scale_inv=k_scale_inv, q_out=q_out, k_out=k_out, kv_c=kv_c, cache=cache,
+        slot_mapping=slot_mapping, cache_scale_inv=cache_scale_inv, error_flag=error_flag,
+        stream=stream)
+
+
+def mla_kv_cache_write(kv_c, k_pe, cache, slot_mapping, *, scale_inv=1.0, error_flag=None,
+                       stream=None):
+    """Writes the latent rows [e4m3(kv_c[t] * scale_inv) | e4m3(k_pe[t] * scale_inv)] into the
+    paged cache in place: slot s is row s % page_size of page s // page_size.
+
+    kv_c bf16/f16 [T, 512], k_pe (already RoPE'd) [T, 64] or [T, 1, 64] of the same dtype;
+    cache e4m3 [num_pages, page_size 1..128, 576] (contiguous rows, any page/row strides);
+    slot_mapping i32/i64 [T], -1 skips a token. Other slots stay bit-identical. A slot outside the
+    cache raises on the CPU (nothing written); on CUDA it is skipped and sets `error_flag` (one
+    i32 on the device, set to 1, never cleared) when given. Returns None."""
+    return _frontend(kv_c).mla_kv_cache_write(kv_c, k_pe, cache, slot_mapping,
+                                              scale_inv=scale_inv, error_flag=error_flag,
+                                              stream=stream)
+
+
+def mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_flag=None,
+                  stream=None):
+    """Reads the latent rows of `slots` (i32/i64 [n], every one in range) back to bf16:
+    kv_c_out [n, 512] and k_pe_out [n, 64] = bf16(decode_e4m3(row) * scale), allocated on the
+    cache's device when not given. Returns (kv_c_out, k_pe_out). A bad slot raises on the CPU;
+    on CUDA its rows are zeros and `error_flag` is set when given."""
+    return _frontend(cache).mla_kv_gather(cache, slots, scale, kv_c_out=kv_c_out,
+                                          k_pe_out=k_pe_out, error_flag=error_flag,
+                                          stream=stream)
+
+
+def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
+                             v_out=None, stream=None):
+    """Packs a prefix chunk's K and V for FP8 attention: k_out [n, H, 192] =
+    [e4m3(k_nope * k_scale_inv) | e4m3(k_pe * k_scale_inv)] (k_pe [n, 64] or [n, 1, 64] broadcast
+    to every head) and v_out [n, H, 128] = e4m3(v * v_scale_inv). k_nope [n, H, 128] and v
+    [n, H, 128] bf16/f16 may be strided (slices of kv_b_proj's output). Returns (k_out, v_out)."""
+    return _frontend(k_nope).mla_kv_pack_quantize_fp8(
+        k_nope, k_pe, v, k_scale_inv=k_scale_inv, v_scale_inv=v_scale_inv, k_out=k_out,
+        v_out=v_out, stream=stream)
 
 
 def info() -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 from . import _C
 
 SCALE_LAYOUTS = ("row_major", "column_major", "tma_aligned", "ue8m0", "packed_ue8m0")
@@ -64,3 +66,58 @@ def nvfp4_shapes(shape, layout: str):
     if layout == "swizzled":
         return out_shape, (round_up(rows, 128), round_up(blocks, 4))
     return out_shape, (rows, blocks)
+
+
+# ---- MLA prefill preparation ---------------------------------------------------------------------
+
+MLA = _C.MLA_DIMS  # nope 128, rope 64, qk 192, v 128, kv_lora_rank 512, latent 576
+ROPE_STYLES = ("interleaved", "neox")
+YARN_KEYS = ("factor", "original_max_position", "beta_fast", "beta_slow", "mscale",
+             "mscale_all_dim")
+# Hugging Face's rope_scaling spelling of a key, and keys of that dict that say nothing numeric.
+_YARN_ALIASES = {"original_max_position_embeddings": "original_max_position"}
+_YARN_TYPE_KEYS = ("type", "rope_type")
+
+
+def yarn_tuple(op: str, yarn):
+    """None, or the 6-tuple _C takes for a YaRN dict (missing keys: DeepSeek-V3's values).
+
+    Accepts a model config's rope_scaling dict as it is (original_max_position_embeddings, and
+    type / rope_type "yarn")."""
+    if yarn is None:
+        return None
+    if not isinstance(yarn, dict):
+        raise invalid_argument(f"{op}: expected yarn a dict or None, got {type(yarn).__name__}")
+    values = dict(_C.YARN_DEFAULTS)
+    for key, value in yarn.items():
+        if key in _YARN_TYPE_KEYS:
+            if value != "yarn":
+                raise invalid_argument(f"{op}: yarn[{key!r}]: expected 'yarn', got {value!r}")
+            continue
+        name = _YARN_ALIASES.get(key, key)
+        if name not in YARN_KEYS:
+            raise invalid_argument(f"{op}: unknown yarn key {key!r} (expected {YARN_KEYS})")
+        values[name] = value
+    max_position = values["original_max_position"]
+    try:
+        if isinstance(max_position, bool):
+            raise TypeError
+        if isinstance(max_position, float) and max_position.is_integer():
+            max_position = int(max_position)
+        max_position = operator.index(max_position)
+    except TypeError:
+        raise invalid_argument(
+            f"{op}: yarn['original_max_position']: expected an integer, got {max_position!r}"
+        ) from None
+    return (float(values["factor"]), max_position, float(values["beta_fast"]),
+            float(values["beta_slow"]), float(values["mscale"]), float(values["mscale_all_dim"]))
+
+
+def out_shape(shape, last: int):
+    """`shape` with its last dim replaced by `last` (a 0-d shape becomes (last,))."""
+    return tuple(shape[:-1]) + (last,)
+
+
+def gather_rows(shape) -> int:
+    """Token count of mla_kv_gather's outputs for `slots` of `shape` (the op checks it is 1-d)."""
+    return shape[0] if len(shape) >= 1 else 1

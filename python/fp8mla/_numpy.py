@@ -9,11 +9,15 @@ import numpy as np
 from . import _C
 from ._common import (
     FP8_DTYPES,
+    MLA,
     NVFP4_LAYOUTS,
     SCALE_LAYOUTS,
     check_choice,
+    gather_rows,
     group_scale_plan,
     nvfp4_shapes,
+    out_shape,
+    yarn_tuple,
 )
 
 try:
@@ -23,7 +27,11 @@ except ImportError:  # pragma: no cover - ml_dtypes is optional
 
 # numpy dtype -> (fp8mla dtype name, integer view dtype) for types numpy's DLPack cannot export.
 _VIEWS: dict = {}
-_STORAGE = {"e4m3": np.uint8, "e5m2": np.uint8, "ue8m0": np.uint8, "e2m1x2": np.uint8}
+_STORAGE = {"e4m3": np.uint8, "e5m2": np.uint8, "ue8m0": np.uint8, "e2m1x2": np.uint8,
+            "bf16": np.uint16}
+# The plain unsigned storage an output of each fp8mla dtype may be given as (raw bytes / bits).
+_RAW = {"e4m3": np.uint8, "e5m2": np.uint8, "ue8m0": np.uint8, "e2m1x2": np.uint8,
+        "bf16": np.uint16}
 if ml_dtypes is not None:
     _VIEWS = {
         np.dtype(ml_dtypes.bfloat16): ("bf16", np.uint16),
@@ -32,6 +40,7 @@ if ml_dtypes is not None:
     }
     _STORAGE["e4m3"] = ml_dtypes.float8_e4m3fn
     _STORAGE["e5m2"] = ml_dtypes.float8_e5m2
+    _STORAGE["bf16"] = ml_dtypes.bfloat16
     if hasattr(ml_dtypes, "float8_e8m0fnu"):
         _VIEWS[np.dtype(ml_dtypes.float8_e8m0fnu)] = ("ue8m0", np.uint8)
         _STORAGE["ue8m0"] = ml_dtypes.float8_e8m0fnu
@@ -40,13 +49,14 @@ if ml_dtypes is not None:
 def arg(a, raw_dtype: str | None = None):
     """The argument _C takes for array `a`: the array, or (integer view, fp8mla dtype name).
 
-    `raw_dtype` names the fp8mla dtype of a plain uint8 array (an fp8 output given as bytes)."""
+    `raw_dtype` names the fp8mla dtype of a plain unsigned array of its size (an fp8 output given
+    as uint8 bytes, a bf16 one as uint16 bits)."""
     if not isinstance(a, np.ndarray):
         return a
     view = _VIEWS.get(a.dtype)
     if view is not None:
         return (a.view(view[1]), view[0])
-    if raw_dtype is not None and a.dtype == np.uint8:
+    if raw_dtype is not None and a.dtype == _RAW.get(raw_dtype):
         return (a, raw_dtype)
     return a
 
@@ -121,3 +131,65 @@ def quantize_nvfp4(x, global_scale, *, layout="swizzled", out=None, block_scales
         layout, stream or 0,
     )
     return out, block_scales
+
+
+# ---- MLA prefill preparation ---------------------------------------------------------------------
+
+
+def _opt(a, raw_dtype: str | None = None):
+    return None if a is None else arg(a, raw_dtype)
+
+
+def make_cos_sin_cache(max_pos, *, rope_dim=64, theta=10000.0, yarn=None, out=None, stream=None):
+    yarn = yarn_tuple("make_cos_sin_cache", yarn)
+    if out is None:
+        out = np.empty((max_pos, rope_dim), dtype=np.float32)
+    _C.make_cos_sin_cache(arg(out), int(rope_dim), float(theta), yarn, stream or 0)
+    return out
+
+
+def mla_rope_quantize_fp8(q_nope, q_pe, k_nope, k_pe, positions, cos_sin, *, style="interleaved",
+                          q_scale_inv=1.0, k_scale_inv=1.0, q_out=None, k_out=None, kv_c=None,
+                          cache=None, slot_mapping=None, cache_scale_inv=1.0, error_flag=None,
+                          stream=None):
+    if q_out is None:
+        q_out = np.empty(out_shape(q_nope.shape, MLA["qk"]), dtype=_STORAGE["e4m3"])
+    if k_out is None:
+        k_out = np.empty(out_shape(k_nope.shape, MLA["qk"]), dtype=_STORAGE["e4m3"])
+    _C.mla_rope_quantize_fp8(
+        arg(q_nope), arg(q_pe), arg(k_nope), arg(k_pe), arg(positions), arg(cos_sin), style,
+        float(q_scale_inv), float(k_scale_inv), arg(q_out, "e4m3"), arg(k_out, "e4m3"),
+        _opt(kv_c), _opt(cache, "e4m3"), _opt(slot_mapping), float(cache_scale_inv),
+        _opt(error_flag), stream or 0,
+    )
+    return q_out, k_out
+
+
+def mla_kv_cache_write(kv_c, k_pe, cache, slot_mapping, *, scale_inv=1.0, error_flag=None,
+                       stream=None):
+    _C.mla_kv_cache_write(arg(kv_c), arg(k_pe), arg(cache, "e4m3"), arg(slot_mapping),
+                          float(scale_inv), _opt(error_flag), stream or 0)
+
+
+def mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_flag=None,
+                  stream=None):
+    n = gather_rows(slots.shape)
+    if kv_c_out is None:
+        kv_c_out = np.empty((n, MLA["kv_lora_rank"]), dtype=_STORAGE["bf16"])
+    if k_pe_out is None:
+        k_pe_out = np.empty((n, MLA["rope"]), dtype=_STORAGE["bf16"])
+    _C.mla_kv_gather(arg(cache, "e4m3"), arg(slots), float(scale), arg(kv_c_out, "bf16"),
+                     arg(k_pe_out, "bf16"), _opt(error_flag), stream or 0)
+    return kv_c_out, k_pe_out
+
+
+def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
+                             v_out=None, stream=None):
+    if k_out is None:
+        k_out = np.empty(out_shape(k_nope.shape, MLA["qk"]), dtype=_STORAGE["e4m3"])
+    if v_out is None:
+        v_out = np.empty(v.shape, dtype=_STORAGE["e4m3"])
+    _C.mla_kv_pack_quantize_fp8(arg(k_nope), arg(k_pe), arg(v), float(k_scale_inv),
+                                float(v_scale_inv), arg(k_out, "e4m3"), arg(v_out, "e4m3"),
+                                stream or 0)
+    return k_out, v_out

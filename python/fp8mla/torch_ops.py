@@ -8,6 +8,15 @@ Custom ops (they write into their caller-allocated outputs and return nothing):
     torch.ops.fp8mla.quantize_fp8_per_token_group(x, out, scales, group_size, eps,
                                                   round_scale_to_pow2, stream)
     torch.ops.fp8mla.quantize_nvfp4(x, out, block_scales, global_scale, layout, stream)
+    torch.ops.fp8mla.make_cos_sin_cache(cos_sin, rope_dim, theta, yarn: float[6]?, stream)
+    torch.ops.fp8mla.mla_rope_quantize_fp8(q_nope, q_pe, k_nope, k_pe, positions, cos_sin, style,
+        q_scale_inv, k_scale_inv, q_out, k_out, kv_c?, cache?, slot_mapping?, cache_scale_inv,
+        error_flag?, stream)                     (mutates q_out, k_out, cache, error_flag)
+    torch.ops.fp8mla.mla_kv_cache_write(kv_c, k_pe, cache, slot_mapping, scale_inv, error_flag?,
+        stream)                                  (mutates cache, error_flag)
+    torch.ops.fp8mla.mla_kv_gather(cache, slots, scale, kv_c_out, k_pe_out, error_flag?, stream)
+    torch.ops.fp8mla.mla_kv_pack_quantize_fp8(k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out,
+        v_out, stream)
 `stream` 0 means torch's current stream on x's device. The functions of this module allocate the
 outputs (torch.empty on x's device) and call these ops; fp8mla.quantize_* call them for torch
 tensors.
@@ -18,13 +27,19 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from typing import List, Optional
+
 from ._common import (
     FP8_DTYPES,
+    MLA,
     NVFP4_LAYOUTS,
     SCALE_LAYOUTS,
     check_choice,
+    gather_rows,
     group_scale_plan,
     nvfp4_shapes,
+    out_shape,
+    yarn_tuple,
 )
 
 # torch dtype -> fp8mla dtype name, for types passed to the C++ library as uint8 views (torch
@@ -55,6 +70,10 @@ def _arg(t: torch.Tensor, raw_dtype: str | None = None):
     # is safe during CUDA graph capture.
     capsule = t.__dlpack__(stream=-1) if t.is_cuda else t
     return (capsule, name) if name is not None else capsule
+
+
+def _opt(t: Optional[torch.Tensor], raw_dtype: str | None = None):
+    return None if t is None else _arg(t, raw_dtype)
 
 
 def _stream(x: torch.Tensor, stream: int) -> int:
@@ -189,6 +208,125 @@ def _(x, out, block_scales, global_scale, layout, stream):
     return None
 
 
+@_custom_op("fp8mla::make_cos_sin_cache", mutates_args=("cos_sin",))
+def _make_cos_sin_cache(
+    cos_sin: torch.Tensor, rope_dim: int, theta: float, yarn: Optional[List[float]], stream: int
+) -> None:
+    yarn_args = None
+    if yarn is not None:
+        yarn_args = (yarn[0], int(yarn[1]), yarn[2], yarn[3], yarn[4], yarn[5])
+    with _on_device(cos_sin):
+        if cos_sin.is_cuda:
+            # The library fills a CUDA table by a blocking copy outside torch's streams: first let
+            # queued work (e.g. the previous user of cos_sin's memory) finish. Set-up work only.
+            torch.cuda.synchronize(cos_sin.device)
+        _C.make_cos_sin_cache(_arg(cos_sin), rope_dim, theta, yarn_args, _stream(cos_sin, stream))
+
+
+@_make_cos_sin_cache.register_fake
+def _(cos_sin, rope_dim, theta, yarn, stream):
+    return None
+
+
+@_custom_op(
+    "fp8mla::mla_rope_quantize_fp8", mutates_args=("q_out", "k_out", "cache", "error_flag")
+)
+def _mla_rope_quantize_fp8(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    style: str,
+    q_scale_inv: float,
+    k_scale_inv: float,
+    q_out: torch.Tensor,
+    k_out: torch.Tensor,
+    kv_c: Optional[torch.Tensor],
+    cache: Optional[torch.Tensor],
+    slot_mapping: Optional[torch.Tensor],
+    cache_scale_inv: float,
+    error_flag: Optional[torch.Tensor],
+    stream: int,
+) -> None:
+    with _on_device(q_nope):
+        _C.mla_rope_quantize_fp8(
+            _arg(q_nope), _arg(q_pe), _arg(k_nope), _arg(k_pe), _arg(positions), _arg(cos_sin),
+            style, q_scale_inv, k_scale_inv, _arg(q_out, "e4m3"), _arg(k_out, "e4m3"),
+            _opt(kv_c), _opt(cache, "e4m3"), _opt(slot_mapping), cache_scale_inv,
+            _opt(error_flag), _stream(q_nope, stream),
+        )
+
+
+@_mla_rope_quantize_fp8.register_fake
+def _(q_nope, q_pe, k_nope, k_pe, positions, cos_sin, style, q_scale_inv, k_scale_inv, q_out,
+      k_out, kv_c, cache, slot_mapping, cache_scale_inv, error_flag, stream):
+    return None
+
+
+@_custom_op("fp8mla::mla_kv_cache_write", mutates_args=("cache", "error_flag"))
+def _mla_kv_cache_write(
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    scale_inv: float,
+    error_flag: Optional[torch.Tensor],
+    stream: int,
+) -> None:
+    with _on_device(kv_c):
+        _C.mla_kv_cache_write(_arg(kv_c), _arg(k_pe), _arg(cache, "e4m3"), _arg(slot_mapping),
+                              scale_inv, _opt(error_flag), _stream(kv_c, stream))
+
+
+@_mla_kv_cache_write.register_fake
+def _(kv_c, k_pe, cache, slot_mapping, scale_inv, error_flag, stream):
+    return None
+
+
+@_custom_op("fp8mla::mla_kv_gather", mutates_args=("kv_c_out", "k_pe_out", "error_flag"))
+def _mla_kv_gather(
+    cache: torch.Tensor,
+    slots: torch.Tensor,
+    scale: float,
+    kv_c_out: torch.Tensor,
+    k_pe_out: torch.Tensor,
+    error_flag: Optional[torch.Tensor],
+    stream: int,
+) -> None:
+    with _on_device(cache):
+        _C.mla_kv_gather(_arg(cache, "e4m3"), _arg(slots), scale, _arg(kv_c_out), _arg(k_pe_out),
+                         _opt(error_flag), _stream(cache, stream))
+
+
+@_mla_kv_gather.register_fake
+def _(cache, slots, scale, kv_c_out, k_pe_out, error_flag, stream):
+    return None
+
+
+@_custom_op("fp8mla::mla_kv_pack_quantize_fp8", mutates_args=("k_out", "v_out"))
+def _mla_kv_pack_quantize_fp8(
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    k_scale_inv: float,
+    v_scale_inv: float,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    stream: int,
+) -> None:
+    with _on_device(k_nope):
+        _C.mla_kv_pack_quantize_fp8(_arg(k_nope), _arg(k_pe), _arg(v), k_scale_inv, v_scale_inv,
+                                    _arg(k_out, "e4m3"), _arg(v_out, "e4m3"),
+                                    _stream(k_nope, stream))
+
+
+@_mla_kv_pack_quantize_fp8.register_fake
+def _(k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out, v_out, stream):
+    return None
+
+
 # ---- front end: allocate outputs, call the custom ops -----------------------------------------
 
 
@@ -251,6 +389,62 @@ def quantize_nvfp4(x, global_scale, *, layout="swizzled", out=None, block_scales
         global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
     _run("quantize_nvfp4", x, out, block_scales, global_scale, layout, stream or 0)
     return out, block_scales
+
+
+def make_cos_sin_cache(max_pos, *, rope_dim=64, theta=10000.0, yarn=None, device=None, out=None,
+                       stream=None):
+    yarn = yarn_tuple("make_cos_sin_cache", yarn)
+    if out is None:
+        out = torch.empty((max_pos, rope_dim), dtype=torch.float32,
+                          device=torch.device("cpu") if device is None else device)
+    _run("make_cos_sin_cache", out, int(rope_dim), float(theta),
+         None if yarn is None else [float(v) for v in yarn], stream or 0)
+    return out
+
+
+def mla_rope_quantize_fp8(q_nope, q_pe, k_nope, k_pe, positions, cos_sin, *, style="interleaved",
+                          q_scale_inv=1.0, k_scale_inv=1.0, q_out=None, k_out=None, kv_c=None,
+                          cache=None, slot_mapping=None, cache_scale_inv=1.0, error_flag=None,
+                          stream=None):
+    if q_out is None:
+        q_out = torch.empty(out_shape(q_nope.shape, MLA["qk"]), dtype=torch.float8_e4m3fn,
+                            device=q_nope.device)
+    if k_out is None:
+        k_out = torch.empty(out_shape(k_nope.shape, MLA["qk"]), dtype=torch.float8_e4m3fn,
+                            device=k_nope.device)
+    _run("mla_rope_quantize_fp8", q_nope, q_pe, k_nope, k_pe, positions, cos_sin, style,
+         float(q_scale_inv), float(k_scale_inv), q_out, k_out, kv_c, cache, slot_mapping,
+         float(cache_scale_inv), error_flag, stream or 0)
+    return q_out, k_out
+
+
+def mla_kv_cache_write(kv_c, k_pe, cache, slot_mapping, *, scale_inv=1.0, error_flag=None,
+                       stream=None):
+    _run("mla_kv_cache_write", kv_c, k_pe, cache, slot_mapping, float(scale_inv), error_flag,
+         stream or 0)
+
+
+def mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_flag=None,
+                  stream=None):
+    n = gather_rows(tuple(slots.shape))
+    if kv_c_out is None:
+        kv_c_out = torch.empty((n, MLA["kv_lora_rank"]), dtype=torch.bfloat16, device=cache.device)
+    if k_pe_out is None:
+        k_pe_out = torch.empty((n, MLA["rope"]), dtype=torch.bfloat16, device=cache.device)
+    _run("mla_kv_gather", cache, slots, float(scale), kv_c_out, k_pe_out, error_flag, stream or 0)
+    return kv_c_out, k_pe_out
+
+
+def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
+                             v_out=None, stream=None):
+    if k_out is None:
+        k_out = torch.empty(out_shape(k_nope.shape, MLA["qk"]), dtype=torch.float8_e4m3fn,
+                            device=k_nope.device)
+    if v_out is None:
+        v_out = torch.empty(tuple(v.shape), dtype=torch.float8_e4m3fn, device=v.device)
+    _run("mla_kv_pack_quantize_fp8", k_nope, k_pe, v, float(k_scale_inv), float(v_scale_inv),
+         k_out, v_out, stream or 0)
+    return k_out, v_out
 
 
 # fp8mla.quantize_* route torch tensors here from now on (also when this module was imported

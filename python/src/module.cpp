@@ -9,16 +9,21 @@
 // around every op.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "fp8mla/error.hpp"
+#include "fp8mla/mla_prep.hpp"
 #include "fp8mla/quantize.hpp"
 #include "fp8mla/runtime_info.hpp"
 #include "fp8mla/tensor_view.hpp"
@@ -191,6 +196,13 @@ class Args {
 
   TensorView input(nb::handle obj, const char* name) { return convert<nb::ro>(obj, name); }
   TensorView output(nb::handle obj, const char* name) { return convert<>(obj, name); }
+  // None: an empty view (data == nullptr), which the ops read as "not given".
+  TensorView optional_input(nb::handle obj, const char* name) {
+    return obj.is_none() ? TensorView() : input(obj, name);
+  }
+  TensorView optional_output(nb::handle obj, const char* name) {
+    return obj.is_none() ? TensorView() : output(obj, name);
+  }
 
  private:
   template <typename... Flags>
@@ -258,9 +270,20 @@ class Args {
       fail(op_, name, fp8mla::concat("expected at most ", fp8mla::kMaxDims, " dims, got ", ndim));
     }
     std::array<std::int64_t, fp8mla::kMaxDims> shape{}, strides{};
+    bool empty = false;
     for (std::size_t d = 0; d < ndim; ++d) {
       shape[d] = std::int64_t(array.shape(d));
       strides[d] = array.stride(d);
+      empty = empty || shape[d] == 0;
+    }
+    // An array without elements has no meaningful strides (numpy reports zeros): give it the
+    // row-major ones, which every op's layout checks accept.
+    if (empty) {
+      std::int64_t stride = 1;
+      for (std::size_t d = ndim; d-- > 0;) {
+        strides[d] = stride;
+        stride *= std::max<std::int64_t>(shape[d], 1);
+      }
     }
     void* data = const_cast<void*>(static_cast<const void*>(array.data()));
     keep(std::move(array));
@@ -347,6 +370,135 @@ void quantize_nvfp4(nb::handle input, nb::handle out, nb::handle block_scales,
   fp8mla::quantize_nvfp4(x, o, bs, gs, scale_layout, to_stream(stream));
 }
 
+// ---- MLA prefill preparation (fp8mla/mla_prep.hpp) ---------------------------------------------
+
+// (factor, original_max_position, beta_fast, beta_slow, mscale, mscale_all_dim); the Python layer
+// maps the user's dict onto it.
+using YarnTuple = std::tuple<double, std::int64_t, double, double, double, double>;
+
+fp8mla::RopeConfig rope_config(int rope_dim, double theta, const std::optional<YarnTuple>& yarn) {
+  fp8mla::RopeConfig config;
+  config.rope_dim = rope_dim;
+  config.theta = theta;
+  if (yarn) {
+    fp8mla::YarnScaling y;
+    std::tie(y.factor, y.original_max_position, y.beta_fast, y.beta_slow, y.mscale,
+             y.mscale_all_dim) = *yarn;
+    config.yarn = y;
+  }
+  return config;
+}
+
+nb::dict yarn_defaults() {
+  const fp8mla::YarnScaling y;
+  nb::dict d;
+  d["factor"] = y.factor;
+  d["original_max_position"] = y.original_max_position;
+  d["beta_fast"] = y.beta_fast;
+  d["beta_slow"] = y.beta_slow;
+  d["mscale"] = y.mscale;
+  d["mscale_all_dim"] = y.mscale_all_dim;
+  return d;
+}
+
+void make_cos_sin_cache(nb::handle cos_sin, int rope_dim, double theta,
+                        const std::optional<YarnTuple>& yarn, std::uintptr_t stream) {
+  Args args("make_cos_sin_cache");
+  const TensorView out = args.output(cos_sin, "cos_sin");
+  const fp8mla::RopeConfig config = rope_config(rope_dim, theta, yarn);
+  nb::gil_scoped_release release;
+  fp8mla::make_cos_sin_cache(out, config, to_stream(stream));
+}
+
+double softmax_mscale(const std::optional<YarnTuple>& yarn) {
+  return fp8mla::softmax_mscale(rope_config(fp8mla::kMlaRopeDim, 10000.0, yarn));
+}
+
+fp8mla::RopeStyle parse_rope_style(const std::string& style) {
+  if (style == "interleaved") return fp8mla::RopeStyle::kInterleaved;
+  if (style == "neox") return fp8mla::RopeStyle::kNeox;
+  throw Error(ErrorCategory::kInvalidArgument,
+              fp8mla::concat("mla_rope_quantize_fp8: expected style 'interleaved' or 'neox', got '",
+                             style, "'"));
+}
+
+void mla_rope_quantize_fp8(nb::handle q_nope, nb::handle q_pe, nb::handle k_nope, nb::handle k_pe,
+                           nb::handle positions, nb::handle cos_sin, const std::string& style,
+                           float q_scale_inv, float k_scale_inv, nb::handle q_out, nb::handle k_out,
+                           nb::handle kv_c, nb::handle cache, nb::handle slot_mapping,
+                           float cache_scale_inv, nb::handle error_flag, std::uintptr_t stream) {
+  Args args("mla_rope_quantize_fp8");
+  fp8mla::MlaRopeQuantizeArgs a;
+  a.q_nope = args.input(q_nope, "q_nope");
+  a.q_pe = args.input(q_pe, "q_pe");
+  a.k_nope = args.input(k_nope, "k_nope");
+  a.k_pe = args.input(k_pe, "k_pe");
+  a.positions = args.input(positions, "positions");
+  a.cos_sin = args.input(cos_sin, "cos_sin");
+  a.style = parse_rope_style(style);
+  a.q_scale_inv = q_scale_inv;
+  a.k_scale_inv = k_scale_inv;
+  a.q_out = args.output(q_out, "q_out");
+  a.k_out = args.output(k_out, "k_out");
+  if (!cache.is_none()) {
+    fp8mla::LatentCacheWrite w;
+    w.cache = args.output(cache, "cache");
+    w.slot_mapping = args.optional_input(slot_mapping, "slot_mapping");
+    w.scale_inv = cache_scale_inv;
+    w.error_flag = args.optional_output(error_flag, "error_flag");
+    a.cache_write = w;
+    a.kv_c = args.optional_input(kv_c, "kv_c");
+  } else if (!kv_c.is_none() || !slot_mapping.is_none() || !error_flag.is_none()) {
+    throw Error(ErrorCategory::kInvalidArgument,
+                "mla_rope_quantize_fp8: `kv_c`, `slot_mapping` and `error_flag` belong to the "
+                "latent cache write: pass `cache` too (or none of them)");
+  }
+  nb::gil_scoped_release release;
+  fp8mla::mla_rope_quantize_fp8(a, to_stream(stream));
+}
+
+void mla_kv_cache_write(nb::handle kv_c, nb::handle k_pe, nb::handle cache, nb::handle slot_mapping,
+                        float scale_inv, nb::handle error_flag, std::uintptr_t stream) {
+  Args args("mla_kv_cache_write");
+  const TensorView c = args.input(kv_c, "kv_c");
+  const TensorView pe = args.input(k_pe, "k_pe");
+  fp8mla::LatentCacheWrite w;
+  w.cache = args.output(cache, "cache");
+  w.slot_mapping = args.input(slot_mapping, "slot_mapping");
+  w.scale_inv = scale_inv;
+  w.error_flag = args.optional_output(error_flag, "error_flag");
+  nb::gil_scoped_release release;
+  fp8mla::mla_kv_cache_write(c, pe, w, to_stream(stream));
+}
+
+void mla_kv_gather(nb::handle cache, nb::handle slots, float scale, nb::handle kv_c_out,
+                   nb::handle k_pe_out, nb::handle error_flag, std::uintptr_t stream) {
+  Args args("mla_kv_gather");
+  const TensorView c = args.input(cache, "cache");
+  const TensorView s = args.input(slots, "slots");
+  const TensorView kv = args.output(kv_c_out, "kv_c_out");
+  const TensorView pe = args.output(k_pe_out, "k_pe_out");
+  const TensorView flag = args.optional_output(error_flag, "error_flag");
+  nb::gil_scoped_release release;
+  fp8mla::mla_kv_gather(c, s, scale, kv, pe, flag, to_stream(stream));
+}
+
+void mla_kv_pack_quantize_fp8(nb::handle k_nope, nb::handle k_pe, nb::handle v, float k_scale_inv,
+                              float v_scale_inv, nb::handle k_out, nb::handle v_out,
+                              std::uintptr_t stream) {
+  Args args("mla_kv_pack_quantize_fp8");
+  fp8mla::MlaKvPackArgs a;
+  a.k_nope = args.input(k_nope, "k_nope");
+  a.k_pe = args.input(k_pe, "k_pe");
+  a.v = args.input(v, "v");
+  a.k_scale_inv = k_scale_inv;
+  a.v_scale_inv = v_scale_inv;
+  a.k_out = args.output(k_out, "k_out");
+  a.v_out = args.output(v_out, "v_out");
+  nb::gil_scoped_release release;
+  fp8mla::mla_kv_pack_quantize_fp8(a, to_stream(stream));
+}
+
 nb::dict info() {
   const fp8mla::BuildInfo build = fp8mla::build_info();
   nb::dict d;
@@ -397,4 +549,34 @@ NB_MODULE(_C, m) {
         nb::arg("round_scale_to_pow2"), nb::arg("stream") = 0);
   m.def("quantize_nvfp4", &quantize_nvfp4, nb::arg("input"), nb::arg("out"),
         nb::arg("block_scales"), nb::arg("global_scale"), nb::arg("layout"), nb::arg("stream") = 0);
+
+  m.attr("MLA_DIMS") = [] {
+    nb::dict d;
+    d["nope"] = fp8mla::kMlaNopeDim;
+    d["rope"] = fp8mla::kMlaRopeDim;
+    d["qk"] = fp8mla::kMlaQkDim;
+    d["v"] = fp8mla::kMlaVDim;
+    d["kv_lora_rank"] = fp8mla::kMlaKvLoraRank;
+    d["latent"] = fp8mla::kMlaLatentDim;
+    return d;
+  }();
+  m.attr("YARN_DEFAULTS") = yarn_defaults();
+  m.def("make_cos_sin_cache", &make_cos_sin_cache, nb::arg("cos_sin"), nb::arg("rope_dim"),
+        nb::arg("theta"), nb::arg("yarn").none(), nb::arg("stream") = 0);
+  m.def("softmax_mscale", &softmax_mscale, nb::arg("yarn").none());
+  m.def("mla_rope_quantize_fp8", &mla_rope_quantize_fp8, nb::arg("q_nope"), nb::arg("q_pe"),
+        nb::arg("k_nope"), nb::arg("k_pe"), nb::arg("positions"), nb::arg("cos_sin"),
+        nb::arg("style"), nb::arg("q_scale_inv"), nb::arg("k_scale_inv"), nb::arg("q_out"),
+        nb::arg("k_out"), nb::arg("kv_c").none(), nb::arg("cache").none(),
+        nb::arg("slot_mapping").none(), nb::arg("cache_scale_inv"), nb::arg("error_flag").none(),
+        nb::arg("stream") = 0);
+  m.def("mla_kv_cache_write", &mla_kv_cache_write, nb::arg("kv_c"), nb::arg("k_pe"),
+        nb::arg("cache"), nb::arg("slot_mapping"), nb::arg("scale_inv"),
+        nb::arg("error_flag").none(), nb::arg("stream") = 0);
+  m.def("mla_kv_gather", &mla_kv_gather, nb::arg("cache"), nb::arg("slots"), nb::arg("scale"),
+        nb::arg("kv_c_out"), nb::arg("k_pe_out"), nb::arg("error_flag").none(),
+        nb::arg("stream") = 0);
+  m.def("mla_kv_pack_quantize_fp8", &mla_kv_pack_quantize_fp8, nb::arg("k_nope"), nb::arg("k_pe"),
+        nb::arg("v"), nb::arg("k_scale_inv"), nb::arg("v_scale_inv"), nb::arg("k_out"),
+        nb::arg("v_out"), nb::arg("stream") = 0);
 }
