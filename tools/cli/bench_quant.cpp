@@ -15,7 +15,6 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -238,21 +237,6 @@ void run_op(Op op, const Shape& s, std::byte* const* p, const float* global_scal
 
 // ---- Check: the first rows of set 0 against the CPU implementation -----------------------------
 
-template <typename T>
-std::vector<T> to_host(const std::byte* src, std::int64_t count) {
-  std::vector<T> host(static_cast<std::size_t>(count));
-  cuda::check(cudaMemcpy(host.data(), src, std::size_t(count) * sizeof(T), cudaMemcpyDeviceToHost),
-              "cudaMemcpy(check)");
-  return host;
-}
-
-template <typename T>
-std::int64_t count_diff(const std::vector<T>& a, const std::vector<T>& b) {
-  std::int64_t diff = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) diff += a[i] != b[i];
-  return diff;
-}
-
 std::string check_against_cpu(Op op, const Shape& s, const RotatingSets& sets) {
   const std::int64_t r = std::min(s.rows, kCheckRows);
   const std::int64_t k = s.cols;
@@ -350,10 +334,6 @@ Result make_result(const OpInfo& info, const Shape& shape) {
   return r;
 }
 
-double tbps(std::int64_t bytes, double us) {
-  return us > 0 ? double(bytes) / us / 1e6 : 0.0;
-}
-
 class Bench {
  public:
   explicit Bench(const Options& options)
@@ -365,16 +345,7 @@ class Bench {
   // Device-to-device copy of `bytes` bytes (so 2 * bytes moved), median microseconds.
   double copy_us(std::int64_t bytes) {
     if (const auto it = copy_cache_.find(bytes); it != copy_cache_.end()) return it->second;
-    const RotatingSets sets({bytes, bytes}, rotation_bytes());
-    pool_.fill(sets.region(0), sets.region_bytes(0), std::uint64_t(bytes));
-    const double us = timer_.median_us(
-        [&](int k) {
-          const int s = k % sets.sets();
-          cuda::check(cudaMemcpyAsync(sets.at(1, s), sets.at(0, s), std::size_t(bytes),
-                                      cudaMemcpyDeviceToDevice, nullptr),
-                      "cudaMemcpyAsync(copy)");
-        },
-        options_.warmup);
+    const double us = time_device_copy_us(timer_, pool_, bytes, rotation_bytes(), options_.warmup);
     copy_cache_[bytes] = us;
     return us;
   }
@@ -423,38 +394,6 @@ class Bench {
 };
 
 // ---- Output ------------------------------------------------------------------------------------
-
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
-
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 void write_json(const std::string& path, const Options& options, const Bench& bench,
                 double ceiling_tbps, const std::vector<Result>& results) {

@@ -10,6 +10,8 @@ void add_info_command(CLI::App& app);
 #if defined(FP8MLA_WITH_CUDA)
 // `fp8mla bench quant` (registered on the `bench` subcommand; CUDA builds only).
 void add_bench_quant_command(CLI::App& bench);
+// `fp8mla bench prep`: the MLA prep ops (CUDA builds only).
+void add_bench_prep_command(CLI::App& bench);
 #endif
 
 }  // namespace fp8mla::cli

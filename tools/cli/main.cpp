@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand("bench", "Time fp8mla's CUDA kernels on cuda:0");
   bench->require_subcommand(1);
   fp8mla::cli::add_bench_quant_command(*bench);
+  fp8mla::cli::add_bench_prep_command(*bench);
 #endif
   try {
     app.parse(argc, argv);
