@@ -28,36 +28,14 @@ using test::KvGatherCase;
 using test::KvPackCase;
 using test::KvWriteCase;
 
-class PdlScope {
- public:
-  explicit PdlScope(bool enabled) : saved_(cuda::pdl_enabled()) { cuda::set_pdl_enabled(enabled); }
-  ~PdlScope() { cuda::set_pdl_enabled(saved_); }
-  PdlScope(const PdlScope&) = delete;
-  PdlScope& operator=(const PdlScope&) = delete;
-
- private:
-  bool saved_;
-};
-
-std::vector<DeviceBuffer> upload(const std::vector<HostBuffer>& host) {
-  std::vector<DeviceBuffer> device;
-  for (const HostBuffer& h : host) {
-    device.emplace_back(h.bytes());
-    device.back().upload(h.data());
-  }
-  return device;
-}
-
-std::vector<void*> bases_of(const std::vector<DeviceBuffer>& device) {
-  std::vector<void*> bases;
-  for (const DeviceBuffer& d : device) bases.push_back(d.data());
-  return bases;
-}
+using test::device_bases;
+using test::PdlScope;
+using test::upload;
 
 void run_gpu(const auto& c, const std::vector<DeviceBuffer>& device) {
   cudaStream_t stream;
   cuda::check(cudaStreamCreate(&stream), "cudaStreamCreate");
-  c.run(bases_of(device), Device::cuda(0), stream);
+  c.run(device_bases(device), Device::cuda(0), stream);
   cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   cudaStreamDestroy(stream);
 }

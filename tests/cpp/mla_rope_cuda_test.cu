@@ -24,31 +24,9 @@ using test::DeviceBuffer;
 using test::HostBuffer;
 using test::RopeCase;
 
-class PdlScope {
- public:
-  explicit PdlScope(bool enabled) : saved_(cuda::pdl_enabled()) { cuda::set_pdl_enabled(enabled); }
-  ~PdlScope() { cuda::set_pdl_enabled(saved_); }
-  PdlScope(const PdlScope&) = delete;
-  PdlScope& operator=(const PdlScope&) = delete;
-
- private:
-  bool saved_;
-};
-
-std::vector<DeviceBuffer> upload(const std::vector<HostBuffer>& host) {
-  std::vector<DeviceBuffer> device;
-  for (const HostBuffer& h : host) {
-    device.emplace_back(h.bytes());
-    device.back().upload(h.data());
-  }
-  return device;
-}
-
-std::vector<void*> device_bases(const std::vector<DeviceBuffer>& device) {
-  std::vector<void*> bases;
-  for (const DeviceBuffer& d : device) bases.push_back(d.data());
-  return bases;
-}
+using test::device_bases;
+using test::PdlScope;
+using test::upload;
 
 // Runs the case on the GPU (on a fresh stream) from the initial buffers `initial`.
 std::vector<DeviceBuffer> run_cuda(const RopeCase& c, const std::vector<HostBuffer>& initial) {
@@ -78,7 +56,7 @@ void expect_cuda_equals_cpu(const RopeCase& c) {
   SCOPED_TRACE(c.describe());
   std::vector<HostBuffer> host = initial_buffers(c);
   const std::vector<DeviceBuffer> device = run_cuda(c, host);
-  c.run(test::bases_of(host), Device::cpu());
+  c.run(test::host_bases(host), Device::cpu());
   expect_same(device, host);
 }
 

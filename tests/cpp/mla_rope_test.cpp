@@ -168,7 +168,7 @@ void expect_matches_reference(const RopeCase& c) {
   std::vector<HostBuffer> want = c.buffers();
   for (std::size_t i = 0; i < b.size(); ++i) std::memcpy(want[i].data(), b[i].data(), b[i].bytes());
   test::reference_outputs(c, want);
-  c.run(test::bases_of(b), Device::cpu());
+  c.run(test::host_bases(b), Device::cpu());
   for (std::size_t i = 0; i < b.size(); ++i) {
     ASSERT_TRUE(test::same_bytes(b[i].payload(), want[i].payload(), concat("buffer ", i)));
     ASSERT_TRUE(b[i].guards_intact()) << "buffer " << i;
@@ -220,7 +220,7 @@ TEST(MlaRopeQuantize, RopeWithinHalfUlpOfFloat64) {
     SCOPED_TRACE(c.describe());
     std::vector<HostBuffer> b = c.buffers();
     c.init(b);
-    c.run(test::bases_of(b), Device::cpu());
+    c.run(test::host_bases(b), Device::cpu());
     const std::vector<test::ViewSpec> v = c.views();
     const auto* cs_base = reinterpret_cast<const float*>(b[test::kCosSin].data());
     std::int64_t checked = 0;
@@ -288,7 +288,7 @@ class MlaRopeBadInput : public ::testing::Test {
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
       std::memcpy(snapshot_[i].data(), buffers_[i].data(), buffers_[i].bytes());
     }
-    bases_ = test::bases_of(buffers_);
+    bases_ = test::host_bases(buffers_);
   }
   MlaRopeQuantizeArgs args() const { return c_.args(bases_, Device::cpu()); }
   // The call throws `category` with every needle in the message and leaves every buffer as is.

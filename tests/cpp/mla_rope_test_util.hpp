@@ -163,8 +163,7 @@ struct RopeCase {
       fill_input(b[i].data(), in_dtype, std::int64_t(b[i].bytes() / 2), data, seed * 16 + i);
     }
     const std::vector<ViewSpec> v = views();
-    std::vector<void*> bases;
-    for (HostBuffer& h : b) bases.push_back(h.data());
+    const std::vector<void*> bases = host_bases(b);
     for (std::int64_t t = 0; t < tokens; ++t)
       store_index(b[kPositions].data(), position_dtype, t, position(t));
     make_cos_sin_cache(v[kCosSin].view(bases, Device::cpu()), config());
@@ -235,12 +234,6 @@ struct RopeCase {
                   " seed ", seed);
   }
 };
-
-inline std::vector<void*> bases_of(std::vector<HostBuffer>& b) {
-  std::vector<void*> bases;
-  for (HostBuffer& h : b) bases.push_back(h.data());
-  return bases;
-}
 
 // The test's own fp32 RoPE of one 64-element row (the formula of fp8mla/mla_prep.hpp).
 inline void reference_rope(const float* x, const float* cs, RopeStyle style, float* y) {

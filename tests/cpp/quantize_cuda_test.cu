@@ -47,32 +47,9 @@ class Stream {
   cudaStream_t stream_ = nullptr;
 };
 
-// Sets the PDL switch for a scope and restores the previous setting.
-class PdlScope {
- public:
-  explicit PdlScope(bool enabled) : saved_(cuda::pdl_enabled()) { cuda::set_pdl_enabled(enabled); }
-  ~PdlScope() { cuda::set_pdl_enabled(saved_); }
-  PdlScope(const PdlScope&) = delete;
-  PdlScope& operator=(const PdlScope&) = delete;
-
- private:
-  bool saved_;
-};
-
-std::vector<DeviceBuffer> upload(const std::vector<HostBuffer>& host) {
-  std::vector<DeviceBuffer> device;
-  for (const HostBuffer& h : host) {
-    device.emplace_back(h.bytes());
-    device.back().upload(h.data());
-  }
-  return device;
-}
-
-std::vector<void*> bases_of(const std::vector<DeviceBuffer>& device) {
-  std::vector<void*> bases;
-  for (const DeviceBuffer& d : device) bases.push_back(d.data());
-  return bases;
-}
+using test::device_bases;
+using test::PdlScope;
+using test::upload;
 
 // Every byte of every device buffer equals its host counterpart; device guards intact.
 void expect_same_buffers(const std::vector<DeviceBuffer>& device,
@@ -93,7 +70,7 @@ void expect_cuda_equals_cpu(const Case& c, std::uint8_t poison = kPoison) {
   const std::vector<DeviceBuffer> device = upload(host);
   test::run_cpu(c, host);
   const Stream stream;
-  c.run(bases_of(device), Device::cuda(0), stream.get());
+  c.run(device_bases(device), Device::cuda(0), stream.get());
   stream.sync();
   expect_same_buffers(device, host);
 }
@@ -296,7 +273,7 @@ void expect_deterministic(const Case& c) {
   SCOPED_TRACE(c.describe());
   const std::vector<HostBuffer> host = test::host_buffers(c);
   std::vector<DeviceBuffer> device = upload(host);
-  const std::vector<void*> bases = bases_of(device);
+  const std::vector<void*> bases = device_bases(device);
   const Stream stream;
   std::vector<std::vector<std::uint8_t>> first;
   for (int run = 0; run < 20; ++run) {
@@ -356,11 +333,9 @@ void expect_chain_equals_cpu() {
     quantize_nvfp4(x, fp4_spec.view(b[3], d), sf_spec.view(b[4], d), scale,
                    Nvfp4ScaleLayout::kSwizzled128x4, stream);
   };
-  std::vector<void*> host_bases;
-  for (HostBuffer& h : host) host_bases.push_back(h.data());
-  chain(host_bases, Device::cpu(), nullptr);
+  chain(test::host_bases(host), Device::cpu(), nullptr);
   const Stream stream;
-  chain(bases_of(device), Device::cuda(0), stream.get());
+  chain(device_bases(device), Device::cuda(0), stream.get());
   stream.sync();
   expect_same_buffers(device, host);
 }

@@ -307,6 +307,13 @@ void for_each_element(const TensorView& v, Fn fn) {
   }
 }
 
+// The payload pointers of host buffers, in order (what a case's views are built on).
+inline std::vector<void*> host_bases(std::vector<HostBuffer>& host) {
+  std::vector<void*> bases;
+  for (HostBuffer& h : host) bases.push_back(h.data());
+  return bases;
+}
+
 #if defined(__CUDACC__)
 // A device allocation: poisoned payload between guard bands (cudaMalloc aligns to 256 bytes).
 class DeviceBuffer {
@@ -366,6 +373,34 @@ class DeviceBuffer {
 
   std::size_t bytes_;
   std::uint8_t* base_ = nullptr;
+};
+
+// Every host buffer copied into a fresh guarded device buffer.
+inline std::vector<DeviceBuffer> upload(const std::vector<HostBuffer>& host) {
+  std::vector<DeviceBuffer> device;
+  for (const HostBuffer& h : host) {
+    device.emplace_back(h.bytes());
+    device.back().upload(h.data());
+  }
+  return device;
+}
+
+inline std::vector<void*> device_bases(const std::vector<DeviceBuffer>& device) {
+  std::vector<void*> bases;
+  for (const DeviceBuffer& d : device) bases.push_back(d.data());
+  return bases;
+}
+
+// Sets the process-wide PDL switch for a scope and restores it after.
+class PdlScope {
+ public:
+  explicit PdlScope(bool enabled) : saved_(cuda::pdl_enabled()) { cuda::set_pdl_enabled(enabled); }
+  ~PdlScope() { cuda::set_pdl_enabled(saved_); }
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+
+ private:
+  bool saved_;
 };
 #endif
 
