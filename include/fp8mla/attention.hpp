@@ -1,0 +1,61 @@
+// Prefill attention for MLA and the merge of attention states (DESIGN section 3, ops 8-9;
+// sections 1 and 8 for masking, LSE and the error rule). Conventions as in quantize.hpp:
+// TensorViews on one device, caller-allocated outputs written in full, 0 tokens valid, bad
+// arguments throw fp8mla::Error.
+#pragma once
+
+#include "fp8mla/stream.hpp"
+#include "fp8mla/tensor_view.hpp"
+
+namespace fp8mla {
+
+// ---- 8. Prefill attention ------------------------------------------------------------------
+// A ragged batch, token-major: sequence b has queries cu_seqlens_q[b]..cu_seqlens_q[b+1] and keys
+// cu_seqlens_k[b]..cu_seqlens_k[b+1]. For query i of a sequence with q_len queries and k_len
+// keys, causal masking is bottom-right aligned: key j is visible when j <= i + (k_len - q_len).
+//   s_j = softmax_scale * (q_i . k_j)   (q, k dequantized: x * descale for FP8 inputs)
+//   O_i = sum_j softmax(s)_j * v_j,  LSE_i = ln(sum_j exp(s_j))   over the visible keys
+// A row that sees no key (k_len = 0, or causal with i + k_len - q_len < 0) gives O = 0 and
+// LSE = -inf.
+struct PrefillAttentionArgs {
+  TensorView q;             // [Tq, H, Dqk] e4m3 or bf16 (Dqk 192; 128 and 64 for non-MLA use)
+  TensorView k;             // [Tk, H, Dqk], same dtype as q
+  TensorView v;             // [Tk, H, Dv] (Dv 128), same dtype as q
+  TensorView cu_seqlens_q;  // i32 [batch + 1], on q's device
+  TensorView cu_seqlens_k;  // i32 [batch + 1]
+  int max_seqlen_q = 0;     // upper bounds the caller knows, so the CUDA path never syncs
+  int max_seqlen_k = 0;
+  float softmax_scale = 0.0f;
+  bool causal = true;
+  // Per-tensor descales of FP8 inputs (one f32 each on q's device); ignored for bf16.
+  TensorView q_descale;
+  TensorView k_descale;
+  TensorView v_descale;
+  TensorView out;  // bf16 [Tq, H, Dv], any token/head strides, contiguous last dim
+  TensorView lse;  // optional f32 [Tq, H], any strides (e.g. a transposed [H, Tq] buffer)
+};
+
+// The CPU path is the reference (fp32 accumulation, threaded). The CUDA kernel is not in this
+// version yet: CUDA tensors give an ErrorCategory::kUnsupported error.
+void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream = nullptr);
+
+// ---- 9. Merge of attention states ----------------------------------------------------------
+// (o_a, lse_a) (+) (o_b, lse_b): m = max(lse_a, lse_b); w_a = exp(lse_a - m), w_b = exp(lse_b - m);
+// o = (w_a * o_a + w_b * o_b) / (w_a + w_b), lse = m + ln(w_a + w_b). Natural-log LSE. Two empty
+// states (-inf, -inf) merge to (0, -inf), never NaN; one empty state leaves the other unchanged,
+// byte for byte (a side whose weight is exactly 0 is not read, so its o may hold anything). A NaN
+// lse propagates; +inf is not a valid lse. The CPU and CUDA results differ only through exp/log
+// (a few ulp).
+// o_* are [T, H, D] bf16 or f32 (any token/head strides, contiguous last dim), lse_* f32 [T, H]
+// (any strides; each input is read with its own strides). `out`/`out_lse` may be `o_a`/`lse_a`
+// themselves (same data and strides); other overlaps of outputs with inputs are not allowed.
+void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
+                            const TensorView& lse_b, const TensorView& out,
+                            const TensorView& out_lse, CudaStream stream = nullptr);
+
+// (o, lse) <- (o, lse) (+) (o_b, lse_b), in place.
+void merge_attention_states_inplace(const TensorView& o, const TensorView& lse,
+                                    const TensorView& o_b, const TensorView& lse_b,
+                                    CudaStream stream = nullptr);
+
+}  // namespace fp8mla

@@ -1,0 +1,109 @@
+// Argument checks and CPU/CUDA dispatch of merge_attention_states (fp8mla/attention.hpp, op 9).
+#include <cstdint>
+#include <string_view>
+
+#include "core/check.hpp"
+#include "fp8mla/attention.hpp"
+#include "ops/device_dispatch.hpp"
+#include "ops/merge_states_params.hpp"
+
+namespace fp8mla {
+namespace {
+
+// Rows of `width` elements at i * s0 + j * s1 (i < n0, j < n1) never share an element.
+bool disjoint(std::int64_t n0, std::int64_t s0, std::int64_t n1, std::int64_t s1,
+              std::int64_t width) {
+  if (n0 == 0 || n1 == 0 || (n0 == 1 && n1 == 1)) return true;
+  if (n0 == 1) return s1 >= width;
+  if (n1 == 1) return s0 >= width;
+  return (s1 >= width && s0 >= s1 * n1) || (s0 >= width && s1 >= s0 * n0);
+}
+
+MergeStatesParams::States states_of(const ArgChecker& check, const TensorView& t,
+                                    std::string_view name, const TensorView& o_a) {
+  check.dtype(t, name, {o_a.dtype()});
+  check.ndim(t, name, 3);
+  for (int d = 0; d < 3; ++d) check.size(t, name, d, o_a.size(d));
+  check.contiguous_last_dim(t, name);
+  check.aligned(t, name, int(dtype_size(t.dtype())));
+  return {t.data(), t.stride(0), t.stride(1)};
+}
+
+MergeStatesParams::Lse lse_of(const ArgChecker& check, const TensorView& t, std::string_view name,
+                              const TensorView& o_a) {
+  check.dtype(t, name, {DType::kF32});
+  check.ndim(t, name, 2);
+  check.size(t, name, 0, o_a.size(0));
+  check.size(t, name, 1, o_a.size(1));
+  check.aligned(t, name, 4);
+  return {t.data_as<float>(), t.stride(0), t.stride(1)};
+}
+
+// An output that starts where an input starts must be that input (the in-place form), not a
+// shifted or re-strided view of it. Other partial overlaps are the caller's responsibility.
+void check_alias(const ArgChecker& check, const TensorView& out, std::string_view out_name,
+                 const TensorView& in, std::string_view in_name) {
+  if (out.empty() || out.data() != in.data()) return;
+  bool same = out.ndim() == in.ndim();
+  for (int d = 0; same && d < out.ndim(); ++d) same = out.stride(d) == in.stride(d);
+  check.require(same, ErrorCategory::kInvalidArgument,
+                concat("`", out_name, "` aliases `", in_name,
+                       "` with different strides; an aliased output must be the same view, got ",
+                       out.describe(), " and ", in.describe()));
+}
+
+void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView& lse_a,
+               const TensorView& o_b, const TensorView& lse_b, const TensorView& out,
+               const TensorView& out_lse, CudaStream stream) {
+  check.dtype(o_a, "o_a", {DType::kBF16, DType::kF32});
+  check.ndim(o_a, "o_a", 3);
+  MergeStatesParams p;
+  p.dtype = o_a.dtype();
+  p.tokens = o_a.size(0);
+  p.heads = o_a.size(1);
+  p.dim = o_a.size(2);
+  p.o_a = states_of(check, o_a, "o_a", o_a);
+  p.o_b = states_of(check, o_b, "o_b", o_a);
+  p.out = states_of(check, out, "out", o_a);
+  p.lse_a = lse_of(check, lse_a, "lse_a", o_a);
+  p.lse_b = lse_of(check, lse_b, "lse_b", o_a);
+  p.out_lse = lse_of(check, out_lse, "out_lse", o_a);
+  check_devices(
+      check, o_a.device(),
+      {{&lse_a, "lse_a"}, {&o_b, "o_b"}, {&lse_b, "lse_b"}, {&out, "out"}, {&out_lse, "out_lse"}});
+  check.require(disjoint(p.tokens, p.out.token_stride, p.heads, p.out.head_stride, p.dim),
+                ErrorCategory::kInvalidArgument,
+                concat("`out`: expected strides that keep every row apart, got ", out.describe()));
+  check.require(disjoint(p.tokens, p.out_lse.token_stride, p.heads, p.out_lse.head_stride, 1),
+                ErrorCategory::kInvalidArgument,
+                concat("`out_lse`: expected strides that keep every element apart, got ",
+                       out_lse.describe()));
+  check_alias(check, out, "out", o_a, "o_a");
+  check_alias(check, out, "out", o_b, "o_b");
+  check_alias(check, out_lse, "out_lse", lse_a, "lse_a");
+  check_alias(check, out_lse, "out_lse", lse_b, "lse_b");
+  if (p.tokens == 0 || p.heads == 0) return;
+  check.require(p.dim > 0, ErrorCategory::kInvalidArgument,
+                concat("`o_a`: expected a head dim of at least 1, got ", o_a.describe()));
+  dispatch(
+      o_a.device(), [&] { cpu::merge_attention_states(p); },
+      [&](auto) { cuda::merge_attention_states(p, stream); });
+}
+
+}  // namespace
+
+void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
+                            const TensorView& lse_b, const TensorView& out,
+                            const TensorView& out_lse, CudaStream stream) {
+  const ArgChecker check("merge_attention_states");
+  run_merge(check, o_a, lse_a, o_b, lse_b, out, out_lse, stream);
+}
+
+void merge_attention_states_inplace(const TensorView& o, const TensorView& lse,
+                                    const TensorView& o_b, const TensorView& lse_b,
+                                    CudaStream stream) {
+  const ArgChecker check("merge_attention_states_inplace");
+  run_merge(check, o, lse, o_b, lse_b, o, lse, stream);
+}
+
+}  // namespace fp8mla

@@ -1,0 +1,231 @@
+// Argument checks of prefill_attention (fp8mla/attention.hpp) and the CPU path. There is no CUDA
+// kernel in this build yet: CUDA tensors are rejected with kUnsupported after the shape checks,
+// before any memory is touched, and no cuda:: symbol is referenced.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/check.hpp"
+#include "fp8mla/attention.hpp"
+#include "ops/prefill_attention_params.hpp"
+
+namespace fp8mla {
+namespace {
+
+// A single f32 (shape [] or [1]) on `device`.
+const float* scalar_f32(const ArgChecker& check, const TensorView& t, std::string_view name,
+                        Device device) {
+  check.require(t.data() != nullptr, ErrorCategory::kInvalidArgument,
+                concat("`", name, "`: expected one f32 for FP8 inputs, got none"));
+  check.dtype(t, name, {DType::kF32});
+  check.require(t.numel() == 1 && t.ndim() <= 1, ErrorCategory::kInvalidArgument,
+                concat("`", name, "`: expected one f32 of shape [] or [1], got ", t.describe()));
+  check.require(t.device() == device, ErrorCategory::kInvalidArgument,
+                concat("`", name, "`: expected a tensor on ", to_string(device),
+                       ", the device of `q`, got ", t.describe()));
+  check.aligned(t, name, 4);
+  return t.data_as<const float>();
+}
+
+// `t` has exactly `shape`.
+void check_shape(const ArgChecker& check, const TensorView& t, std::string_view name,
+                 std::initializer_list<std::int64_t> shape, std::string_view what) {
+  bool same = t.ndim() == int(shape.size());
+  int d = 0;
+  for (auto it = shape.begin(); same && it != shape.end(); ++it, ++d) same = t.size(d) == *it;
+  if (same) return;
+  std::string expected;
+  for (std::int64_t s : shape) expected += concat(expected.empty() ? "" : ", ", s);
+  check.require(false, ErrorCategory::kInvalidArgument,
+                concat("`", name, "`: expected [", expected, "] (", what, "), got ", t.describe()));
+}
+
+// No two elements of `t` share memory: ordered by stride, each dim of size > 1 has a positive
+// stride at least the span of the dims before it.
+void check_no_overlap(const ArgChecker& check, const TensorView& t, std::string_view name) {
+  if (t.empty()) return;
+  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size)
+  for (int d = 0; d < t.ndim(); ++d) {
+    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  bool ok = true;
+  std::int64_t span = 1;  // elements covered by the dims so far
+  for (const auto& [stride, size] : dims) {
+    ok = ok && stride > 0 && stride >= span;
+    span = stride * (size - 1) + span;
+  }
+  check.require(
+      ok, ErrorCategory::kInvalidArgument,
+      concat("`", name, "`: expected strides that keep every element apart, got ", t.describe()));
+}
+
+// q, k, v, out: 3 dims, contiguous last dim, aligned to their element size.
+void check_token_head_dim(const ArgChecker& check, const TensorView& t, std::string_view name) {
+  check.ndim(t, name, 3);
+  check.contiguous_last_dim(t, name);
+  check.aligned(t, name, int(dtype_size(t.dtype())));
+}
+
+void check_cu_seqlens(const ArgChecker& check, const TensorView& t, std::string_view name) {
+  check.dtype(t, name, {DType::kI32});
+  check.ndim(t, name, 1);
+  check.require(t.size(0) >= 1, ErrorCategory::kInvalidArgument,
+                concat("`", name, "`: expected [batch + 1] with batch >= 0, got ", t.describe()));
+  check.contiguous_last_dim(t, name);
+  check.aligned(t, name, 4);
+}
+
+// The CPU path reads the offsets: 0 first, non-decreasing, `total` last, lengths <= max_seqlen.
+void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, std::int64_t batch,
+                             std::int64_t total, int max_seqlen, std::string_view name,
+                             std::string_view max_name, std::string_view tokens_of) {
+  check.require(cu[0] == 0, ErrorCategory::kInvalidArgument,
+                concat("`", name, "`: expected 0 first, got ", cu[0]));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    check.require(cu[b + 1] >= cu[b], ErrorCategory::kInvalidArgument,
+                  concat("`", name, "`: expected non-decreasing offsets, got ", cu[b], " then ",
+                         cu[b + 1], " at index ", b + 1));
+  }
+  check.require(cu[batch] == total, ErrorCategory::kInvalidArgument,
+                concat("`", name, "`: expected ", total, " (the tokens of `", tokens_of,
+                       "`) last, got ", cu[batch]));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t len = std::int64_t(cu[b + 1]) - cu[b];
+    check.require(len <= max_seqlen, ErrorCategory::kInvalidArgument,
+                  concat("`", max_name, "` (", max_seqlen, ") is smaller than the length ", len,
+                         " of sequence ", b, " in `", name, "`"));
+  }
+}
+
+}  // namespace
+
+void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
+  (void)stream;
+  const ArgChecker check("prefill_attention");
+  const TensorView& q = args.q;
+  const TensorView& k = args.k;
+  const TensorView& v = args.v;
+  const TensorView& out = args.out;
+  const bool has_lse = args.lse.data() != nullptr;
+
+  // dtypes
+  check.dtype(q, "q", {DType::kE4M3, DType::kBF16});
+  check.require(k.dtype() == q.dtype(), ErrorCategory::kInvalidArgument,
+                concat("`k` dtype: expected ", dtype_name(q.dtype()), " (the dtype of `q`), got ",
+                       dtype_name(k.dtype())));
+  check.require(v.dtype() == q.dtype(), ErrorCategory::kInvalidArgument,
+                concat("`v` dtype: expected ", dtype_name(q.dtype()), " (the dtype of `q`), got ",
+                       dtype_name(v.dtype())));
+  check.dtype(out, "out", {DType::kBF16});
+  if (has_lse) check.dtype(args.lse, "lse", {DType::kF32});
+
+  // shapes and layouts
+  check_token_head_dim(check, q, "q");
+  check_token_head_dim(check, k, "k");
+  check_token_head_dim(check, v, "v");
+  const std::int64_t tq = q.size(0), heads = q.size(1), dqk = q.size(2);
+  const std::int64_t tk = k.size(0), dv = v.size(2);
+  check.require(dqk == 192 || dqk == 128 || dqk == 64, ErrorCategory::kUnsupported,
+                concat("`q`: expected a head dim of 192, 128 or 64, got ", q.describe()));
+  check_shape(check, k, "k", {tk, heads, dqk}, "[Tk, H, Dqk] with H and Dqk of `q`");
+  check.require(dv == 128 || dv == 64, ErrorCategory::kUnsupported,
+                concat("`v`: expected a head dim of 128 or 64, got ", v.describe()));
+  check_shape(check, v, "v", {tk, heads, dv}, "[Tk, H, Dv] with Tk of `k` and H of `q`");
+  check.require(tq <= INT32_MAX && tk <= INT32_MAX, ErrorCategory::kInvalidArgument,
+                concat("expected at most 2^31 - 1 tokens (i32 cu_seqlens), got q ", q.describe(),
+                       ", k ", k.describe()));
+  check_token_head_dim(check, out, "out");
+  check_shape(check, out, "out", {tq, heads, dv}, "[Tq, H, Dv]");
+  check_no_overlap(check, out, "out");
+  if (has_lse) {
+    check_shape(check, args.lse, "lse", {tq, heads}, "[Tq, H]");
+    check.aligned(args.lse, "lse", 4);
+    check_no_overlap(check, args.lse, "lse");
+  }
+  check_cu_seqlens(check, args.cu_seqlens_q, "cu_seqlens_q");
+  check_cu_seqlens(check, args.cu_seqlens_k, "cu_seqlens_k");
+  check.require(args.cu_seqlens_q.size(0) == args.cu_seqlens_k.size(0),
+                ErrorCategory::kInvalidArgument,
+                concat("`cu_seqlens_k`: expected the length of `cu_seqlens_q` (",
+                       args.cu_seqlens_q.size(0), "), got ", args.cu_seqlens_k.describe()));
+  check.require(args.max_seqlen_q >= 0 && args.max_seqlen_k >= 0, ErrorCategory::kInvalidArgument,
+                concat("expected max_seqlen_q and max_seqlen_k >= 0, got ", args.max_seqlen_q,
+                       " and ", args.max_seqlen_k));
+  check.require(std::isfinite(args.softmax_scale), ErrorCategory::kInvalidArgument,
+                concat("expected a finite softmax_scale, got ", args.softmax_scale));
+
+  // devices
+  const Device device = q.device();
+  for (const auto& [t, name] : {std::pair<const TensorView*, std::string_view>{&k, "k"},
+                                {&v, "v"},
+                                {&out, "out"},
+                                {&args.cu_seqlens_q, "cu_seqlens_q"},
+                                {&args.cu_seqlens_k, "cu_seqlens_k"},
+                                {&args.lse, "lse"}}) {
+    if (t == &args.lse && !has_lse) continue;
+    check.require(t->device() == device, ErrorCategory::kInvalidArgument,
+                  concat("`", name, "`: expected a tensor on ", to_string(device),
+                         ", the device of `q`, got ", t->describe()));
+  }
+
+  PrefillAttentionParams p;
+  p.dtype = q.dtype();
+  if (p.dtype == DType::kE4M3) {
+    p.q_descale = scalar_f32(check, args.q_descale, "q_descale", device);
+    p.k_descale = scalar_f32(check, args.k_descale, "k_descale", device);
+    p.v_descale = scalar_f32(check, args.v_descale, "v_descale", device);
+  }
+  check.require(
+      !device.is_cuda(), ErrorCategory::kUnsupported,
+      concat("the CUDA kernel is not in this build yet; tensors are on ", to_string(device)));
+
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.q_token_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.k_token_stride = k.stride(0);
+  p.k_head_stride = k.stride(1);
+  p.v_token_stride = v.stride(0);
+  p.v_head_stride = v.stride(1);
+  p.tq = tq;
+  p.tk = tk;
+  p.heads = heads;
+  p.dqk = int(dqk);
+  p.dv = int(dv);
+  p.cu_seqlens_q = args.cu_seqlens_q.data_as<const std::int32_t>();
+  p.cu_seqlens_k = args.cu_seqlens_k.data_as<const std::int32_t>();
+  p.batch = args.cu_seqlens_q.size(0) - 1;
+  p.max_seqlen_q = args.max_seqlen_q;
+  p.max_seqlen_k = args.max_seqlen_k;
+  p.softmax_scale = args.softmax_scale;
+  p.causal = args.causal;
+  p.out = out.data_as<std::uint16_t>();
+  p.out_token_stride = out.stride(0);
+  p.out_head_stride = out.stride(1);
+  if (has_lse) {
+    p.lse = args.lse.data_as<float>();
+    p.lse_token_stride = args.lse.stride(0);
+    p.lse_head_stride = args.lse.stride(1);
+  }
+
+  // CPU path: the host can read the offsets and the descales.
+  check_cu_seqlens_values(check, p.cu_seqlens_q, p.batch, tq, p.max_seqlen_q, "cu_seqlens_q",
+                          "max_seqlen_q", "q");
+  check_cu_seqlens_values(check, p.cu_seqlens_k, p.batch, tk, p.max_seqlen_k, "cu_seqlens_k",
+                          "max_seqlen_k", "k");
+  if (p.dtype == DType::kE4M3) {
+    p.q_descale_value = *p.q_descale;
+    p.k_descale_value = *p.k_descale;
+    p.v_descale_value = *p.v_descale;
+  }
+  if (tq == 0 || heads == 0) return;
+  cpu::prefill_attention(p);
+}
+
+}  // namespace fp8mla

@@ -1,0 +1,57 @@
+// Plain parameter struct of prefill_attention (fp8mla/attention.hpp, DESIGN section 3, op 8): what
+// the argument checks in ops/prefill_attention.cpp produce and what the CPU implementation (and,
+// later, the CUDA kernel) consume. Strides are in elements of the tensor's own dtype.
+#pragma once
+
+#include <cstdint>
+
+#include "fp8mla/dtype.hpp"
+
+namespace fp8mla {
+
+struct PrefillAttentionParams {
+  DType dtype = DType::kBF16;  // of q, k and v: kE4M3 or kBF16
+  const void* q = nullptr;     // [tq, heads, dqk]
+  const void* k = nullptr;     // [tk, heads, dqk]
+  const void* v = nullptr;     // [tk, heads, dv]
+  std::int64_t q_token_stride = 0, q_head_stride = 0;
+  std::int64_t k_token_stride = 0, k_head_stride = 0;
+  std::int64_t v_token_stride = 0, v_head_stride = 0;
+
+  std::int64_t tq = 0;
+  std::int64_t tk = 0;
+  std::int64_t heads = 0;
+  int dqk = 0;
+  int dv = 0;
+
+  // i32 [batch + 1], contiguous, on the op's device. On the CPU path the argument checks have
+  // validated the values (0 first, non-decreasing, tq/tk last, lengths within max_seqlen_*).
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_k = nullptr;
+  std::int64_t batch = 0;
+  int max_seqlen_q = 0;
+  int max_seqlen_k = 0;
+
+  float softmax_scale = 0.0f;
+  bool causal = true;
+
+  // FP8 inputs: one f32 each on the op's device (nullptr for bf16). The CPU path reads them on
+  // the host into the *_value fields (1 for bf16), which are what cpu::prefill_attention uses.
+  const float* q_descale = nullptr;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  float q_descale_value = 1.0f;
+  float k_descale_value = 1.0f;
+  float v_descale_value = 1.0f;
+
+  std::uint16_t* out = nullptr;  // bf16 [tq, heads, dv]
+  std::int64_t out_token_stride = 0, out_head_stride = 0;
+  float* lse = nullptr;  // optional f32 [tq, heads]; nullptr: not written
+  std::int64_t lse_token_stride = 0, lse_head_stride = 0;
+};
+
+namespace cpu {
+void prefill_attention(const PrefillAttentionParams& p);
+}  // namespace cpu
+
+}  // namespace fp8mla

@@ -1,0 +1,598 @@
+// prefill_attention on the CPU (DESIGN section 3, op 8; section 8): the op against a float64
+// reference written here on the same dequantized inputs, over single sequences, ragged batches,
+// prefixes (k_len > q_len), causal and non-causal, FP8 and BF16 inputs with descales != 1, strided
+// views and a transposed LSE buffer; outputs are poisoned (NaN) first and checked in full, and
+// every bad argument is an Error with a clear message.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fp8mla/attention.hpp"
+#include "fp8mla/error.hpp"
+#include "fp8mla/numerics.hpp"
+#include "quantize_test_util.hpp"
+
+namespace fp8mla {
+namespace {
+
+using test::HostBuffer;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+// Relative error of rounding to bf16 (unit roundoff 2^-8), plus a little for the fp32 math.
+constexpr double kBf16Rounding = 0.00390625 * 1.01;
+
+struct PrefillCase {
+  std::vector<int> q_lens;
+  std::vector<int> k_lens;  // empty: the q lengths (no prefix)
+  int heads = 1;
+  int dqk = 192;
+  int dv = 128;
+  DType dtype = DType::kBF16;
+  bool causal = true;
+  float descale[3] = {1.0f, 1.0f, 1.0f};  // q, k, v (FP8 only)
+  bool strided = false;                   // q, k, v, out as views with gaps
+  enum class Lse { kNone, kTokenMajor, kTransposed } lse = Lse::kTokenMajor;
+  bool ones_v = false;  // every v element 1
+};
+
+// A [n0, n1, n2] view in `buf` with element strides; `offset` elements in.
+TensorView view3(HostBuffer& buf, DType dtype, std::int64_t offset, std::int64_t n0,
+                 std::int64_t n1, std::int64_t n2, std::int64_t s0, std::int64_t s1) {
+  return TensorView(buf.data() + offset * dtype_size(dtype), dtype, {n0, n1, n2}, {s0, s1, 1});
+}
+
+struct Tensor3 {
+  HostBuffer buf;
+  TensorView view;
+};
+
+// Storage of a [n, heads, d] tensor: contiguous, or (strided) head-major with padded rows and an
+// offset, so that token and head strides are both unusual.
+Tensor3 make3(DType dtype, std::int64_t n, std::int64_t heads, std::int64_t d, bool strided) {
+  if (!strided) {
+    Tensor3 t{HostBuffer(std::size_t(std::max<std::int64_t>(n * heads * d, 1) * dtype_size(dtype))),
+              {}};
+    t.view = view3(t.buf, dtype, 0, n, heads, d, heads * d, d);
+    return t;
+  }
+  const std::int64_t w = d + 32, offset = 16;  // head-major [heads, n, w], view from column 16
+  Tensor3 t{HostBuffer(std::size_t((heads * n * w + offset + 1) * dtype_size(dtype))), {}};
+  t.view = view3(t.buf, dtype, offset, n, heads, d, w, n * w);
+  return t;
+}
+
+std::int64_t at3(const TensorView& v, std::int64_t t, std::int64_t h, std::int64_t d) {
+  return t * v.stride(0) + h * v.stride(1) + d;
+}
+
+// Fills `t` with random values; returns the dequantized values (fp32 as the op computes them,
+// widened to double), logical [n, heads, d].
+std::vector<double> fill(Tensor3& t, DType dtype, float descale, float range, std::mt19937& rng,
+                         bool ones = false) {
+  const TensorView& v = t.view;
+  std::uniform_real_distribution<float> dist(-range, range);
+  std::vector<double> values;
+  values.reserve(std::size_t(v.numel()));
+  for (std::int64_t i = 0; i < v.size(0); ++i) {
+    for (std::int64_t h = 0; h < v.size(1); ++h) {
+      for (std::int64_t d = 0; d < v.size(2); ++d) {
+        const float x = ones ? 1.0f : dist(rng);
+        const std::int64_t at = at3(v, i, h, d);
+        if (dtype == DType::kE4M3) {
+          const std::uint8_t code = encode_e4m3(x);
+          static_cast<std::uint8_t*>(v.data())[at] = code;
+          values.push_back(double(decode_e4m3(code) * descale));
+        } else {
+          const std::uint16_t bits = encode_bf16(x);
+          static_cast<std::uint16_t*>(v.data())[at] = bits;
+          values.push_back(double(decode_bf16(bits)));
+        }
+      }
+    }
+  }
+  return values;
+}
+
+void run_case(const PrefillCase& c, std::uint32_t seed = 1) {
+  std::mt19937 rng(seed);
+  const std::vector<int>& q_lens = c.q_lens;
+  const std::vector<int>& k_lens = c.k_lens.empty() ? c.q_lens : c.k_lens;
+  ASSERT_EQ(q_lens.size(), k_lens.size());
+  const std::int64_t batch = std::int64_t(q_lens.size());
+  std::vector<std::int32_t> cu_q(1, 0), cu_k(1, 0);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    cu_q.push_back(cu_q.back() + q_lens[b]);
+    cu_k.push_back(cu_k.back() + k_lens[b]);
+  }
+  const std::int64_t tq = cu_q.back(), tk = cu_k.back(), H = c.heads;
+  const bool fp8 = c.dtype == DType::kE4M3;
+  const float dq = fp8 ? c.descale[0] : 1.0f, dk = fp8 ? c.descale[1] : 1.0f,
+              dvs = fp8 ? c.descale[2] : 1.0f;
+
+  Tensor3 q = make3(c.dtype, tq, H, c.dqk, c.strided);
+  Tensor3 k = make3(c.dtype, tk, H, c.dqk, c.strided);
+  Tensor3 v = make3(c.dtype, tk, H, c.dv, c.strided);
+  const float range = fp8 ? 8.0f : 1.5f;  // logits of a few units: peaked, not one-hot
+  const std::vector<double> qd = fill(q, c.dtype, dq, range, rng);
+  const std::vector<double> kd = fill(k, c.dtype, dk, range, rng);
+  const std::vector<double> vd = fill(v, c.dtype, dvs, range, rng, c.ones_v);
+  Tensor3 out = make3(DType::kBF16, tq, H, c.dv, c.strided);
+
+  const std::int64_t lse_elems = std::max<std::int64_t>(tq * H, 1);
+  HostBuffer lse_buf(std::size_t(lse_elems * 4));
+  TensorView lse;
+  if (c.lse == PrefillCase::Lse::kTokenMajor) {
+    lse = TensorView(lse_buf.data(), DType::kF32, {tq, H});
+  } else if (c.lse == PrefillCase::Lse::kTransposed) {
+    lse = TensorView(lse_buf.data(), DType::kF32, {tq, H}, {1, tq});
+  }
+  HostBuffer cu_q_buf(cu_q.size() * 4), cu_k_buf(cu_k.size() * 4);
+  std::memcpy(cu_q_buf.data(), cu_q.data(), cu_q.size() * 4);
+  std::memcpy(cu_k_buf.data(), cu_k.data(), cu_k.size() * 4);
+  float descales[3] = {dq, dk, dvs};
+
+  PrefillAttentionArgs a;
+  a.q = q.view;
+  a.k = k.view;
+  a.v = v.view;
+  a.cu_seqlens_q = TensorView(cu_q_buf.data(), DType::kI32, {batch + 1});
+  a.cu_seqlens_k = TensorView(cu_k_buf.data(), DType::kI32, {batch + 1});
+  a.max_seqlen_q = q_lens.empty() ? 0 : *std::max_element(q_lens.begin(), q_lens.end());
+  a.max_seqlen_k = k_lens.empty() ? 0 : *std::max_element(k_lens.begin(), k_lens.end());
+  a.softmax_scale = float(1.0 / std::sqrt(double(c.dqk)));
+  a.causal = c.causal;
+  if (fp8) {
+    a.q_descale = TensorView(&descales[0], DType::kF32, {1});
+    a.k_descale = TensorView(&descales[1], DType::kF32, {1});
+    a.v_descale = TensorView(&descales[2], DType::kF32, {1});
+  }
+  a.out = out.view;
+  a.lse = lse;
+
+  // Snapshot the inputs: the op must not write them.
+  const std::vector<std::uint8_t> q_before(q.buf.payload().begin(), q.buf.payload().end());
+  const std::vector<std::uint8_t> k_before(k.buf.payload().begin(), k.buf.payload().end());
+  const std::vector<std::uint8_t> v_before(v.buf.payload().begin(), v.buf.payload().end());
+  ASSERT_NO_THROW(prefill_attention(a));
+  EXPECT_TRUE(std::equal(q_before.begin(), q_before.end(), q.buf.payload().begin()));
+  EXPECT_TRUE(std::equal(k_before.begin(), k_before.end(), k.buf.payload().begin()));
+  EXPECT_TRUE(std::equal(v_before.begin(), v_before.end(), v.buf.payload().begin()));
+  for (HostBuffer* b : {&q.buf, &k.buf, &v.buf, &out.buf, &lse_buf, &cu_q_buf, &cu_k_buf}) {
+    EXPECT_TRUE(b->guards_intact());
+  }
+
+  // Expected bytes of `out` (poison outside the view) and of the LSE buffer.
+  std::vector<std::uint8_t> out_expected_mask(out.buf.bytes(), 0);  // 1: an element byte
+  int failures = 0;
+  const double scale = double(a.softmax_scale);
+  std::vector<double> s, o(std::size_t(c.dv));
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t ql = q_lens[b], kl = k_lens[b];
+    for (std::int64_t i = 0; i < ql; ++i) {
+      const std::int64_t t = cu_q[b] + i;
+      const std::int64_t visible = c.causal ? std::clamp<std::int64_t>(i + kl - ql + 1, 0, kl) : kl;
+      for (std::int64_t h = 0; h < H; ++h) {
+        std::fill(o.begin(), o.end(), 0.0);
+        double ref_lse = -std::numeric_limits<double>::infinity();
+        if (visible > 0) {
+          s.assign(std::size_t(visible), 0.0);
+          double m = -std::numeric_limits<double>::infinity();
+          for (std::int64_t j = 0; j < visible; ++j) {
+            const double* qr = &qd[std::size_t((t * H + h) * c.dqk)];
+            const double* kr = &kd[std::size_t(((cu_k[b] + j) * H + h) * c.dqk)];
+            double dot = 0.0;
+            for (int d = 0; d < c.dqk; ++d) dot += qr[d] * kr[d];
+            s[j] = scale * dot;
+            m = std::max(m, s[j]);
+          }
+          double l = 0.0;
+          for (std::int64_t j = 0; j < visible; ++j) {
+            const double p = std::exp(s[j] - m);
+            l += p;
+            const double* vr = &vd[std::size_t(((cu_k[b] + j) * H + h) * c.dv)];
+            for (int d = 0; d < c.dv; ++d) o[d] += p * vr[d];
+          }
+          for (double& x : o) x /= l;
+          ref_lse = m + std::log(l);
+        }
+        const auto* out_row =
+            static_cast<const std::uint16_t*>(out.view.data()) + at3(out.view, t, h, 0);
+        for (int d = 0; d < c.dv; ++d) {
+          const std::size_t byte =
+              std::size_t(reinterpret_cast<const std::uint8_t*>(out_row + d) - out.buf.data());
+          out_expected_mask[byte] = out_expected_mask[byte + 1] = 1;
+          const float got = decode_bf16(out_row[d]);
+          bool ok;
+          if (visible == 0) {
+            ok = out_row[d] == 0;  // +0 exactly
+          } else if (c.ones_v) {
+            ok = got == 1.0f;
+          } else {
+            ok = std::fabs(got - o[d]) <= kBf16Rounding * std::fabs(o[d]) + 1e-5 * range * dvs;
+          }
+          if (!ok && ++failures <= 10) {
+            ADD_FAILURE() << "out[" << t << ", " << h << ", " << d << "] = " << got
+                          << ", reference " << o[d] << " (sequence " << b << ", row " << i
+                          << ", visible keys " << visible << ")";
+          }
+        }
+        if (c.lse != PrefillCase::Lse::kNone) {
+          const float got =
+              static_cast<const float*>(lse.data())[t * lse.stride(0) + h * lse.stride(1)];
+          const bool ok =
+              visible == 0 ? got == -kInf
+                           : std::fabs(got - ref_lse) <= 1e-4 * std::max(1.0, std::fabs(ref_lse));
+          if (!ok && ++failures <= 10) {
+            ADD_FAILURE() << "lse[" << t << ", " << h << "] = " << got << ", reference " << ref_lse;
+          }
+        }
+      }
+    }
+  }
+  // Nothing written outside the out view; the LSE buffer untouched without an lse view.
+  for (std::size_t i = 0; i < out.buf.bytes(); ++i) {
+    if (!out_expected_mask[i] && out.buf.data()[i] != test::kPoison && ++failures <= 10) {
+      ADD_FAILURE() << "out buffer byte " << i << " outside the view was written";
+    }
+  }
+  if (c.lse == PrefillCase::Lse::kNone) {
+    for (std::size_t i = 0; i < lse_buf.bytes(); ++i) {
+      if (lse_buf.data()[i] != test::kPoison && ++failures <= 10) ADD_FAILURE() << "lse written";
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+PrefillCase single(int len, int heads) {
+  PrefillCase c;
+  c.q_lens = {len};
+  c.heads = heads;
+  return c;
+}
+
+TEST(PrefillAttentionCpu, SingleSequencesBf16) {
+  for (int heads : {1, 16}) {
+    for (int len : {1, 2, 63, 64, 65, 127, 128, 129}) {
+      SCOPED_TRACE(testing::Message() << "len " << len << ", heads " << heads);
+      run_case(single(len, heads));
+    }
+  }
+}
+
+TEST(PrefillAttentionCpu, SingleSequencesFp8) {
+  for (int heads : {1, 16}) {
+    for (int len : {1, 64, 129}) {
+      SCOPED_TRACE(testing::Message() << "len " << len << ", heads " << heads);
+      PrefillCase c = single(len, heads);
+      c.dtype = DType::kE4M3;
+      c.descale[0] = 0.3f;
+      c.descale[1] = 0.125f;
+      c.descale[2] = 2.5f;
+      run_case(c);
+    }
+  }
+}
+
+TEST(PrefillAttentionCpu, LongSequence) {
+  run_case(single(1000, 1));
+  PrefillCase c = single(1000, 2);
+  c.dtype = DType::kE4M3;
+  c.descale[0] = 0.2f;
+  c.descale[1] = 0.2f;
+  c.descale[2] = 0.5f;
+  run_case(c, 7);
+}
+
+TEST(PrefillAttentionCpu, Sequence4096) {
+  PrefillCase c = single(4096, 1);
+  c.lse = PrefillCase::Lse::kTransposed;
+  run_case(c, 8);
+}
+
+TEST(PrefillAttentionCpu, RaggedBatchWithEmptySequences) {
+  PrefillCase c;
+  c.q_lens = {0, 1, 37, 0, 130, 1, 64};
+  c.heads = 4;
+  run_case(c);
+  c.dtype = DType::kE4M3;
+  c.descale[0] = 0.5f;
+  c.descale[1] = 0.75f;
+  c.descale[2] = 1.5f;
+  run_case(c, 2);
+}
+
+TEST(PrefillAttentionCpu, PrefixCausal) {
+  PrefillCase c;
+  c.q_lens = {5, 1, 64, 0, 17};
+  c.k_lens = {50, 200, 129, 33, 17};  // prefix > extend, prefix only, no prefix
+  c.heads = 3;
+  run_case(c);
+  c.dtype = DType::kE4M3;
+  c.descale[0] = 0.25f;
+  c.descale[1] = 0.4f;
+  c.descale[2] = 3.0f;
+  run_case(c, 3);
+}
+
+TEST(PrefillAttentionCpu, NonCausal) {
+  PrefillCase c;
+  c.q_lens = {40, 1, 0, 77};
+  c.k_lens = {10, 90, 5, 77};
+  c.heads = 2;
+  c.causal = false;
+  run_case(c);
+  c.dtype = DType::kE4M3;
+  c.descale[0] = 0.5f;
+  run_case(c, 4);
+}
+
+TEST(PrefillAttentionCpu, EmptyRowsGiveZeroAndMinusInf) {
+  PrefillCase c;
+  c.q_lens = {3, 20, 4, 2};
+  c.k_lens = {0, 5, 4, 0};  // k_len 0; causal rows 0..14 of the second see no key
+  c.heads = 2;
+  run_case(c);
+  c.causal = false;
+  run_case(c);
+}
+
+TEST(PrefillAttentionCpu, AllOnesVGivesExactlyOne) {
+  PrefillCase c;
+  c.q_lens = {1, 129, 7, 3};
+  c.k_lens = {1, 129, 30, 0};
+  c.heads = 3;
+  c.ones_v = true;
+  run_case(c);
+  c.dtype = DType::kE4M3;  // 1.0 is exact in e4m3; v descale 1
+  c.descale[0] = 0.7f;
+  run_case(c, 5);
+}
+
+TEST(PrefillAttentionCpu, HeadDimsAndLayouts) {
+  for (auto [dqk, dv] :
+       {std::pair{192, 128}, std::pair{128, 128}, std::pair{64, 64}, std::pair{128, 64}}) {
+    SCOPED_TRACE(testing::Message() << "dqk " << dqk << ", dv " << dv);
+    PrefillCase c;
+    c.q_lens = {9, 0, 33};
+    c.k_lens = {20, 4, 33};
+    c.heads = 5;
+    c.dqk = dqk;
+    c.dv = dv;
+    c.strided = true;
+    c.lse = PrefillCase::Lse::kTransposed;
+    run_case(c);
+    c.dtype = DType::kE4M3;
+    c.descale[1] = 0.3f;
+    run_case(c, 6);
+  }
+}
+
+TEST(PrefillAttentionCpu, TransposedLseAndNoLse) {
+  PrefillCase c = single(65, 16);
+  c.lse = PrefillCase::Lse::kTransposed;
+  run_case(c);
+  c.lse = PrefillCase::Lse::kNone;
+  run_case(c);
+}
+
+TEST(PrefillAttentionCpu, ZeroTokens) {
+  PrefillCase c;
+  c.q_lens = {};
+  run_case(c);
+  c.q_lens = {0, 0};
+  c.k_lens = {0, 3};
+  run_case(c);
+}
+
+// ---- bad arguments -------------------------------------------------------------------------
+
+void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
+
+template <typename Fn>
+void expect_error(Fn fn, ErrorCategory category, std::initializer_list<std::string> needles) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an fp8mla::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), category) << e.what();
+    for (const std::string& needle : needles) {
+      EXPECT_NE(e.message().find(needle), std::string::npos)
+          << "message lacks '" << needle << "': " << e.message();
+    }
+  }
+}
+
+TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
+                Device device = Device::cpu()) {
+  return TensorView(kFake, dtype, shape, device);
+}
+
+// Valid arguments (fake data) for 2 sequences, 10 query and 12 key tokens, 4 heads; cu_seqlens
+// point at real memory since the CPU path reads them.
+struct BadArgs {
+  std::int32_t cu_q[3] = {0, 4, 10};
+  std::int32_t cu_k[3] = {0, 6, 12};
+  float descale = 1.0f;
+  PrefillAttentionArgs a;
+  explicit BadArgs(DType dtype = DType::kBF16) {
+    a.q = fake(dtype, {10, 4, 192});
+    a.k = fake(dtype, {12, 4, 192});
+    a.v = fake(dtype, {12, 4, 128});
+    a.cu_seqlens_q = TensorView(cu_q, DType::kI32, {3});
+    a.cu_seqlens_k = TensorView(cu_k, DType::kI32, {3});
+    a.max_seqlen_q = 6;
+    a.max_seqlen_k = 6;
+    a.softmax_scale = 0.1f;
+    a.out = fake(DType::kBF16, {10, 4, 128});
+    a.lse = fake(DType::kF32, {10, 4});
+    if (dtype == DType::kE4M3) {
+      a.q_descale = a.k_descale = a.v_descale = TensorView(&descale, DType::kF32, {1});
+    }
+  }
+};
+
+void expect_bad(void (*mutate)(BadArgs&), ErrorCategory category,
+                std::initializer_list<std::string> needles, DType dtype = DType::kBF16) {
+  BadArgs b(dtype);
+  mutate(b);
+  expect_error([&] { prefill_attention(b.a); }, category, needles);
+}
+
+TEST(PrefillAttentionArgs, DtypeMismatch) {
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.q = fake(DType::kF16, {10, 4, 192});
+      },
+      ErrorCategory::kInvalidArgument,
+      {"prefill_attention: `q` dtype", "expected one of {e4m3fn, bf16}", "got f16"});
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.k = fake(DType::kE4M3, {12, 4, 192});
+      },
+      ErrorCategory::kInvalidArgument,
+      {"`k` dtype", "expected bf16 (the dtype of `q`)", "got e4m3fn"});
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.v = fake(DType::kBF16, {12, 4, 128});
+      },
+      ErrorCategory::kInvalidArgument, {"`v` dtype", "expected e4m3fn", "got bf16"}, DType::kE4M3);
+}
+
+TEST(PrefillAttentionArgs, WrongHeadDims) {
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.q = fake(DType::kBF16, {10, 4, 256});
+        b.a.k = fake(DType::kBF16, {12, 4, 256});
+      },
+      ErrorCategory::kUnsupported, {"`q`: expected a head dim of 192, 128 or 64", "256"});
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.k = fake(DType::kBF16, {12, 4, 128});
+      },
+      ErrorCategory::kInvalidArgument, {"`k`: expected [12, 4, 192]"});
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.v = fake(DType::kBF16, {12, 4, 192});
+      },
+      ErrorCategory::kUnsupported, {"`v`: expected a head dim of 128 or 64"});
+}
+
+TEST(PrefillAttentionArgs, HeadOrTokenMismatch) {
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.k = fake(DType::kBF16, {12, 8, 192});
+      },
+      ErrorCategory::kInvalidArgument, {"`k`: expected [12, 4, 192]"});
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.v = fake(DType::kBF16, {11, 4, 128});
+      },
+      ErrorCategory::kInvalidArgument, {"`v`: expected [12, 4, 128]"});
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.q = fake(DType::kBF16, {10, 4});
+      },
+      ErrorCategory::kInvalidArgument, {"`q`: expected 3 dims"});
+}
+
+TEST(PrefillAttentionArgs, CuSeqlensDtypeAndLength) {
+  expect_bad([](BadArgs& b) { b.a.cu_seqlens_q = TensorView(b.cu_q, DType::kF32, {3}); },
+             ErrorCategory::kInvalidArgument, {"`cu_seqlens_q` dtype", "expected i32"});
+  expect_bad([](BadArgs& b) { b.a.cu_seqlens_k = TensorView(b.cu_k, DType::kI32, {2}); },
+             ErrorCategory::kInvalidArgument,
+             {"`cu_seqlens_k`: expected the length of `cu_seqlens_q` (3)"});
+  expect_bad([](BadArgs& b) { b.a.cu_seqlens_q = TensorView(b.cu_q, DType::kI32, {0}); },
+             ErrorCategory::kInvalidArgument, {"`cu_seqlens_q`: expected [batch + 1]"});
+}
+
+TEST(PrefillAttentionArgs, CuSeqlensValues) {
+  expect_bad([](BadArgs& b) { b.cu_q[0] = 1; }, ErrorCategory::kInvalidArgument,
+             {"`cu_seqlens_q`: expected 0 first, got 1"});
+  expect_bad([](BadArgs& b) { b.cu_k[1] = 13; }, ErrorCategory::kInvalidArgument,
+             {"`cu_seqlens_k`: expected non-decreasing offsets, got 13 then 12"});
+  expect_bad([](BadArgs& b) { b.cu_q[2] = 9; }, ErrorCategory::kInvalidArgument,
+             {"`cu_seqlens_q`: expected 10 (the tokens of `q`) last, got 9"});
+  expect_bad([](BadArgs& b) { b.cu_k[2] = 13; }, ErrorCategory::kInvalidArgument,
+             {"`cu_seqlens_k`: expected 12 (the tokens of `k`) last, got 13"});
+}
+
+TEST(PrefillAttentionArgs, MaxSeqlenTooSmall) {
+  expect_bad([](BadArgs& b) { b.a.max_seqlen_q = 5; }, ErrorCategory::kInvalidArgument,
+             {"`max_seqlen_q` (5) is smaller than the length 6 of sequence 1"});
+  expect_bad([](BadArgs& b) { b.a.max_seqlen_k = 0; }, ErrorCategory::kInvalidArgument,
+             {"`max_seqlen_k` (0) is smaller than the length 6 of sequence 0"});
+  expect_bad([](BadArgs& b) { b.a.max_seqlen_q = -1; }, ErrorCategory::kInvalidArgument,
+             {"expected max_seqlen_q and max_seqlen_k >= 0"});
+}
+
+TEST(PrefillAttentionArgs, BadOut) {
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.out = fake(DType::kF32, {10, 4, 128});
+      },
+      ErrorCategory::kInvalidArgument, {"`out` dtype", "expected bf16", "got f32"});
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.out = fake(DType::kBF16, {10, 4, 192});
+      },
+      ErrorCategory::kInvalidArgument, {"`out`: expected [10, 4, 128]"});
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.out = TensorView(kFake, DType::kBF16, {10, 4, 128}, {128, 0, 1});
+      },
+      ErrorCategory::kInvalidArgument, {"`out`: expected strides that keep every element apart"});
+}
+
+TEST(PrefillAttentionArgs, BadLse) {
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.lse = fake(DType::kF32, {4, 10});
+      },
+      ErrorCategory::kInvalidArgument, {"`lse`: expected [10, 4]"});
+  expect_bad(
+      [](BadArgs& b) {
+        b.a.lse = fake(DType::kBF16, {10, 4});
+      },
+      ErrorCategory::kInvalidArgument, {"`lse` dtype", "expected f32", "got bf16"});
+}
+
+TEST(PrefillAttentionArgs, MissingDescaleForFp8) {
+  expect_bad([](BadArgs& b) { b.a.k_descale = TensorView(); }, ErrorCategory::kInvalidArgument,
+             {"`k_descale`: expected one f32 for FP8 inputs, got none"}, DType::kE4M3);
+  expect_bad([](BadArgs& b) { b.a.v_descale = TensorView(&b.descale, DType::kBF16, {1}); },
+             ErrorCategory::kInvalidArgument, {"`v_descale` dtype", "expected f32"}, DType::kE4M3);
+}
+
+TEST(PrefillAttentionArgs, CudaTensorsUnsupported) {
+  BadArgs b;
+  const Device gpu = Device::cuda(1);
+  b.a.q = fake(DType::kBF16, {10, 4, 192}, gpu);
+  b.a.k = fake(DType::kBF16, {12, 4, 192}, gpu);
+  b.a.v = fake(DType::kBF16, {12, 4, 128}, gpu);
+  b.a.out = fake(DType::kBF16, {10, 4, 128}, gpu);
+  b.a.lse = fake(DType::kF32, {10, 4}, gpu);
+  b.a.cu_seqlens_q = fake(DType::kI32, {3}, gpu);
+  b.a.cu_seqlens_k = fake(DType::kI32, {3}, gpu);
+  expect_error([&] { prefill_attention(b.a); }, ErrorCategory::kUnsupported,
+               {"prefill_attention: the CUDA kernel is not in this build yet; tensors are on "
+                "cuda:1"});
+  b.a.out = fake(DType::kBF16, {10, 4, 128});  // mixed devices
+  expect_error([&] { prefill_attention(b.a); }, ErrorCategory::kInvalidArgument,
+               {"`out`: expected a tensor on cuda:1"});
+}
+
+TEST(PrefillAttentionArgs, NonFiniteScale) {
+  expect_bad([](BadArgs& b) { b.a.softmax_scale = std::numeric_limits<float>::quiet_NaN(); },
+             ErrorCategory::kInvalidArgument, {"expected a finite softmax_scale"});
+}
+
+}  // namespace
+}  // namespace fp8mla
