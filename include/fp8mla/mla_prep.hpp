@@ -114,9 +114,13 @@ void mla_kv_gather(const TensorView& cache, const TensorView& slots, float scale
                    const TensorView& error_flag = {}, CudaStream stream = nullptr);
 
 // ---- 7. Prefix-chunk K/V pack --------------------------------------------------------------
-// Layout of the packed V the attention kernel reads.
-enum class PackedVLayout {
-  kTokenMajor,  // [n, H, 128], like the input
+// Layout of the packed V. v_out is always a logical [n, H, 128] view; the layout says how its
+// memory is ordered.
+enum class VLayout {
+  kTokenMajor,  // contiguous last dim, like the input
+  // Contiguous tokens: a [n, H, 128] view of [H][128][>= n] memory (token stride 1, head stride
+  // >= 128 x dim stride, dim stride >= n), what FP8 prefill_attention on Hopper reads.
+  kTransposed,
 };
 
 struct MlaKvPackArgs {
@@ -127,7 +131,7 @@ struct MlaKvPackArgs {
   float v_scale_inv = 1.0f;
   TensorView k_out;  // e4m3 [n, H, 192] = [k_nope | k_pe]
   TensorView v_out;  // e4m3, laid out as v_layout says
-  PackedVLayout v_layout = PackedVLayout::kTokenMajor;
+  VLayout v_layout = VLayout::kTokenMajor;
 };
 
 void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream = nullptr);

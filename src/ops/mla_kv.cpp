@@ -141,14 +141,32 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream) {
   check.dtype(args.v, "v", {args.k_nope.dtype()});
   check.dtype(args.k_out, "k_out", {DType::kE4M3});
   check.dtype(args.v_out, "v_out", {DType::kE4M3});
-  check.require(args.v_layout == PackedVLayout::kTokenMajor, ErrorCategory::kUnsupported,
-                concat("`v_layout`: expected kTokenMajor (the only layout so far), got ",
-                       int(args.v_layout)));
+  check.require(
+      args.v_layout == VLayout::kTokenMajor || args.v_layout == VLayout::kTransposed,
+      ErrorCategory::kInvalidArgument,
+      concat("`v_layout`: expected kTokenMajor or kTransposed, got ", int(args.v_layout)));
   p.k_nope = per_head(check, args.k_nope, "k_nope", kMlaNopeDim);
   p.k_pe = shared_rows(check, args.k_pe, "k_pe", kMlaRopeDim);
   p.v = per_head(check, args.v, "v", kMlaVDim);
   p.k_out = per_head(check, args.k_out, "k_out", kMlaQkDim);
-  p.v_out = per_head(check, args.v_out, "v_out", kMlaVDim);
+  p.v_transposed = args.v_layout == VLayout::kTransposed;
+  if (p.v_transposed) {
+    const TensorView& v = args.v_out;
+    const bool shape_ok = v.ndim() == 3 && v.size(2) == kMlaVDim;
+    check.require(shape_ok, ErrorCategory::kInvalidArgument,
+                  concat("`v_out`: expected [tokens, heads, ", kMlaVDim, "], got ", v.describe()));
+    // [H][128][>= n] memory: no two elements share a byte.
+    const bool layout_ok = (v.size(0) <= 1 || v.stride(0) == 1) && v.stride(2) >= v.size(0) &&
+                           (v.size(1) <= 1 || v.stride(1) >= kMlaVDim * v.stride(2));
+    check.require(layout_ok, ErrorCategory::kInvalidArgument,
+                  concat("`v_out` (kTransposed): expected token stride 1, dim stride >= tokens and "
+                         "head stride >= 128 x dim stride, got ",
+                         v.describe()));
+    p.v_out = {v.data(), v.dtype(), v.size(0), v.size(1), kMlaVDim, 1, v.stride(1)};
+    p.v_out_dim_stride = v.stride(2);
+  } else {
+    p.v_out = per_head(check, args.v_out, "v_out", kMlaVDim);
+  }
   const std::int64_t tokens = p.k_nope.tokens, heads = p.k_nope.heads;
   same_count(check, p.k_pe.tokens, tokens, "tokens", "k_pe", "k_nope", args.k_pe);
   same_count(check, p.v.tokens, tokens, "tokens", "v", "k_nope", args.v);

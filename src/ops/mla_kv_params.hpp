@@ -35,7 +35,9 @@ struct MlaKvPackParams {
   float k_scale_inv = 1.0f;
   float v_scale_inv = 1.0f;
   TokenHeads k_out;  // e4m3 [n, H, 192]
-  TokenHeads v_out;  // e4m3 [n, H, 128]
+  TokenHeads v_out;  // e4m3 [n, H, 128]; transposed: token_stride 1, dims v_out_dim_stride apart
+  bool v_transposed = false;
+  std::int64_t v_out_dim_stride = 1;
 };
 
 namespace cpu {

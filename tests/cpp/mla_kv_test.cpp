@@ -272,6 +272,25 @@ TEST(MlaKvPack, HeadsAndLayouts) {
   }
 }
 
+// V into the transposed layout prefill_attention's FP8 path reads: [H][128][n + pad] bytes.
+TEST(MlaKvPack, TransposedV) {
+  for (std::int64_t n : {0, 1, 3, 15, 16, 63, 64, 65, 129, 1000}) {
+    for (std::int64_t heads : {1, 16}) {
+      KvPackCase c;
+      c.dtype = n % 2 ? DType::kF16 : DType::kBF16;
+      c.tokens = n;
+      c.heads = heads;
+      c.fused = n % 3 != 0;
+      c.v_transposed = true;
+      c.v_pitch_pad = n % 16 == 0 ? 0 : 16 - n % 16;
+      c.v_scale_inv = 3.0f;
+      c.data = n % 2 ? Data::kAdversarial : Data::kRandom;
+      c.seed = std::uint64_t(n * 7 + heads);
+      expect_pack(c);
+    }
+  }
+}
+
 TEST(MlaKvPack, LargeTokenCount) {
   KvPackCase c;
   c.tokens = 4099;
@@ -508,9 +527,14 @@ TEST(MlaKvArgs, PackShapesDtypesAndCounts) {
   expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
                {"`v_out` dtype", "expected e4m3fn", "got e5m2"});
   a = fake_pack(4, 16);
-  a.v_layout = static_cast<PackedVLayout>(7);
-  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kUnsupported,
-               {"`v_layout`", "kTokenMajor"});
+  a.v_layout = static_cast<VLayout>(7);
+  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+               {"`v_layout`", "kTokenMajor or kTransposed"});
+  // kTransposed with a token-major v_out: its tokens are not contiguous.
+  a = fake_pack(4, 16);
+  a.v_layout = VLayout::kTransposed;
+  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+               {"`v_out` (kTransposed)", "token stride 1"});
 }
 
 TEST(MlaKvArgs, EmptyCallsWriteNothing) {

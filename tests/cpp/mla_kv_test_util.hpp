@@ -19,7 +19,7 @@ namespace fp8mla::test {
 // Element (t, h, i) of a view described by `spec`, in elements from the allocation's start.
 inline std::int64_t element_at(const Spec& s, std::int64_t t, std::int64_t h, std::int64_t i) {
   if (s.shape.size() == 2) return s.offset + t * s.strides[0] + i;
-  return s.offset + t * s.strides[0] + h * s.strides[1] + i;
+  return s.offset + t * s.strides[0] + h * s.strides[1] + i * s.strides[2];
 }
 
 inline void store_slot(void* base, DType dtype, std::int64_t i, std::int64_t slot) {
@@ -255,7 +255,9 @@ struct KvPackCase {
   std::int64_t in_pad = 0;  // not fused: k_nope and v rows 128 + in_pad apart
   bool k_pe_3d = false;
   std::int64_t k_pe_pad = 0;
-  std::int64_t out_pad = 0;  // k_out rows 192 + out_pad, v_out rows 128 + out_pad apart
+  std::int64_t out_pad = 0;   // k_out rows 192 + out_pad, v_out rows 128 + out_pad apart
+  bool v_transposed = false;  // v_out as VLayout::kTransposed: [H][128][tokens + v_pitch_pad]
+  std::int64_t v_pitch_pad = 0;
   float k_scale_inv = 1.0f;
   float v_scale_inv = 1.0f;
   Data data = Data::kRandom;
@@ -270,7 +272,15 @@ struct KvPackCase {
                 : padded(dtype, {n, kMlaRopeDim}, k_pe_pad),
         fused ? dense(dtype, {0}) : padded(dtype, {n, h, kMlaVDim}, in_pad),
         padded(DType::kE4M3, {n, h, kMlaQkDim}, out_pad),
-        padded(DType::kE4M3, {n, h, kMlaVDim}, out_pad)};
+        v_transposed ? transposed_v_spec() : padded(DType::kE4M3, {n, h, kMlaVDim}, out_pad)};
+  }
+  Spec transposed_v_spec() const {
+    const std::int64_t pitch = tokens + v_pitch_pad;
+    return {DType::kE4M3,
+            {tokens, heads, kMlaVDim},
+            {1, kMlaVDim * pitch, pitch},
+            0,
+            heads * kMlaVDim * pitch};
   }
   // The k_nope and v views' specs.
   Spec k_nope_spec() const {
@@ -299,6 +309,7 @@ struct KvPackCase {
     a.v_scale_inv = v_scale_inv;
     a.k_out = s[3].view(bases[3], device);
     a.v_out = s[4].view(bases[4], device);
+    a.v_layout = v_transposed ? VLayout::kTransposed : VLayout::kTokenMajor;
     mla_kv_pack_quantize_fp8(a, stream);
   }
   std::vector<std::vector<std::uint8_t>> expected_outputs(
@@ -328,6 +339,7 @@ struct KvPackCase {
     return concat("mla_kv_pack_quantize_fp8 ", dtype_name(dtype), " n=", tokens, " H=", heads,
                   fused ? " fused kv" : " separate", " (in pad ", in_pad, "), k_pe ",
                   k_pe_3d ? "3-d" : "2-d", " pad ", k_pe_pad, ", out pad ", out_pad,
+                  v_transposed ? concat(", v transposed (pitch pad ", v_pitch_pad, ")") : "",
                   ", scale_inv k ", k_scale_inv, " v ", v_scale_inv, ", ", data_name(data),
                   " seed ", seed);
   }

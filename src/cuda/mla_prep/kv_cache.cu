@@ -13,7 +13,9 @@
 // A bad slot (not -1 for the write; any for the gather) cannot throw here: the write skips the
 // token, the gather writes zeros, and both set *error_flag = 1 when a flag is given.
 #include <algorithm>
+#include <cstring>
 
+#include "cuda/common/convert.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector_io.cuh"
 #include "fp8mla/error.hpp"
@@ -229,8 +231,9 @@ template <typename In, int kVec>
 __global__ void __launch_bounds__(kThreads) pack_kernel(MlaKvPackParams p, Traversal t) {
   using S = typename In::Storage;
   constexpr int kNopeUnits = kMlaNopeDim / kVec;  // == kMlaVDim / kVec
-  constexpr int kHeadUnits = 2 * kNopeUnits;
   constexpr int kPeUnits = kMlaRopeDim / kVec;
+  // A transposed V is written by pack_v_transposed_kernel instead.
+  const std::uint32_t kHeadUnits = p.v_transposed ? kNopeUnits : 2 * kNopeUnits;
   const std::int64_t heads = p.k_nope.heads;
   const std::uint32_t head_units = std::uint32_t(heads) * kHeadUnits;
   pdl_wait();
@@ -286,6 +289,44 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(MlaKvPackParams p, Trave
   pdl_launch_dependents();
 }
 
+// V into the transposed layout ([H][128][>= n] bytes): a block quantizes 64 tokens x 128 dims of
+// one head into shared memory, then stores each dim's 64 token bytes (4 at a time when aligned).
+constexpr int kTransposeTokens = 64;
+
+template <typename In>
+__global__ void __launch_bounds__(kThreads) pack_v_transposed_kernel(MlaKvPackParams p) {
+  using S = typename In::Storage;
+  __shared__ std::uint8_t tile[kMlaVDim][kTransposeTokens + 4];
+  pdl_wait();
+  const std::int64_t t0 = std::int64_t(blockIdx.x) * kTransposeTokens;
+  const std::int64_t head = blockIdx.y;
+  const int n = int(std::min<std::int64_t>(kTransposeTokens, p.v.tokens - t0));
+  for (int e = threadIdx.x; e < n * kMlaVDim; e += kThreads) {
+    const int token = e / kMlaVDim, d = e % kMlaVDim;
+    float x[1];
+    load_f32<In, 1>(at<const S>(p.v, t0 + token, head, d), x);
+    tile[d][token] = std::uint8_t(cvt_e4m3x2(x[0] * p.v_scale_inv, 0.0f));
+  }
+  __syncthreads();
+  std::uint8_t* out = static_cast<std::uint8_t*>(p.v_out.data) + head * p.v_out.head_stride + t0;
+  const bool words = n == kTransposeTokens && p.v_out_dim_stride % 4 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(out) % 4 == 0;
+  if (words) {
+    for (int e = threadIdx.x; e < kMlaVDim * kTransposeTokens / 4; e += kThreads) {
+      const int d = e / (kTransposeTokens / 4), w = e % (kTransposeTokens / 4);
+      std::uint32_t word;
+      std::memcpy(&word, &tile[d][4 * w], 4);
+      *reinterpret_cast<std::uint32_t*>(out + d * p.v_out_dim_stride + 4 * w) = word;
+    }
+  } else {
+    for (int e = threadIdx.x; e < kMlaVDim * n; e += kThreads) {
+      const int d = e / n, token = e % n;
+      out[d * p.v_out_dim_stride + token] = tile[d][token];
+    }
+  }
+  pdl_launch_dependents();
+}
+
 }  // namespace
 
 void mla_kv_cache_write(const MlaKvCacheWriteParams& p, CudaStream stream) {
@@ -324,7 +365,7 @@ void mla_kv_gather(const MlaKvGatherParams& p, CudaStream stream) {
 
 void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
   const bool wide = vectors_ok(p.k_nope) && vectors_ok(p.k_pe) && vectors_ok(p.v) &&
-                    vectors_ok(p.k_out) && vectors_ok(p.v_out);
+                    vectors_ok(p.k_out) && (p.v_transposed || vectors_ok(p.v_out));
   const std::int64_t heads = p.k_nope.heads;
   const std::int64_t groups = (heads + kPeHeads - 1) / kPeHeads;
   if (heads > (std::int64_t(1) << 20)) {
@@ -333,7 +374,8 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
   }
   dispatch_16bit(p.k_nope.dtype, [&]<typename In>() {
     auto run = [&]<int kVec>() {
-      const std::int64_t units = heads * 2 * (kMlaNopeDim / kVec) + groups * (kMlaRopeDim / kVec);
+      const std::int64_t units =
+          heads * (p.v_transposed ? 1 : 2) * (kMlaNopeDim / kVec) + groups * (kMlaRopeDim / kVec);
       for_each_launch(p.k_nope.tokens, units, kPackUnroll, [&](const Traversal& t, dim3 grid) {
         launch("mla_kv_pack_quantize_fp8", pack_kernel<In, kVec>,
                {grid, dim3(kThreads), 0, stream, true}, p, t);
@@ -343,6 +385,12 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
       run.template operator()<kWide>();
     } else {
       run.template operator()<1>();
+    }
+    if (p.v_transposed) {
+      const dim3 grid(unsigned((p.v.tokens + kTransposeTokens - 1) / kTransposeTokens),
+                      unsigned(heads));
+      launch("mla_kv_pack_quantize_fp8 (transposed V)", pack_v_transposed_kernel<In>,
+             {grid, dim3(kThreads), 0, stream, true}, p);
     }
   });
 }
