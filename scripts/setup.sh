@@ -25,7 +25,8 @@ PIP_PACKAGES=(
   ml-dtypes==0.6.0
   pytest==9.2.0
 )
-CUTLASS_VERSION=4.2.0.0  # PyPI nvidia-cutlass wheel; it ships the CUTLASS/CuTe headers
+# PyPI nvidia-cutlass wheel (it ships the CUTLASS/CuTe headers); the pin lives in cmake/cutlass.cmake.
+CUTLASS_VERSION=$(sed -n 's/^set(FP8MLA_CUTLASS_VERSION \(.*\))$/\1/p' cmake/cutlass.cmake)
 CUTLASS_DIR=.deps/cutlass-${CUTLASS_VERSION}
 
 missing=()

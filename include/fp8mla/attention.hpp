@@ -18,9 +18,13 @@ namespace fp8mla {
 // A row that sees no key (k_len = 0, or causal with i + k_len - q_len < 0) gives O = 0 and
 // LSE = -inf.
 struct PrefillAttentionArgs {
-  TensorView q;             // [Tq, H, Dqk] e4m3 or bf16 (Dqk 192; 128 and 64 for non-MLA use)
-  TensorView k;             // [Tk, H, Dqk], same dtype as q
-  TensorView v;             // [Tk, H, Dv] (Dv 128), same dtype as q
+  TensorView q;  // [Tq, H, Dqk] e4m3 or bf16 (Dqk 192; 128 and 64 for non-MLA use)
+  TensorView k;  // [Tk, H, Dqk], same dtype as q
+  // [Tk, H, Dv] (Dv 128), same dtype as q, in one of two layouts:
+  //  token-major: contiguous last dim (any token/head strides);
+  //  transposed: contiguous tokens, i.e. a [Tk, H, Dv] view of [H][Dv][>= Tk] memory, which is
+  //  what FP8 P V on Hopper reads (mla_kv_pack_quantize_fp8 writes it, VLayout::kTransposed).
+  TensorView v;
   TensorView cu_seqlens_q;  // i32 [batch + 1], on q's device
   TensorView cu_seqlens_k;  // i32 [batch + 1]
   int max_seqlen_q = 0;     // upper bounds the caller knows, so the CUDA path never syncs
@@ -35,8 +39,16 @@ struct PrefillAttentionArgs {
   TensorView lse;  // optional f32 [Tq, H], any strides (e.g. a transposed [H, Tq] buffer)
 };
 
-// The CPU path is the reference (fp32 accumulation, threaded). The CUDA kernel is not in this
-// version yet: CUDA tensors give an ErrorCategory::kUnsupported error.
+// The CPU path is the reference (fp32 accumulation, threaded). The CUDA path (Hopper, sm_90a) runs
+// the compiled variants of src/cuda/attention/prefill_variants.def (e4m3 and bf16, causal or not,
+// Dqk 192, Dv 128; another combination is a kUnsupported error listing them) and needs:
+//  - q, k, v 16-byte aligned, with token and head strides (of dims longer than 1) in multiples of
+//    16 bytes; e4m3 V transposed, bf16 V token-major;
+//  - out with even token and head strides; softmax_scale > 0 (and positive descales);
+//  - max_seqlen_q at least every sequence's query count (it sizes the grid: rows beyond it are not
+//    computed; the device path does not read cu_seqlens on the host to check it).
+// It allocates nothing and does not synchronize. P is rounded to e4m3 for the FP8 P V product
+// after scaling by 2^8, which keeps probabilities down to 2^-14 normal.
 void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream = nullptr);
 
 // ---- 9. Merge of attention states ----------------------------------------------------------

@@ -66,7 +66,7 @@ void prefill_attention(const PrefillAttentionParams& p) {
           l += pj;
           const std::int64_t v_at = (k_start + j) * p.v_token_stride + h * p.v_head_stride;
           for (int d = 0; d < p.dv; ++d)
-            o[d] += pj * load(p.v, p.dtype, v_at + d, p.v_descale_value);
+            o[d] += pj * load(p.v, p.dtype, v_at + d * p.v_dim_stride, p.v_descale_value);
         }
         for (float& x : o) x /= l;
         lse = m + std::log(l);

@@ -1,6 +1,5 @@
-// Argument checks of prefill_attention (fp8mla/attention.hpp) and the CPU path. There is no CUDA
-// kernel in this build yet: CUDA tensors are rejected with kUnsupported after the shape checks,
-// before any memory is touched, and no cuda:: symbol is referenced.
+// Argument checks of prefill_attention (fp8mla/attention.hpp), then the CPU reference or the
+// Hopper kernel (src/cuda/attention), whose TMA loads add alignment and layout requirements.
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -11,6 +10,7 @@
 
 #include "core/check.hpp"
 #include "fp8mla/attention.hpp"
+#include "ops/device_dispatch.hpp"
 #include "ops/prefill_attention_params.hpp"
 
 namespace fp8mla {
@@ -64,11 +64,72 @@ void check_no_overlap(const ArgChecker& check, const TensorView& t, std::string_
       concat("`", name, "`: expected strides that keep every element apart, got ", t.describe()));
 }
 
-// q, k, v, out: 3 dims, contiguous last dim, aligned to their element size.
+// q, k, out: 3 dims, contiguous last dim, aligned to their element size.
 void check_token_head_dim(const ArgChecker& check, const TensorView& t, std::string_view name) {
   check.ndim(t, name, 3);
   check.contiguous_last_dim(t, name);
   check.aligned(t, name, int(dtype_size(t.dtype())));
+}
+
+// v: [Tk, H, Dv] token-major (contiguous last dim) or transposed (contiguous keys).
+bool check_v_layout(const ArgChecker& check, const TensorView& v) {
+  check.ndim(v, "v", 3);
+  check.aligned(v, "v", int(dtype_size(v.dtype())));
+  const bool transposed = v.stride(0) == 1 && v.size(2) > 1;
+  check.require(v.stride(2) == 1 || transposed, ErrorCategory::kInvalidArgument,
+                concat("`v`: expected a contiguous last dim (token-major) or contiguous tokens "
+                       "(transposed, [H, Dv, Tk] memory), got ",
+                       v.describe()));
+  return transposed;
+}
+
+// What the Hopper kernel's TMA loads need: 16-byte aligned bases and strides of dims with more
+// than one element (the descriptors ignore the others).
+void check_tma_operand(const ArgChecker& check, const TensorView& t, std::string_view name,
+                       std::initializer_list<int> dims) {
+  check.aligned(t, name, 16);
+  for (int d : dims) {
+    const std::int64_t bytes = t.stride(d) * std::int64_t(dtype_size(t.dtype()));
+    check.require(t.size(d) <= 1 || bytes % 16 == 0, ErrorCategory::kInvalidArgument,
+                  concat("`", name, "`: the CUDA kernel needs the stride of dim ", d,
+                         " to be a multiple of 16 bytes, got ", t.describe()));
+  }
+}
+
+void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& args,
+                        bool v_transposed) {
+  const bool fp8 = args.q.dtype() == DType::kE4M3;
+  check_tma_operand(check, args.q, "q", {0, 1});
+  check_tma_operand(check, args.k, "k", {0, 1});
+  if (fp8) {
+    // FP8 wgmma reads both operands K-major, so P V needs V with the keys contiguous.
+    check.require(v_transposed, ErrorCategory::kInvalidArgument,
+                  concat("`v`: the CUDA kernel needs e4m3 V transposed (contiguous tokens, e.g. "
+                         "mla_kv_pack_quantize_fp8 with VLayout::kTransposed), got ",
+                         args.v.describe()));
+    check_tma_operand(check, args.v, "v", {1, 2});
+  } else {
+    check.require(!v_transposed, ErrorCategory::kInvalidArgument,
+                  concat("`v`: the CUDA kernel needs bf16 V token-major (contiguous last dim), "
+                         "got ",
+                         args.v.describe()));
+    check_tma_operand(check, args.v, "v", {0, 1});
+  }
+  // The kernel takes each row's max on unscaled scores (scale folded into the exponent).
+  check.require(args.softmax_scale > 0.0f, ErrorCategory::kInvalidArgument,
+                concat("the CUDA kernel needs softmax_scale > 0, got ", args.softmax_scale));
+  // The epilogue stores pairs of bf16.
+  check.aligned(args.out, "out", 4);
+  for (int d : {0, 1}) {
+    check.require(args.out.size(d) <= 1 || args.out.stride(d) % 2 == 0,
+                  ErrorCategory::kInvalidArgument,
+                  concat("`out`: the CUDA kernel needs even token and head strides, got ",
+                         args.out.describe()));
+  }
+  check.require(args.cu_seqlens_q.size(0) - 1 <= 65535 && args.q.size(1) <= 65535,
+                ErrorCategory::kInvalidArgument,
+                concat("the CUDA kernel takes at most 65535 sequences and heads, got ",
+                       args.cu_seqlens_q.size(0) - 1, " and ", args.q.size(1)));
 }
 
 void check_cu_seqlens(const ArgChecker& check, const TensorView& t, std::string_view name) {
@@ -102,10 +163,23 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
   }
 }
 
+// The CPU path: the host can read the offsets and the descales.
+void run_cpu(const ArgChecker& check, PrefillAttentionParams& p) {
+  check_cu_seqlens_values(check, p.cu_seqlens_q, p.batch, p.tq, p.max_seqlen_q, "cu_seqlens_q",
+                          "max_seqlen_q", "q");
+  check_cu_seqlens_values(check, p.cu_seqlens_k, p.batch, p.tk, p.max_seqlen_k, "cu_seqlens_k",
+                          "max_seqlen_k", "k");
+  if (p.dtype == DType::kE4M3) {
+    p.q_descale_value = *p.q_descale;
+    p.k_descale_value = *p.k_descale;
+    p.v_descale_value = *p.v_descale;
+  }
+  if (p.tq == 0 || p.heads == 0) return;
+  cpu::prefill_attention(p);
+}
 }  // namespace
 
 void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
-  (void)stream;
   const ArgChecker check("prefill_attention");
   const TensorView& q = args.q;
   const TensorView& k = args.k;
@@ -127,7 +201,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   // shapes and layouts
   check_token_head_dim(check, q, "q");
   check_token_head_dim(check, k, "k");
-  check_token_head_dim(check, v, "v");
+  const bool v_transposed = check_v_layout(check, v);
   const std::int64_t tq = q.size(0), heads = q.size(1), dqk = q.size(2);
   const std::int64_t tk = k.size(0), dv = v.size(2);
   check.require(dqk == 192 || dqk == 128 || dqk == 64, ErrorCategory::kUnsupported,
@@ -161,17 +235,14 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
 
   // devices
   const Device device = q.device();
-  for (const auto& [t, name] : {std::pair<const TensorView*, std::string_view>{&k, "k"},
-                                {&v, "v"},
-                                {&out, "out"},
-                                {&args.cu_seqlens_q, "cu_seqlens_q"},
-                                {&args.cu_seqlens_k, "cu_seqlens_k"},
-                                {&args.lse, "lse"}}) {
-    if (t == &args.lse && !has_lse) continue;
-    check.require(t->device() == device, ErrorCategory::kInvalidArgument,
-                  concat("`", name, "`: expected a tensor on ", to_string(device),
-                         ", the device of `q`, got ", t->describe()));
-  }
+  const TensorView& lse_or_q = has_lse ? args.lse : q;
+  check_devices(check, device,
+                {{&k, "k"},
+                 {&v, "v"},
+                 {&out, "out"},
+                 {&args.cu_seqlens_q, "cu_seqlens_q"},
+                 {&args.cu_seqlens_k, "cu_seqlens_k"},
+                 {&lse_or_q, has_lse ? "lse" : "q"}});
 
   PrefillAttentionParams p;
   p.dtype = q.dtype();
@@ -180,9 +251,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
     p.k_descale = scalar_f32(check, args.k_descale, "k_descale", device);
     p.v_descale = scalar_f32(check, args.v_descale, "v_descale", device);
   }
-  check.require(
-      !device.is_cuda(), ErrorCategory::kUnsupported,
-      concat("the CUDA kernel is not in this build yet; tensors are on ", to_string(device)));
+  if (device.is_cuda()) check_cuda_layouts(check, args, v_transposed);
 
   p.q = q.data();
   p.k = k.data();
@@ -193,6 +262,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   p.k_head_stride = k.stride(1);
   p.v_token_stride = v.stride(0);
   p.v_head_stride = v.stride(1);
+  p.v_dim_stride = v.stride(2);
   p.tq = tq;
   p.tk = tk;
   p.heads = heads;
@@ -214,18 +284,8 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
     p.lse_head_stride = args.lse.stride(1);
   }
 
-  // CPU path: the host can read the offsets and the descales.
-  check_cu_seqlens_values(check, p.cu_seqlens_q, p.batch, tq, p.max_seqlen_q, "cu_seqlens_q",
-                          "max_seqlen_q", "q");
-  check_cu_seqlens_values(check, p.cu_seqlens_k, p.batch, tk, p.max_seqlen_k, "cu_seqlens_k",
-                          "max_seqlen_k", "k");
-  if (p.dtype == DType::kE4M3) {
-    p.q_descale_value = *p.q_descale;
-    p.k_descale_value = *p.k_descale;
-    p.v_descale_value = *p.v_descale;
-  }
-  if (tq == 0 || heads == 0) return;
-  cpu::prefill_attention(p);
+  dispatch(
+      device, [&] { run_cpu(check, p); }, [&](auto) { cuda::prefill_attention(p, stream); });
 }
 
 }  // namespace fp8mla

@@ -1,11 +1,12 @@
 // Plain parameter struct of prefill_attention (fp8mla/attention.hpp, DESIGN section 3, op 8): what
-// the argument checks in ops/prefill_attention.cpp produce and what the CPU implementation (and,
-// later, the CUDA kernel) consume. Strides are in elements of the tensor's own dtype.
+// the argument checks in ops/prefill_attention.cpp produce and what the CPU implementation and the
+// CUDA launcher consume. Strides are in elements of the tensor's own dtype.
 #pragma once
 
 #include <cstdint>
 
 #include "fp8mla/dtype.hpp"
+#include "fp8mla/stream.hpp"
 
 namespace fp8mla {
 
@@ -13,10 +14,11 @@ struct PrefillAttentionParams {
   DType dtype = DType::kBF16;  // of q, k and v: kE4M3 or kBF16
   const void* q = nullptr;     // [tq, heads, dqk]
   const void* k = nullptr;     // [tk, heads, dqk]
-  const void* v = nullptr;     // [tk, heads, dv]
+  const void* v = nullptr;     // [tk, heads, dv]: token-major (v_dim_stride 1) or transposed
+                               // (v_token_stride 1, fp8mla/attention.hpp)
   std::int64_t q_token_stride = 0, q_head_stride = 0;
   std::int64_t k_token_stride = 0, k_head_stride = 0;
-  std::int64_t v_token_stride = 0, v_head_stride = 0;
+  std::int64_t v_token_stride = 0, v_head_stride = 0, v_dim_stride = 1;
 
   std::int64_t tq = 0;
   std::int64_t tk = 0;
@@ -53,5 +55,10 @@ struct PrefillAttentionParams {
 namespace cpu {
 void prefill_attention(const PrefillAttentionParams& p);
 }  // namespace cpu
+
+namespace cuda {
+// Looks up the compiled variant for p (src/cuda/attention/prefill_variants.def) and launches it.
+void prefill_attention(const PrefillAttentionParams& p, CudaStream stream);
+}  // namespace cuda
 
 }  // namespace fp8mla

@@ -1,0 +1,141 @@
+// The Hopper prefill attention kernel (op 8): warp-specialized, TMA-fed, wgmma for both products.
+// See prefill_traits.cuh for the tile shapes and shared memory, prefill_mainloop.cuh for the
+// producer/consumer loop, prefill_softmax.cuh and prefill_epilogue.cuh for the rest.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention/prefill_epilogue.cuh"
+#include "cuda/attention/prefill_kernel_params.hpp"
+#include "cuda/attention/prefill_mainloop.cuh"
+#include "cuda/attention/prefill_scheduler.cuh"
+#include "cuda/attention/prefill_softmax.cuh"
+#include "cuda/attention/prefill_traits.cuh"
+#include "cuda/common/launch.cuh"
+
+namespace fp8mla::cuda::attention {
+
+// Registers after the split: the producer needs few, the consumers hold S, O and P.
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+// Named barriers of the consumer warpgroups' turns (ids after CUTLASS's reserved ones).
+constexpr int kTurnBarrier = 0;
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    prefill_attention_kernel(const __grid_constant__ PrefillKernelParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ std::uint8_t shared_raw[];
+  const SharedStorage<Traits> smem{reinterpret_cast<std::uint8_t*>(
+      (reinterpret_cast<std::uintptr_t>(shared_raw) + Traits::kSharedAlign - 1) &
+      ~std::uintptr_t(Traits::kSharedAlign - 1))};
+  smem.init_ones_rows();
+  if (threadIdx.x == 0) smem.init_barriers();
+  __syncthreads();
+
+  pdl_wait();  // cu_seqlens, q, k, v may come from the previous kernel
+  const TileWork w = schedule_tile<Traits>(p.cu_seqlens_q, p.cu_seqlens_k);
+  if (!w.has_rows) return;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    if (threadIdx.x == 0 && w.n_blocks > 0) produce<Traits>(p, smem, w);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+
+  const int row0 = (warpgroup - 1) * 64;  // the warpgroup's rows within the block
+  const int thread = threadIdx.x % 128;
+  // Sequence-local query row of this thread's row half 0.
+  const int row = w.m_block * Traits::kBlockM + row0 + 16 * (thread / 32) + (thread % 32) / 4;
+  float scale_log2 = p.scale_log2;
+  float v_scale = 1.0f;
+  if constexpr (Traits::kFp8) {
+    scale_log2 *= *p.q_descale * *p.k_descale;
+    v_scale = *p.v_descale;
+  }
+
+  OnlineSoftmax<Traits> softmax;
+  softmax.init(scale_log2);
+  // O is defined by the first P V (which overwrites it): no other instruction writes it before
+  // the loop, or ptxas would serialize the wgmmas.
+  float o[Traits::kORegs];
+  float s[64];
+  std::uint32_t p_regs[Traits::kBlockN / Traits::kMmaK][4];
+
+  // The two consumer warpgroups take turns on the tensor cores (ping-pong): in its turn one issues
+  // P V of its previous tile and S = Q K^T of the next, then passes the turn and does its softmax
+  // while the other one's products run. Warpgroup 0 goes first; each pass is matched by one wait
+  // of the other warpgroup (warpgroup 1 skips the pass after its last turn).
+  const int cw = warpgroup - 1;
+  const auto wait_turn = [&] { cutlass::arch::NamedBarrier::sync(256, kTurnBarrier + cw); };
+  const auto pass_turn = [&](bool last) {
+    if (!(last && cw == 1)) cutlass::arch::NamedBarrier::arrive(256, kTurnBarrier + 1 - cw);
+  };
+  // Tile `it` of the loop is key tile n_blocks - 1 - it, in ring stage stage_of(it).
+  OutputPartial<Traits> partial;
+  if constexpr (Traits::kPromoteTiles > 0) partial.init(smem, cw);
+  const auto softmax_of = [&](int it, bool rescale_o) {
+    const int n = w.n_blocks - 1 - it;
+    if (tile_needs_mask<Traits>(w, n)) softmax.mask(s, w, n, row);
+    softmax.update(s, o, rescale_o);
+    if constexpr (Traits::kPromoteTiles > 0) partial.rescale(softmax.correction);
+    p_to_operand<Traits>(s, p_regs);
+  };
+  // Whether the P V of turn `it` (tile it - 1) starts O afresh: the first one, and (e4m3) the
+  // first after each promotion.
+  const auto restarts_o = [](int it) {
+    if constexpr (Traits::kPromoteTiles > 0) return (it - 1) % Traits::kPromoteTiles == 0;
+    return it == 1;
+  };
+  const auto release = [&](std::uint64_t* empty) {
+    if (threadIdx.x % 32 == 0) cutlass::arch::ClusterBarrier::arrive(empty);
+  };
+  if (w.n_blocks > 0) {
+    sm90::Barrier::wait(smem.q_full(), 0);
+    if (cw == 1) cutlass::arch::NamedBarrier::arrive(256, kTurnBarrier);
+    // First turn: S of tile 0.
+    sm90::Barrier::wait(smem.k_full(0), 0);
+    wait_turn();
+    compute_qk<Traits>(smem, 0, row0, s, [&] { pass_turn(false); });
+    release(smem.k_empty(0));
+    softmax_of(0, false);
+    // Middle turns: P V of tile it - 1, S of tile it.
+    for (int it = 1; it < w.n_blocks; ++it) {
+      const Stage st = stage_of<Traits>(it), prev = stage_of<Traits>(it - 1);
+      sm90::Barrier::wait(smem.k_full(st.index), st.phase);
+      sm90::Barrier::wait(smem.v_full(prev.index), prev.phase);
+      wait_turn();
+      issue_pv<Traits>(smem, prev.index, p_regs, o, /*accumulate=*/!restarts_o(it));
+      compute_qk<Traits>(smem, st.index, row0, s, [&] { pass_turn(false); });
+      sm90::fence_registers(o);  // P V is complete too: o may be scaled again
+      release(smem.v_empty(prev.index));
+      release(smem.k_empty(st.index));
+      const bool promote = restarts_o(it + 1) && Traits::kPromoteTiles > 0;
+      if constexpr (Traits::kPromoteTiles > 0) {
+        if (promote) partial.add(o);
+      }
+      softmax_of(it, /*rescale_o=*/!promote);
+    }
+    // Last turn: P V of the last tile.
+    const Stage prev = stage_of<Traits>(w.n_blocks - 1);
+    sm90::Barrier::wait(smem.v_full(prev.index), prev.phase);
+    wait_turn();
+    issue_pv<Traits>(smem, prev.index, p_regs, o, /*accumulate=*/!restarts_o(w.n_blocks));
+    pass_turn(true);
+    cute::warpgroup_wait<0>();
+    sm90::fence_registers(o);
+    release(smem.v_empty(prev.index));
+    if constexpr (Traits::kPromoteTiles > 0) partial.fold_into(o);
+  }
+  if (w.n_blocks == 0) {
+#pragma unroll
+    for (int i = 0; i < Traits::kORegs; ++i) o[i] = 0.0f;
+  }
+  softmax.finish();
+  store_output<Traits>(p, w, row, softmax, v_scale, o);
+#endif
+}
+
+}  // namespace fp8mla::cuda::attention

@@ -1,0 +1,28 @@
+// Plain parameter struct of the Hopper prefill attention kernel: TMA maps of q, k and v plus the
+// pointers and strides the epilogue writes through. Built on the host by prefill_launch.cuh from
+// the op's PrefillAttentionParams; passed by value as a __grid_constant__ kernel parameter.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace fp8mla::cuda::attention {
+
+struct PrefillKernelParams {
+  CUtensorMap q_map;  // [heads][tq][dqk] boxes of 128 tokens x 64 elements
+  CUtensorMap k_map;  // [heads][tk][dqk], the same boxes
+  CUtensorMap v_map;  // e4m3: [heads][dv][tk] boxes of 128 dims x 128 keys; bf16: like k
+  const std::int32_t* cu_seqlens_q;
+  const std::int32_t* cu_seqlens_k;
+  const float* q_descale;  // e4m3 only
+  const float* k_descale;
+  const float* v_descale;
+  float scale_log2;    // softmax_scale * log2(e)
+  std::uint16_t* out;  // bf16
+  std::int64_t out_token_stride, out_head_stride;
+  float* lse;  // nullptr: not written
+  std::int64_t lse_token_stride, lse_head_stride;
+};
+
+}  // namespace fp8mla::cuda::attention

@@ -1,0 +1,120 @@
+// Definition of launch_prefill<Traits> (see prefill_launch.hpp): the TMA maps of q, k and v, the
+// kernel parameters and the launch. Allocates nothing and never synchronizes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+
+#include "cuda/attention/prefill_kernel.cuh"
+#include "cuda/attention/prefill_launch.hpp"
+#include "cuda/common/launch.cuh"
+#include "cuda/common/tensor_map.hpp"
+
+namespace fp8mla::cuda::attention {
+
+namespace detail {
+
+// A stride for TMA: the dim's stride in bytes, or (for a dim of size 1, whose stride the view may
+// leave arbitrary) any valid one.
+inline std::uint64_t tma_stride(std::int64_t size, std::int64_t stride, int element_bytes,
+                                std::uint64_t fallback) {
+  return size > 1 ? std::uint64_t(stride) * element_bytes : fallback;
+}
+
+// q or k: [heads][tokens][dqk] in boxes of 64 elements x kBlockM (= kBlockN) tokens.
+template <typename Traits>
+CUtensorMap qk_map(const void* base, std::int64_t tokens, std::int64_t heads,
+                   std::int64_t token_stride, std::int64_t head_stride, const char* what) {
+  TensorMap3d spec;
+  spec.base = base;
+  spec.element_bytes = Traits::kElementBytes;
+  spec.dims[0] = Traits::kDqk;
+  spec.dims[1] = std::uint64_t(tokens);
+  spec.dims[2] = std::uint64_t(heads);
+  const std::uint64_t row = std::uint64_t(Traits::kDqk) * Traits::kElementBytes;
+  spec.strides_bytes[0] = tma_stride(tokens, token_stride, Traits::kElementBytes, row);
+  spec.strides_bytes[1] =
+      tma_stride(heads, head_stride, Traits::kElementBytes, spec.strides_bytes[0] * tokens);
+  spec.box[0] = Traits::kChunkElems;
+  spec.box[1] = Traits::kBlockM;
+  spec.box[2] = 1;
+  spec.swizzle_bytes = int(Traits::kQkSwizzle);
+  return make_tensor_map(spec, what);
+}
+
+}  // namespace detail
+
+template <typename Traits>
+void prepare_prefill() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    check(cudaFuncSetAttribute(prefill_attention_kernel<Traits>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               Traits::kSharedBytes + Traits::kSharedAlign),
+          "cudaFuncSetAttribute(prefill_attention_kernel)");
+  });
+}
+
+template <typename Traits>
+void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
+  prepare_prefill<Traits>();
+  const std::int64_t m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  if (p.tq == 0 || p.heads == 0 || p.batch == 0 || m_blocks == 0) return;
+
+  PrefillKernelParams kp{};
+  kp.q_map = detail::qk_map<Traits>(p.q, p.tq, p.heads, p.q_token_stride, p.q_head_stride, "q");
+  if (p.tk > 0) {
+    kp.k_map = detail::qk_map<Traits>(p.k, p.tk, p.heads, p.k_token_stride, p.k_head_stride, "k");
+    TensorMap3d v;
+    v.base = p.v;
+    v.element_bytes = Traits::kElementBytes;
+    v.swizzle_bytes = 128;
+    if constexpr (Traits::kFp8) {
+      // Transposed: keys innermost, then dims, then heads.
+      v.dims[0] = std::uint64_t(p.tk);
+      v.dims[1] = Traits::kDv;
+      v.dims[2] = std::uint64_t(p.heads);
+      v.strides_bytes[0] = std::uint64_t(p.v_dim_stride);
+      v.strides_bytes[1] =
+          detail::tma_stride(p.heads, p.v_head_stride, 1, v.strides_bytes[0] * Traits::kDv);
+      v.box[0] = Traits::kBlockN;
+      v.box[1] = Traits::kDv;
+    } else {
+      v.dims[0] = Traits::kDv;
+      v.dims[1] = std::uint64_t(p.tk);
+      v.dims[2] = std::uint64_t(p.heads);
+      v.strides_bytes[0] = detail::tma_stride(p.tk, p.v_token_stride, 2, Traits::kDv * 2);
+      v.strides_bytes[1] =
+          detail::tma_stride(p.heads, p.v_head_stride, 2, v.strides_bytes[0] * p.tk);
+      v.box[0] = 64;
+      v.box[1] = Traits::kBlockN;
+    }
+    v.box[2] = 1;
+    kp.v_map = make_tensor_map(v, "v");
+  }
+  kp.cu_seqlens_q = p.cu_seqlens_q;
+  kp.cu_seqlens_k = p.cu_seqlens_k;
+  kp.q_descale = p.q_descale;
+  kp.k_descale = p.k_descale;
+  kp.v_descale = p.v_descale;
+  kp.scale_log2 = float(double(p.softmax_scale) * 1.4426950408889634);
+  kp.out = p.out;
+  kp.out_token_stride = p.out_token_stride;
+  kp.out_head_stride = p.out_head_stride;
+  kp.lse = p.lse;
+  kp.lse_token_stride = p.lse_token_stride;
+  kp.lse_head_stride = p.lse_head_stride;
+
+  LaunchConfig config;
+  config.grid = dim3(unsigned(m_blocks), unsigned(p.heads), unsigned(p.batch));
+  config.block = dim3(Traits::kThreads);
+  config.shared_bytes = Traits::kSharedBytes + Traits::kSharedAlign;
+  config.stream = stream;
+  config.pdl = true;
+  launch("prefill_attention_kernel", prefill_attention_kernel<Traits>, config, kp);
+}
+
+}  // namespace fp8mla::cuda::attention

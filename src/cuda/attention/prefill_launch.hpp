@@ -1,0 +1,19 @@
+// Host entry of one compiled prefill attention variant. Declared here for the variant table
+// (prefill_variants.cu); defined in prefill_launch.cuh and instantiated once per variant by the
+// files CMake generates from prefill_variants.def.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "ops/prefill_attention_params.hpp"
+
+namespace fp8mla::cuda::attention {
+
+template <typename Traits>
+void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream);
+
+// One-time setup of a variant (its shared-memory attribute); launch_prefill calls it too.
+template <typename Traits>
+void prepare_prefill();
+
+}  // namespace fp8mla::cuda::attention

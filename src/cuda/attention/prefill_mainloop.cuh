@@ -1,0 +1,269 @@
+// The two roles of the prefill kernel's main loop.
+//  Producer (one thread of warpgroup 0): Q once, then K and V tile by tile into the stage ring,
+//    each load completing on its stage's full barrier; it reuses a stage once both consumer
+//    warpgroups have arrived on its empty barrier.
+//  Consumers (warpgroups 1..kConsumerWarpgroups, 64 query rows each): S = Q K^T and O += P V with
+//    wgmma; P comes from registers (see prefill_softmax.cuh for its layout).
+// Key tiles are visited last to first, so the tiles that need masking come first.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention/prefill_kernel_params.hpp"
+#include "cuda/attention/prefill_scheduler.cuh"
+#include "cuda/attention/prefill_traits.cuh"
+#include "cuda/common/sm90.cuh"
+
+namespace fp8mla::cuda::attention {
+
+// Shared memory of one CTA, carved as PrefillTraits lays it out.
+template <typename Traits>
+struct SharedStorage {
+  std::uint8_t* base;  // 1024-byte aligned
+
+  __device__ std::uint8_t* q() const { return base + Traits::kQOffset; }
+  __device__ std::uint8_t* k(int stage) const {
+    return base + Traits::kKOffset + stage * Traits::kKBytes;
+  }
+  __device__ std::uint8_t* v(int stage) const {
+    return base + Traits::kVOffset + stage * Traits::kVStageBytes;
+  }
+  // The f32 partial sums of O of consumer warpgroup cw (e4m3), float4 [kORegs / 4][128].
+  __device__ float4* o_partial(int cw) const {
+    return reinterpret_cast<float4*>(base + Traits::kOPartialOffset) + cw * 32 * Traits::kORegs;
+  }
+  __device__ std::uint64_t* barriers() const {
+    return reinterpret_cast<std::uint64_t*>(base + Traits::kBarrierOffset);
+  }
+  __device__ std::uint64_t* q_full() const { return barriers(); }
+  __device__ std::uint64_t* k_full(int stage) const { return barriers() + 1 + stage; }
+  __device__ std::uint64_t* v_full(int stage) const {
+    return barriers() + 1 + Traits::kStages + stage;
+  }
+  __device__ std::uint64_t* k_empty(int stage) const {
+    return barriers() + 1 + 2 * Traits::kStages + stage;
+  }
+  __device__ std::uint64_t* v_empty(int stage) const {
+    return barriers() + 1 + 3 * Traits::kStages + stage;
+  }
+
+  // By every thread, before the CTA's __syncthreads: the e4m3 ones rows after each V tile.
+  __device__ void init_ones_rows() const {
+    if constexpr (Traits::kOnesRows > 0) {
+      constexpr int kWords = Traits::kOnesRows * Traits::kBlockN / 4;
+      for (int s = 0; s < Traits::kStages; ++s) {
+        auto* ones = reinterpret_cast<std::uint32_t*>(v(s) + Traits::kVBytes);
+        for (int i = threadIdx.x; i < kWords; i += blockDim.x) ones[i] = 0x38383838u;  // e4m3 1.0
+      }
+      cutlass::arch::fence_view_async_shared();  // visible to wgmma's reads
+    }
+  }
+
+  // By one thread, before the CTA's __syncthreads.
+  __device__ void init_barriers() const {
+    sm90::Barrier::init(q_full(), 1);
+    for (int s = 0; s < Traits::kStages; ++s) {
+      sm90::Barrier::init(k_full(s), 1);
+      sm90::Barrier::init(v_full(s), 1);
+      // One arrival per consumer warp.
+      sm90::Barrier::init(k_empty(s), Traits::kConsumerWarpgroups * 4);
+      sm90::Barrier::init(v_empty(s), Traits::kConsumerWarpgroups * 4);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+};
+
+// Ring position of the it-th key tile.
+struct Stage {
+  int index;
+  std::uint32_t phase;
+};
+template <typename Traits>
+__device__ __forceinline__ Stage stage_of(int it) {
+  return {it % Traits::kStages, std::uint32_t((it / Traits::kStages) & 1)};
+}
+
+template <typename Traits>
+__device__ void produce(const PrefillKernelParams& p, const SharedStorage<Traits>& smem,
+                        const TileWork& w) {
+  cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p.q_map));
+  cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p.k_map));
+  cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p.v_map));
+
+  sm90::Barrier::arrive_and_expect_tx(smem.q_full(), Traits::kQBytes);
+  const int q_row = w.q_start + w.m_block * Traits::kBlockM;
+  for (int c = 0; c < Traits::kChunks; ++c) {
+    sm90::tma_load_3d(&p.q_map, smem.q_full(), smem.q() + c * Traits::kQChunkBytes,
+                      c * Traits::kChunkElems, q_row, w.head);
+  }
+  for (int it = 0; it < w.n_blocks; ++it) {
+    const int n = w.n_blocks - 1 - it;
+    const Stage s = stage_of<Traits>(it);
+    // A fresh barrier counts as having completed the phase before its first, so the first lap
+    // passes at once.
+    sm90::Barrier::wait(smem.k_empty(s.index), s.phase ^ 1);
+    const int key = w.k_start + tile_first_key(w, n, Traits::kBlockN);
+    sm90::Barrier::arrive_and_expect_tx(smem.k_full(s.index), Traits::kKBytes);
+    for (int c = 0; c < Traits::kChunks; ++c) {
+      sm90::tma_load_3d(&p.k_map, smem.k_full(s.index), smem.k(s.index) + c * Traits::kKChunkBytes,
+                        c * Traits::kChunkElems, key, w.head);
+    }
+    sm90::Barrier::wait(smem.v_empty(s.index), s.phase ^ 1);
+    sm90::Barrier::arrive_and_expect_tx(smem.v_full(s.index), Traits::kVBytes);
+    if constexpr (Traits::kFp8) {
+      // Transposed V: one box of kDv dims x kBlockN keys.
+      sm90::tma_load_3d(&p.v_map, smem.v_full(s.index), smem.v(s.index), key, 0, w.head);
+    } else {
+      constexpr int kVChunkBytes = Traits::kBlockN * 64 * 2;
+      for (int c = 0; c < Traits::kDv / 64; ++c) {
+        sm90::tma_load_3d(&p.v_map, smem.v_full(s.index), smem.v(s.index) + c * kVChunkBytes,
+                          c * 64, key, w.head);
+      }
+    }
+  }
+}
+
+// wgmma instruction shapes: m64 n128, k32 (e4m3) or k16 (bf16).
+template <bool kFp8>
+struct MmaOps;
+template <>
+struct MmaOps<true> {
+  using QK = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+  using PV = cute::SM90::GMMA::MMA_64x136x32_F32E4M3E4M3_RS_TN<>;  // + 8 ones columns
+};
+template <>
+struct MmaOps<false> {
+  using QK = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<sm90::Major::K, sm90::Major::K>;
+  using PV = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<sm90::Major::K, sm90::Major::MN>;
+};
+
+// Issues (and commits) the wgmmas of S (+)= Q K^T over head-dim chunk c for the consumer
+// warpgroup's 64 rows (`row0` = 0 or 64) of the tile in `stage`; the first k-step overwrites s
+// unless `accumulate`.
+template <typename Traits>
+__device__ __forceinline__ void issue_qk_chunk(const SharedStorage<Traits>& smem, int stage,
+                                               int row0, int c, bool accumulate, float (&s)[64]) {
+  constexpr int kSwizzle = int(Traits::kQkSwizzle);
+  constexpr std::uint32_t kGroupStride = 8 * Traits::kChunkRowBytes;
+  const std::uint32_t q =
+      sm90::smem_address(smem.q()) + row0 * Traits::kChunkRowBytes + c * Traits::kQChunkBytes;
+  const std::uint32_t k = sm90::smem_address(smem.k(stage)) + c * Traits::kKChunkBytes;
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int kk = 0; kk < Traits::kChunkRowBytes / 32; ++kk) {
+    const std::uint64_t a = sm90::smem_descriptor(q + kk * 32, kSwizzle, 16, kGroupStride);
+    const std::uint64_t b = sm90::smem_descriptor(k + kk * 32, kSwizzle, 16, kGroupStride);
+    sm90::mma_ss<typename MmaOps<Traits::kFp8>::QK>(a, b, s, accumulate || kk > 0);
+  }
+  cute::warpgroup_commit_batch();
+  sm90::fence_registers(s);
+}
+
+// S = Q K^T for the consumer warpgroup's rows: issues the wgmmas, calls pass_turn() once the
+// last one is issued (the other consumer warpgroup may then issue its own), and returns with S
+// complete (and any earlier wgmma of this warpgroup). bf16 accumulates in the wgmma accumulator
+// throughout. (The register fences after each wait keep the compiler from moving reads of the
+// results above it.) e4m3 wgmma adds into its accumulator keeping only about 14 bits, so each
+// 64-element chunk after the first is computed into a fresh accumulator and added in f32 (the
+// scores feed exp and the LSE, where the truncation would show as a bias).
+template <typename Traits, typename PassTurn>
+__device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, int stage, int row0,
+                                           float (&s)[64], PassTurn&& pass_turn) {
+  if constexpr (!Traits::kFp8) {
+#pragma unroll
+    for (int c = 0; c < Traits::kChunks; ++c) issue_qk_chunk(smem, stage, row0, c, c > 0, s);
+    pass_turn();
+    cute::warpgroup_wait<0>();
+    sm90::fence_registers(s);
+  } else {
+    float t[64];
+    issue_qk_chunk(smem, stage, row0, 0, false, s);
+#pragma unroll
+    for (int c = 1; c < Traits::kChunks; ++c) {
+      issue_qk_chunk(smem, stage, row0, c, false, t);
+      if (c == Traits::kChunks - 1) pass_turn();
+      cute::warpgroup_wait<0>();
+      sm90::fence_registers(s);
+      sm90::fence_registers(t);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) s[i] += t[i];
+    }
+  }
+}
+
+// O (+)= P V over the tile in `stage` (for e4m3 with the ones columns, N = kPvN); `p` holds P in
+// the A-operand register layout, one entry per k-step of kMmaK keys. Issues and commits; the
+// caller waits.
+template <typename Traits>
+__device__ __forceinline__ void issue_pv(const SharedStorage<Traits>& smem, int stage,
+                                         std::uint32_t (&p)[Traits::kBlockN / Traits::kMmaK][4],
+                                         float (&o)[Traits::kORegs], bool accumulate) {
+  const std::uint32_t v = sm90::smem_address(smem.v(stage));
+  sm90::fence_registers(o);
+#pragma unroll
+  for (int ks = 0; ks < Traits::kBlockN / Traits::kMmaK; ++ks) sm90::fence_registers(p[ks]);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int ks = 0; ks < Traits::kBlockN / Traits::kMmaK; ++ks) {
+    std::uint64_t b;
+    if constexpr (Traits::kFp8) {
+      // V^T rows of 128 keys (128 bytes), K-major: step 32 keys along the row. Rows kDv.. are the
+      // ones rows, the next 8-row group.
+      b = sm90::smem_descriptor(v + ks * 32, 128, 16, 8 * 128);
+    } else {
+      // V rows of 64 dims (128 bytes) per chunk, MN-major: step 16 key rows; the two 64-dim
+      // chunks are kBlockN rows apart.
+      b = sm90::smem_descriptor(v + ks * 16 * 128, 128, Traits::kBlockN * 128, 8 * 128);
+    }
+    sm90::mma_rs<typename MmaOps<Traits::kFp8>::PV>(p[ks], b, o, accumulate || ks > 0);
+  }
+  cute::warpgroup_commit_batch();
+  sm90::fence_registers(o);
+}
+
+// O's f32 partial sums (e4m3, see PrefillTraits::kPromoteTiles): partial = partial * pending + o
+// at each promotion, where `pending` is the product of the softmax corrections since the last one
+// (per row half); the final O is partial * pending + o.
+template <typename Traits>
+struct OutputPartial {
+  float4* slots;  // this thread's float4 i is slots[i * 128]
+  bool valid;
+  float pending[2];
+
+  __device__ void init(const SharedStorage<Traits>& smem, int cw) {
+    slots = smem.o_partial(cw) + threadIdx.x % 128;
+    valid = false;
+    pending[0] = pending[1] = 1.0f;
+  }
+  __device__ void rescale(const float (&correction)[2]) {
+    pending[0] *= correction[0];
+    pending[1] *= correction[1];
+  }
+  // o[4j + 2h + e] is row half h: float4 j holds (h0, h0, h1, h1).
+  __device__ float4 combined(int j, const float (&o)[Traits::kORegs]) const {
+    float4 v = valid ? slots[j * 128] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    v.x = fmaf(v.x, pending[0], o[4 * j]);
+    v.y = fmaf(v.y, pending[0], o[4 * j + 1]);
+    v.z = fmaf(v.z, pending[1], o[4 * j + 2]);
+    v.w = fmaf(v.w, pending[1], o[4 * j + 3]);
+    return v;
+  }
+  __device__ void add(const float (&o)[Traits::kORegs]) {
+#pragma unroll
+    for (int j = 0; j < Traits::kORegs / 4; ++j) slots[j * 128] = combined(j, o);
+    valid = true;
+    pending[0] = pending[1] = 1.0f;
+  }
+  __device__ void fold_into(float (&o)[Traits::kORegs]) const {
+#pragma unroll
+    for (int j = 0; j < Traits::kORegs / 4; ++j) {
+      const float4 v = combined(j, o);
+      o[4 * j] = v.x;
+      o[4 * j + 1] = v.y;
+      o[4 * j + 2] = v.z;
+      o[4 * j + 3] = v.w;
+    }
+  }
+};
+
+}  // namespace fp8mla::cuda::attention

@@ -1,0 +1,155 @@
+// Online softmax of the prefill kernel, on the wgmma accumulator layout, and the conversion of P
+// to the register layout of wgmma's A operand.
+//
+// Accumulator layout (m64 n128, per warp 16 rows): lane (g = lane / 4, c = lane % 4) holds, for
+// each 8-column block j, s[4j + 0..1] = row g, columns 8j + 2c + {0, 1}, and s[4j + 2..3] = the
+// same columns of row g + 8. A thread's two rows are "row halves" 0 and 1; the four lanes of a
+// quad share them, so row reductions are two shuffles.
+//
+// The row max is taken on the raw scores s; P = exp2(s * scale_log2 - max * scale_log2) with
+// scale_log2 = softmax_scale * log2(e) (* the FP8 descales) > 0 is one FFMA and one ex2 an
+// element. The row sum l stays a per-thread partial until the end. A row with no visible key so
+// far has max -inf and contributes exp2(-inf) = 0 without producing NaN.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention/prefill_scheduler.cuh"
+#include "cuda/common/convert.cuh"
+
+namespace fp8mla::cuda::attention {
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename Traits>
+struct OnlineSoftmax {
+  float scale_log2;
+  float row_max[2];     // raw score units, over the keys seen so far
+  float row_sum[2];     // this thread's share of sum(exp2((s - row_max) * scale_log2)) * 2^kPShift
+  float correction[2];  // of the last update: the factor earlier sums were scaled by
+
+  __device__ void init(float scale) {
+    scale_log2 = scale;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+  }
+
+  // Masks keys outside the sequence or (causal) past each row's diagonal. `row` is the
+  // sequence-local query row of row half 0 (row half 1 is row + 8).
+  __device__ void mask(float (&s)[64], const TileWork& w, int n, int row) const {
+    const int key0 = tile_first_key(w, n, Traits::kBlockN) + 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int key = key0 + 8 * (i / 4) + (i % 2);
+      const int limit = Traits::kIsCausal
+                            ? min(w.k_len, row + 8 * ((i / 2) % 2) + 1 + w.k_len - w.q_len)
+                            : w.k_len;
+      if (key < 0 || key >= limit) s[i] = -INFINITY;
+    }
+  }
+
+  // Folds tile s into the running max and sum, turns s into P = exp2((s - max) * scale_log2) *
+  // 2^kPShift, and (once it holds a product) rescales the output accumulator o by the change of
+  // the max.
+  __device__ void update(float (&s)[64], float (&o)[Traits::kORegs], bool rescale_o) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float m = row_max[h];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+      const float base = m == -INFINITY ? 0.0f : m * scale_log2;
+      correction[h] = fast_exp2(row_max[h] * scale_log2 - base);
+      row_max[h] = m;
+      float sum = row_sum[h] * correction[h];
+      const float offset = Traits::kPShift - base;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[4 * j + 2 * h + e];
+          x = fast_exp2(fmaf(x, scale_log2, offset));
+          sum += x;
+        }
+      }
+      if (rescale_o) {
+#pragma unroll
+        for (int j = 0; j < Traits::kPvN / 8; ++j) {
+          o[4 * j + 2 * h] *= correction[h];
+          o[4 * j + 2 * h + 1] *= correction[h];
+        }
+      }
+      row_sum[h] = sum;
+    }
+  }
+
+  // The quad's full row sums (call once, after the last tile).
+  __device__ void finish() {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 1);
+      row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 2);
+    }
+  }
+
+  // Natural-log LSE of row half h (needs finish()): -inf when the row saw no key.
+  __device__ float lse(int h) const {
+    constexpr float kLn2 = 0.69314718055994531f;
+    return row_sum[h] > 0.0f
+               ? (row_max[h] * scale_log2 + __log2f(row_sum[h]) - Traits::kPShift) * kLn2
+               : -INFINITY;
+  }
+};
+
+// P (accumulator layout, 64 f32) to the A-operand registers of the P V wgmma, one [4] per
+// k-step. bf16 (k16): the layouts agree, a pair of columns per register. e4m3 (k32): a k-step
+// wants columns 4c..4c+3 and 16+4c..16+4c+3 of its 32 in a thread, while the accumulator gives
+// 2c, 2c+1, 8+2c, 9+2c, ...; two shuffles within the quad and a byte permute fix each register.
+template <typename Traits>
+__device__ __forceinline__ void p_to_operand(
+    const float (&s)[64], std::uint32_t (&a)[Traits::kBlockN / Traits::kMmaK][4]) {
+  if constexpr (Traits::kFp8) {
+    const int c = threadIdx.x % 4;
+    const int quad = (threadIdx.x % 32) & ~3;
+    const int src0 = quad | ((2 * c) & 3);
+    const int src1 = quad | ((2 * c + 1) & 3);
+    const std::uint32_t select = c < 2 ? 0x5410 : 0x7632;
+#pragma unroll
+    for (int ks = 0; ks < Traits::kBlockN / 32; ++ks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          // Blocks 4ks + 2half and 4ks + 2half + 1, row half h: columns {2c, 2c+1, 8+2c, 9+2c}
+          // (+16 for half 1) of the k-step.
+          const int j = 4 * ks + 2 * half;
+          const std::uint32_t packed =
+              std::uint32_t(cvt_e4m3x2(s[4 * j + 2 * h], s[4 * j + 2 * h + 1])) |
+              (std::uint32_t(cvt_e4m3x2(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h])) << 16);
+          const std::uint32_t v0 = __shfl_sync(0xffffffff, packed, src0);
+          const std::uint32_t v1 = __shfl_sync(0xffffffff, packed, src1);
+          a[ks][2 * half + h] = __byte_perm(v0, v1, select);
+        }
+      }
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < Traits::kBlockN / 16; ++ks) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        // r: (row half r % 2) of block 2ks + r / 2.
+        const int i = 4 * (2 * ks + r / 2) + 2 * (r % 2);
+        std::uint32_t packed;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(packed) : "f"(s[i + 1]), "f"(s[i]));
+        a[ks][r] = packed;
+      }
+    }
+  }
+}
+
+}  // namespace fp8mla::cuda::attention

@@ -1,0 +1,89 @@
+// Hopper building blocks for the wgmma/TMA kernels, on top of CUTLASS's arch-level wrappers
+// (cute/arch: the wgmma instructions, TMA copies; cutlass/arch: mbarriers, setmaxnreg): shared
+// memory descriptors, and the accumulator of an m64nN wgmma (N / 2 f32 a thread) as one array.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90_gmma_ext.hpp>  // the N sizes that are not powers of two
+
+namespace fp8mla::cuda::sm90 {
+
+using Barrier = cutlass::arch::ClusterTransactionBarrier;
+using cute::SM90::GMMA::Major;
+using cute::SM90::GMMA::ScaleOut;
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* ptr) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// Matrix descriptor of a swizzled shared-memory operand (PTX ISA "Matrix Descriptor Format").
+//  K-major: rows of swizzle_bytes, 8-row groups `group_stride` bytes apart (leading offset unused).
+//  MN-major: 8 K-rows of swizzle_bytes form an atom; `leading` bytes between atoms along MN,
+//  `group_stride` bytes between 8-row groups along K.
+// The operand must start inside a tile aligned to the 1024-byte swizzle period; stepping along K
+// inside a swizzled row is done by adding the byte offset to the start address.
+__device__ __forceinline__ std::uint64_t smem_descriptor(std::uint32_t address, int swizzle_bytes,
+                                                         std::uint32_t leading,
+                                                         std::uint32_t group_stride) {
+  cute::GmmaDescriptor desc;
+  desc.bitfield.start_address_ = static_cast<std::uint16_t>((address & 0x3FFFF) >> 4);
+  desc.bitfield.leading_byte_offset_ = static_cast<std::uint16_t>(leading >> 4);
+  desc.bitfield.stride_byte_offset_ = static_cast<std::uint16_t>(group_stride >> 4);
+  desc.bitfield.base_offset_ = 0;
+  desc.bitfield.layout_type_ = swizzle_bytes == 128 ? 1 : swizzle_bytes == 64 ? 2 : 3;
+  return desc.desc_;
+}
+
+// One m64nNk wgmma, A and B from shared memory, into N / 2 f32 accumulators a thread.
+template <typename Op, int R, std::size_t... I>
+__device__ __forceinline__ void mma_ss_impl(std::uint64_t a, std::uint64_t b, float (&d)[R],
+                                            ScaleOut scale_d, std::index_sequence<I...>) {
+  Op::fma(a, b, d[I]..., scale_d);
+}
+template <typename Op, int R>
+__device__ __forceinline__ void mma_ss(std::uint64_t a, std::uint64_t b, float (&d)[R],
+                                       bool accumulate) {
+  mma_ss_impl<Op>(a, b, d, accumulate ? ScaleOut::One : ScaleOut::Zero,
+                  std::make_index_sequence<R>{});
+}
+
+// The same with A from registers (4 x 32 bits a thread).
+template <typename Op, int R, std::size_t... I>
+__device__ __forceinline__ void mma_rs_impl(const std::uint32_t (&a)[4], std::uint64_t b,
+                                            float (&d)[R], ScaleOut scale_d,
+                                            std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], b, d[I]..., scale_d);
+}
+template <typename Op, int R>
+__device__ __forceinline__ void mma_rs(const std::uint32_t (&a)[4], std::uint64_t b, float (&d)[R],
+                                       bool accumulate) {
+  mma_rs_impl<Op>(a, b, d, accumulate ? ScaleOut::One : ScaleOut::Zero,
+                  std::make_index_sequence<R>{});
+}
+
+// Keeps the compiler from moving accesses of registers across the asynchronous wgmma.
+template <typename T, int R>
+__device__ __forceinline__ void fence_registers(T (&r)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) cute::warpgroup_fence_operand(r[i]);
+}
+
+constexpr std::uint64_t kCacheHintNormal =
+    static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+
+// 3-D TMA load of one box into shared memory, completing on `barrier` (its transaction count must
+// have been raised by the box's bytes).
+__device__ __forceinline__ void tma_load_3d(const void* tensor_map, std::uint64_t* barrier,
+                                            void* smem, int c0, int c1, int c2) {
+  cute::SM90_TMA_LOAD_3D::copy(tensor_map, barrier, kCacheHintNormal, smem, c0, c1, c2);
+}
+
+}  // namespace fp8mla::cuda::sm90

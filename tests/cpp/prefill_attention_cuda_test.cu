@@ -1,0 +1,501 @@
+// CUDA prefill_attention (Hopper kernel) against a float64 reference on the dequantized inputs,
+// under the error rule of DESIGN section 8: max |O - O_ref| <= 2 x the error of a BF16 attention
+// on the same dequantized inputs (scores, P and O rounded to bf16, as an eager bf16 attention
+// does) + the bf16 rounding noise of O; LSE within 1e-3. Outputs are poisoned first; every row of
+// every sequence is checked for having been written, bytes around the views stay untouched; the
+// reference is computed on all rows of small cases and on boundary and random rows of large ones.
+// Also: all-ones V gives exactly 1, determinism over 100 runs, PDL on/off, layout errors.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cuda/common/runtime.hpp"
+#include "cuda_test_util.hpp"
+#include "fp8mla/attention.hpp"
+#include "fp8mla/error.hpp"
+#include "fp8mla/numerics.hpp"
+#include "quantize_test_util.hpp"
+
+namespace fp8mla {
+namespace {
+
+using test::DeviceBuffer;
+
+constexpr int kDqk = 192;
+constexpr int kDv = 128;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double bf16_round(double x) {
+  return double(decode_bf16(encode_bf16(float(x))));
+}
+
+struct Case {
+  std::vector<int> q_lens;
+  std::vector<int> k_lens;  // empty: the q lengths
+  int heads = 1;
+  bool fp8 = true;
+  bool causal = true;
+  float descale[3] = {0.3f, 0.3f, 0.5f};  // q, k, v (e4m3 only)
+  bool ones_v = false;
+  bool strided = false;  // q, k (and bf16 v) as slices of wider rows; padded out
+  bool lse_transposed = false;
+
+  std::string describe() const {
+    std::string s = std::string(fp8 ? "e4m3" : "bf16") + (causal ? " causal" : " full") +
+                    " H=" + std::to_string(heads) + " q=[";
+    for (int n : q_lens) s += std::to_string(n) + " ";
+    s += "] k=[";
+    for (int n : (k_lens.empty() ? q_lens : k_lens)) s += std::to_string(n) + " ";
+    return s + "]" + (strided ? " strided" : "");
+  }
+};
+
+// Inputs on the host (codes and dequantized values, logical [T, H, D]) and on the device.
+struct Problem {
+  Case c;
+  std::vector<std::int32_t> cu_q{0}, cu_k{0};
+  std::int64_t tq = 0, tk = 0;
+  std::vector<double> q, k, v;  // dequantized
+  // Device storage and views.
+  std::vector<DeviceBuffer> buffers;
+  TensorView q_view, k_view, v_view, out_view, lse_view, cu_q_view, cu_k_view;
+  TensorView descale_views[3];
+  std::int64_t out_token_stride = 0, out_head_stride = 0;
+  std::int64_t out_elems = 0;
+
+  DeviceBuffer& add(std::size_t bytes, std::uint8_t poison = test::kPoison) {
+    buffers.emplace_back(std::max<std::size_t>(bytes, 16), poison);
+    return buffers.back();
+  }
+};
+
+// Random codes for [n, H, d] at element offsets t * ts + h * hs + i * ds of `codes`.
+void fill(std::vector<std::uint8_t>& bytes, std::vector<double>& values, bool fp8, float descale,
+          float range, bool ones, std::int64_t n, int heads, int d, std::int64_t ts,
+          std::int64_t hs, std::int64_t ds, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-range, range);
+  values.assign(std::size_t(n * heads * d), 0.0);
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < d; ++i) {
+        const float x = ones ? 1.0f : dist(rng);
+        const std::int64_t at = t * ts + h * hs + i * ds;
+        double value;
+        if (fp8) {
+          const std::uint8_t code = encode_e4m3(x);
+          bytes[std::size_t(at)] = code;
+          value = double(decode_e4m3(code) * descale);
+        } else {
+          const std::uint16_t bits = encode_bf16(x);
+          std::memcpy(&bytes[std::size_t(at) * 2], &bits, 2);
+          value = double(decode_bf16(bits));
+        }
+        values[std::size_t((t * heads + h) * d + i)] = value;
+      }
+    }
+  }
+}
+
+Problem make_problem(const Case& c, std::uint32_t seed) {
+  Problem p;
+  p.c = c;
+  std::mt19937 rng(seed);
+  const std::vector<int>& k_lens = c.k_lens.empty() ? c.q_lens : c.k_lens;
+  for (std::size_t b = 0; b < c.q_lens.size(); ++b) {
+    p.cu_q.push_back(p.cu_q.back() + c.q_lens[b]);
+    p.cu_k.push_back(p.cu_k.back() + k_lens[b]);
+  }
+  p.tq = p.cu_q.back();
+  p.tk = p.cu_k.back();
+  const int H = c.heads;
+  const DType dtype = c.fp8 ? DType::kE4M3 : DType::kBF16;
+  const int eb = c.fp8 ? 1 : 2;
+  const float dq = c.fp8 ? c.descale[0] : 1.0f, dk = c.fp8 ? c.descale[1] : 1.0f,
+              dv = c.fp8 ? c.descale[2] : 1.0f;
+  const float range = c.fp8 ? 8.0f : 2.4f;  // logits with a standard deviation of about 2
+
+  // q and k: [T, H, 192], rows of 256 elements when strided (a slice of a wider projection).
+  const std::int64_t row = c.strided ? 256 : kDqk;
+  auto make_qk = [&](std::int64_t n, float descale, std::vector<double>& values, TensorView& view) {
+    std::vector<std::uint8_t> bytes(std::size_t(std::max<std::int64_t>(n * H * row, 1) * eb), 0);
+    fill(bytes, values, c.fp8, descale, range, false, n, H, kDqk, H * row, row, 1, rng);
+    DeviceBuffer& buf = p.add(bytes.size());
+    buf.upload(bytes.data());
+    view = TensorView(buf.data(), dtype, {n, H, kDqk}, {H * row, row, 1}, Device::cuda(0));
+  };
+  make_qk(p.tq, dq, p.q, p.q_view);
+  make_qk(p.tk, dk, p.k, p.k_view);
+
+  // v: e4m3 transposed [H][128][tk rounded up to 16]; bf16 token-major.
+  {
+    std::int64_t ts, hs, ds, elems;
+    if (c.fp8) {
+      const std::int64_t pitch = (p.tk + 15) / 16 * 16 + (c.strided ? 32 : 0);
+      ts = 1, ds = pitch, hs = kDv * pitch, elems = H * hs;
+    } else {
+      const std::int64_t vrow = c.strided ? 256 : kDv;
+      ts = H * vrow, hs = vrow, ds = 1, elems = p.tk * ts;
+    }
+    std::vector<std::uint8_t> bytes(std::size_t(std::max<std::int64_t>(elems, 1) * eb), 0);
+    fill(bytes, p.v, c.fp8, dv, range, c.ones_v, p.tk, H, kDv, ts, hs, ds, rng);
+    DeviceBuffer& buf = p.add(bytes.size());
+    buf.upload(bytes.data());
+    p.v_view = TensorView(buf.data(), dtype, {p.tk, H, kDv}, {ts, hs, ds}, Device::cuda(0));
+  }
+
+  // out: poisoned, with padded strides when strided; lse poisoned, maybe transposed.
+  p.out_head_stride = c.strided ? kDv + 8 : kDv;
+  p.out_token_stride = H * p.out_head_stride + (c.strided ? 16 : 0);
+  p.out_elems = std::max<std::int64_t>(p.tq * p.out_token_stride, 1);
+  DeviceBuffer& out = p.add(std::size_t(p.out_elems * 2));
+  p.out_view = TensorView(out.data(), DType::kBF16, {p.tq, H, kDv},
+                          {p.out_token_stride, p.out_head_stride, 1}, Device::cuda(0));
+  DeviceBuffer& lse = p.add(std::size_t(p.tq * H * 4));
+  p.lse_view = c.lse_transposed
+                   ? TensorView(lse.data(), DType::kF32, {p.tq, H}, {1, p.tq}, Device::cuda(0))
+                   : TensorView(lse.data(), DType::kF32, {p.tq, H}, {H, 1}, Device::cuda(0));
+
+  const std::int64_t batch = std::int64_t(c.q_lens.size());
+  DeviceBuffer& cu_q = p.add(p.cu_q.size() * 4);
+  cu_q.upload(p.cu_q.data());
+  DeviceBuffer& cu_k = p.add(p.cu_k.size() * 4);
+  cu_k.upload(p.cu_k.data());
+  p.cu_q_view = TensorView(cu_q.data(), DType::kI32, {batch + 1}, Device::cuda(0));
+  p.cu_k_view = TensorView(cu_k.data(), DType::kI32, {batch + 1}, Device::cuda(0));
+  const float descales[3] = {dq, dk, dv};
+  for (int i = 0; i < 3; ++i) {
+    DeviceBuffer& d = p.add(4);
+    d.upload(&descales[i]);
+    p.descale_views[i] = TensorView(d.data(), DType::kF32, {1}, Device::cuda(0));
+  }
+  return p;
+}
+
+PrefillAttentionArgs args_of(const Problem& p) {
+  PrefillAttentionArgs a;
+  a.q = p.q_view;
+  a.k = p.k_view;
+  a.v = p.v_view;
+  a.cu_seqlens_q = p.cu_q_view;
+  a.cu_seqlens_k = p.cu_k_view;
+  a.max_seqlen_q = p.c.q_lens.empty() ? 0 : *std::max_element(p.c.q_lens.begin(), p.c.q_lens.end());
+  const std::vector<int>& k_lens = p.c.k_lens.empty() ? p.c.q_lens : p.c.k_lens;
+  a.max_seqlen_k = k_lens.empty() ? 0 : *std::max_element(k_lens.begin(), k_lens.end());
+  a.softmax_scale = float(1.0 / std::sqrt(double(kDqk)));
+  a.causal = p.c.causal;
+  if (p.c.fp8) {
+    a.q_descale = p.descale_views[0];
+    a.k_descale = p.descale_views[1];
+    a.v_descale = p.descale_views[2];
+  }
+  a.out = p.out_view;
+  a.lse = p.lse_view;
+  return a;
+}
+
+struct Outputs {
+  std::vector<std::uint8_t> out, lse;
+};
+
+Outputs run(Problem& p) {
+  prefill_attention(args_of(p));
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  // out and lse are buffers 3 and 4 (after q, k, v).
+  for (const DeviceBuffer& b : p.buffers) EXPECT_TRUE(b.guards_intact());
+  return {p.buffers[3].download(), p.buffers[4].download()};
+}
+
+float out_at(const Problem& p, const Outputs& o, std::int64_t t, int h, int d) {
+  std::uint16_t bits;
+  std::memcpy(&bits, &o.out[std::size_t((t * p.out_token_stride + h * p.out_head_stride + d) * 2)],
+              2);
+  return decode_bf16(bits);
+}
+
+float lse_at(const Problem& p, const Outputs& o, std::int64_t t, int h) {
+  const std::int64_t at = p.c.lse_transposed ? t + h * p.tq : t * p.c.heads + h;
+  float x;
+  std::memcpy(&x, &o.lse[std::size_t(at * 4)], 4);
+  return x;
+}
+
+// Rows to compare with the reference: every row of small problems; otherwise boundary rows of
+// each sequence and random ones.
+std::vector<std::pair<std::int64_t, int>> rows_to_check(const Problem& p, std::mt19937& rng) {
+  std::vector<std::pair<std::int64_t, int>> rows;
+  const std::int64_t all_work = p.tq * p.c.heads * std::max<std::int64_t>(p.tk, 1);
+  std::vector<int> heads(std::size_t(p.c.heads));
+  std::iota(heads.begin(), heads.end(), 0);
+  if (p.c.heads > 8) heads = {0, 1, p.c.heads / 2, p.c.heads - 1};
+  for (std::size_t b = 0; b + 1 < p.cu_q.size(); ++b) {
+    const int q_len = p.cu_q[b + 1] - p.cu_q[b];
+    std::set<int> local;
+    if (all_work <= (1 << 22)) {
+      for (int i = 0; i < q_len; ++i) local.insert(i);
+    } else {
+      for (int i : {0, 1, 2, 63, 64, 65, 127, 128, 129, 255, 256}) local.insert(i);
+      for (int i = 1; i <= 3; ++i) local.insert(q_len - i);
+      std::uniform_int_distribution<int> pick(0, std::max(q_len - 1, 0));
+      for (int i = 0; i < 24; ++i) local.insert(pick(rng));
+    }
+    for (int i : local) {
+      if (i < 0 || i >= q_len) continue;
+      for (int h : heads) rows.emplace_back(p.cu_q[b] + i, h);
+    }
+  }
+  return rows;
+}
+
+struct RowRef {
+  std::vector<double> o;     // float64 attention
+  std::vector<double> o_bf;  // the BF16 attention of the error rule
+  double lse;
+};
+
+RowRef reference_row(const Problem& p, std::int64_t t, int h) {
+  const auto it = std::upper_bound(p.cu_q.begin(), p.cu_q.end(), std::int32_t(t));
+  const std::size_t b = std::size_t(it - p.cu_q.begin()) - 1;
+  const std::int64_t q_len = p.cu_q[b + 1] - p.cu_q[b], i = t - p.cu_q[b];
+  const std::int64_t k0 = p.cu_k[b], k_len = p.cu_k[b + 1] - k0;
+  const std::int64_t visible =
+      p.c.causal ? std::clamp<std::int64_t>(i + k_len - q_len + 1, 0, k_len) : k_len;
+  const int H = p.c.heads;
+  const double scale = double(float(1.0 / std::sqrt(double(kDqk))));
+  RowRef r{std::vector<double>(kDv, 0.0), std::vector<double>(kDv, 0.0), -kInf};
+  if (visible == 0) return r;
+  std::vector<double> s(static_cast<std::size_t>(visible)), s_bf(s.size());
+  const double* q = &p.q[std::size_t((t * H + h) * kDqk)];
+  for (std::int64_t j = 0; j < visible; ++j) {
+    const double* k = &p.k[std::size_t(((k0 + j) * H + h) * kDqk)];
+    double dot = 0.0, dot_bf = 0.0;
+    for (int d = 0; d < kDqk; ++d) {
+      dot += q[d] * k[d];
+      dot_bf += bf16_round(q[d]) * bf16_round(k[d]);
+    }
+    s[std::size_t(j)] = dot * scale;
+    s_bf[std::size_t(j)] = bf16_round(bf16_round(dot_bf) * double(float(scale)));
+  }
+  const double m = *std::max_element(s.begin(), s.end());
+  const double m_bf = *std::max_element(s_bf.begin(), s_bf.end());
+  double l = 0.0, l_bf = 0.0;
+  for (std::int64_t j = 0; j < visible; ++j) {
+    l += std::exp(s[std::size_t(j)] - m);
+    l_bf += double(std::exp(float(s_bf[std::size_t(j)] - m_bf)));
+  }
+  for (std::int64_t j = 0; j < visible; ++j) {
+    const double w = std::exp(s[std::size_t(j)] - m) / l;
+    const double w_bf = bf16_round(double(std::exp(float(s_bf[std::size_t(j)] - m_bf))) / l_bf);
+    const double* v = &p.v[std::size_t(((k0 + j) * H + h) * kDv)];
+    for (int d = 0; d < kDv; ++d) {
+      r.o[std::size_t(d)] += w * v[d];
+      r.o_bf[std::size_t(d)] += w_bf * bf16_round(v[d]);
+    }
+  }
+  for (double& x : r.o_bf) x = bf16_round(x);
+  r.lse = m + std::log(l);
+  return r;
+}
+
+// Every row of every sequence written (finite O, LSE finite or -inf), bytes outside the out view
+// still poison.
+void expect_written_in_full(const Problem& p, const Outputs& o) {
+  std::vector<bool> in_view(std::size_t(p.out_elems), false);
+  std::int64_t bad = 0;
+  for (std::int64_t t = 0; t < p.tq; ++t) {
+    for (int h = 0; h < p.c.heads; ++h) {
+      for (int d = 0; d < kDv; ++d) {
+        in_view[std::size_t(t * p.out_token_stride + h * p.out_head_stride + d)] = true;
+        bad += !std::isfinite(out_at(p, o, t, h, d));
+      }
+      const float lse = lse_at(p, o, t, h);
+      bad += !(std::isfinite(lse) || lse == -std::numeric_limits<float>::infinity());
+    }
+  }
+  EXPECT_EQ(bad, 0) << "non-finite or unwritten outputs";
+  std::int64_t touched = 0;
+  for (std::int64_t e = 0; e < p.out_elems; ++e) {
+    if (in_view[std::size_t(e)]) continue;
+    touched += o.out[std::size_t(2 * e)] != test::kPoison ||
+               o.out[std::size_t(2 * e + 1)] != test::kPoison;
+  }
+  EXPECT_EQ(touched, 0) << "elements outside the out view were written";
+}
+
+void expect_error_rule(const Case& c, std::uint32_t seed = 7) {
+  SCOPED_TRACE(c.describe());
+  Problem p = make_problem(c, seed);
+  const Outputs o = run(p);
+  expect_written_in_full(p, o);
+  std::mt19937 rng(seed + 1);
+  double err = 0.0, err_bf = 0.0, noise = 0.0, lse_err = 0.0;
+  std::int64_t rows = 0;
+  for (const auto& [t, h] : rows_to_check(p, rng)) {
+    const RowRef r = reference_row(p, t, h);
+    ++rows;
+    for (int d = 0; d < kDv; ++d) {
+      const double ref = r.o[std::size_t(d)];
+      err = std::max(err, std::abs(double(out_at(p, o, t, h, d)) - ref));
+      err_bf = std::max(err_bf, std::abs(r.o_bf[std::size_t(d)] - ref));
+      noise = std::max(noise, std::abs(bf16_round(bf16_round(ref + 0.3) - 0.3) - ref));
+    }
+    const double lse = lse_at(p, o, t, h);
+    if (r.lse == -kInf) {
+      EXPECT_EQ(lse, -kInf) << "row " << t << " head " << h << " sees no key";
+      for (int d = 0; d < kDv; ++d) ASSERT_EQ(out_at(p, o, t, h, d), 0.0f);
+    } else {
+      lse_err = std::max(lse_err, std::abs(lse - r.lse));
+    }
+  }
+  const double bound = 2.0 * err_bf + 2.0 * noise;
+  EXPECT_LE(err, bound) << "max |O - ref| " << err << ", BF16 attention " << err_bf << ", noise "
+                        << noise << " over " << rows << " rows";
+  EXPECT_LE(lse_err, 1e-3);
+  std::printf("[ rule     ] %s: err %.3g, bf16 %.3g, bound %.3g, lse %.2g, %lld rows\n",
+              c.describe().c_str(), err, err_bf, bound, lse_err, static_cast<long long>(rows));
+}
+
+class PrefillCuda : public ::testing::TestWithParam<bool> {};  // param: fp8
+
+TEST_P(PrefillCuda, SingleSequencesMeetTheErrorRule) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (bool causal : {true, false}) {
+    for (int n : {1, 2, 63, 64, 65, 127, 128, 129, 1000, 4096, 16384}) {
+      Case c;
+      c.q_lens = {n};
+      c.fp8 = GetParam();
+      c.causal = causal;
+      c.heads = n <= 1000 ? 4 : 1;
+      expect_error_rule(c, std::uint32_t(n));
+    }
+  }
+}
+
+TEST_P(PrefillCuda, RaggedBatchWithEmptyAndShortSequences) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (bool causal : {true, false}) {
+    Case c;
+    c.q_lens = {0, 1, 700, 0, 129, 1, 300};
+    c.heads = 16;
+    c.fp8 = GetParam();
+    c.causal = causal;
+    expect_error_rule(c);
+  }
+}
+
+TEST_P(PrefillCuda, PrefixLongerThanExtendCausal) {
+  FP8MLA_REQUIRE_HOPPER();
+  Case c;
+  c.q_lens = {100, 300, 1, 64};
+  c.k_lens = {612, 1300, 1, 64 + 2000};
+  c.heads = 16;
+  c.fp8 = GetParam();
+  expect_error_rule(c);
+  // k_len < q_len: the first rows see no key (O = 0, LSE = -inf).
+  c.q_lens = {300, 50};
+  c.k_lens = {100, 0};
+  expect_error_rule(c);
+}
+
+TEST_P(PrefillCuda, ManyHeadsStridedViewsTransposedLse) {
+  FP8MLA_REQUIRE_HOPPER();
+  Case c;
+  c.q_lens = {333, 1000};
+  c.heads = 128;
+  c.fp8 = GetParam();
+  c.strided = true;
+  c.lse_transposed = true;
+  expect_error_rule(c);
+}
+
+TEST_P(PrefillCuda, AllOnesVGivesExactlyOne) {
+  FP8MLA_REQUIRE_HOPPER();
+  Case c;
+  c.q_lens = {5, 700};
+  c.k_lens = {3, 900};
+  c.heads = 8;
+  c.fp8 = GetParam();
+  c.descale[2] = 1.0f;
+  c.ones_v = true;
+  Problem p = make_problem(c, 3);
+  const Outputs o = run(p);
+  // Sequence 0 (5 queries, 3 keys, causal): its first two rows see no key and give 0.
+  std::int64_t wrong = 0;
+  for (std::int64_t t = 0; t < p.tq; ++t) {
+    const float expected = t < 2 ? 0.0f : 1.0f;
+    for (int h = 0; h < c.heads; ++h) {
+      for (int d = 0; d < kDv; ++d) wrong += out_at(p, o, t, h, d) != expected;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST_P(PrefillCuda, DeterministicOver100RunsAndPdlOnOff) {
+  FP8MLA_REQUIRE_HOPPER();
+  Case c;
+  c.q_lens = {1000, 37};
+  c.heads = 16;
+  c.fp8 = GetParam();
+  Problem p = make_problem(c, 11);
+  const Outputs first = run(p);
+  for (int i = 0; i < 100; ++i) prefill_attention(args_of(p));
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  EXPECT_EQ(p.buffers[3].download(), first.out);
+  EXPECT_EQ(p.buffers[4].download(), first.lse);
+  for (bool pdl : {false, true}) {
+    test::PdlScope scope(pdl);
+    p.buffers[3].fill(test::kPoison);
+    const Outputs again = run(p);
+    EXPECT_EQ(again.out, first.out) << "pdl " << pdl;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, PrefillCuda, ::testing::Values(true, false),
+                         [](const auto& info) { return info.param ? "e4m3" : "bf16"; });
+
+TEST(PrefillCudaArgs, LayoutAndVariantErrors) {
+  FP8MLA_REQUIRE_HOPPER();
+  Case c;
+  c.q_lens = {64};
+  c.heads = 2;
+  Problem p = make_problem(c, 1);
+  auto expect_error = [&](const PrefillAttentionArgs& a, const std::string& needle) {
+    try {
+      prefill_attention(a);
+      ADD_FAILURE() << "no error; expected one mentioning: " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  // e4m3 V token-major: the FP8 kernel needs it transposed.
+  PrefillAttentionArgs a = args_of(p);
+  DeviceBuffer v_tm(std::size_t(64 * 2 * kDv));
+  a.v = TensorView(v_tm.data(), DType::kE4M3, {64, 2, kDv}, Device::cuda(0));
+  expect_error(a, "transposed");
+  // A head dim without a compiled variant names the compiled ones.
+  a = args_of(p);
+  a.q = TensorView(p.q_view.data(), DType::kE4M3, {64, 2, 128}, {2 * 192, 192, 1}, Device::cuda(0));
+  a.k = TensorView(p.k_view.data(), DType::kE4M3, {64, 2, 128}, {2 * 192, 192, 1}, Device::cuda(0));
+  expect_error(a, "e4m3 causal Dqk 192 Dv 128");
+  // A q token stride that is not a multiple of 16 bytes.
+  a = args_of(p);
+  a.q = TensorView(p.q_view.data(), DType::kE4M3, {64, 2, kDqk}, {2 * kDqk + 8, kDqk, 1},
+                   Device::cuda(0));
+  expect_error(a, "multiple of 16 bytes");
+  // Nothing was written by the failed calls.
+  const std::vector<std::uint8_t> out = p.buffers[3].download();
+  EXPECT_TRUE(
+      std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == test::kPoison; }));
+}
+
+}  // namespace
+}  // namespace fp8mla
