@@ -60,6 +60,8 @@ __all__ = [
     "quantize_fp8_per_token_group",
     "quantize_nvfp4",
     "softmax_mscale",
+    "prefill_attention",
+    "merge_attention_states",
 ]
 
 _torch_ops = None
@@ -166,11 +168,29 @@ class _Generic:
 
     @staticmethod
     def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0,
-                                 k_out=None, v_out=None, stream=None):
+                                 k_out=None, v_out=None, v_layout="token_major", stream=None):
         _Generic._need("mla_kv_pack_quantize_fp8", k_out=k_out, v_out=v_out)
         _C.mla_kv_pack_quantize_fp8(k_nope, k_pe, v, float(k_scale_inv), float(v_scale_inv),
-                                    k_out, v_out, stream or 0)
+                                    k_out, v_out, v_layout, stream or 0)
         return k_out, v_out
+
+    @staticmethod
+    def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                          softmax_scale, causal=True, q_descale=None, k_descale=None,
+                          v_descale=None, out=None, lse=None, return_lse=False, stream=None):
+        _Generic._need("prefill_attention", out=out)
+        if return_lse:
+            _Generic._need("prefill_attention", lse=lse)
+        _C.prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                             int(max_seqlen_k), float(softmax_scale), bool(causal), q_descale,
+                             k_descale, v_descale, out, lse, stream or 0)
+        return (out, lse) if lse is not None else out
+
+    @staticmethod
+    def merge_attention_states(o_a, lse_a, o_b, lse_b, *, out=None, out_lse=None, stream=None):
+        _Generic._need("merge_attention_states", out=out, out_lse=out_lse)
+        _C.merge_attention_states(o_a, lse_a, o_b, lse_b, out, out_lse, stream or 0)
+        return out, out_lse
 
 
 def quantize_fp8(x, scale_inv, *, out=None, dtype="e4m3", stream=None):
@@ -311,14 +331,39 @@ def mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_fl
 
 
 def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
-                             v_out=None, stream=None):
+                             v_out=None, v_layout="token_major", stream=None):
     """Packs a prefix chunk's K and V for FP8 attention: k_out [n, H, 192] =
     [e4m3(k_nope * k_scale_inv) | e4m3(k_pe * k_scale_inv)] (k_pe [n, 64] or [n, 1, 64] broadcast
     to every head) and v_out [n, H, 128] = e4m3(v * v_scale_inv). k_nope [n, H, 128] and v
-    [n, H, 128] bf16/f16 may be strided (slices of kv_b_proj's output). Returns (k_out, v_out)."""
+    [n, H, 128] bf16/f16 may be strided (slices of kv_b_proj's output). v_layout "transposed"
+    writes v_out as a [n, H, 128] view of [H, 128, pitch] memory (tokens contiguous, pitch a
+    multiple of 16 when allocated here), what FP8 prefill_attention reads on Hopper. Returns
+    (k_out, v_out)."""
     return _frontend(k_nope).mla_kv_pack_quantize_fp8(
         k_nope, k_pe, v, k_scale_inv=k_scale_inv, v_scale_inv=v_scale_inv, k_out=k_out,
-        v_out=v_out, stream=stream)
+        v_out=v_out, v_layout=v_layout, stream=stream)
+
+
+def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                      softmax_scale, causal=True, q_descale=None, k_descale=None, v_descale=None,
+                      out=None, lse=None, return_lse=False, stream=None):
+    """Attention over a ragged batch (token-major; cu_seqlens_* int32 [batch + 1]; max_seqlen_*
+    upper bounds). q, k [T, H, 192] and v [Tk, H, 128]: e4m3 with one-element f32 descales, or
+    bf16. On CUDA, e4m3 v must be transposed (a [Tk, H, 128] view of [H, 128, >= Tk] memory, keys
+    contiguous) and bf16 v token-major. Causal masking is bottom-right aligned. Returns out
+    (bf16 [Tq, H, 128], allocated when not given), or (out, lse) when `lse` is given or
+    `return_lse` (f32 [Tq, H], natural log; -inf for rows that see no key)."""
+    return _frontend(q).prefill_attention(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        softmax_scale=softmax_scale, causal=causal, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale, out=out, lse=lse, return_lse=return_lse, stream=stream)
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b, *, out=None, out_lse=None, stream=None):
+    """(o_a, lse_a) merged with (o_b, lse_b) (natural-log LSE): returns (out, out_lse), allocated
+    when not given; `out`/`out_lse` may be o_a/lse_a for an in-place merge."""
+    return _frontend(o_a).merge_attention_states(o_a, lse_a, o_b, lse_b, out=out,
+                                                 out_lse=out_lse, stream=stream)
 
 
 def info() -> dict:

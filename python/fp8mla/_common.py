@@ -121,3 +121,13 @@ def out_shape(shape, last: int):
 def gather_rows(shape) -> int:
     """Token count of mla_kv_gather's outputs for `slots` of `shape` (the op checks it is 1-d)."""
     return shape[0] if len(shape) >= 1 else 1
+
+
+# Layouts of the packed V (mla_kv_pack_quantize_fp8): "transposed" is [H][128][pitch] memory seen as
+# [n, H, 128], the layout FP8 prefill_attention reads on Hopper.
+V_LAYOUTS = ("token_major", "transposed")
+
+
+def transposed_pitch(n: int) -> int:
+    """Token pitch of an allocated transposed V: n rounded up to 16 (TMA needs 16-byte rows)."""
+    return max(16, (n + 15) // 16 * 16)

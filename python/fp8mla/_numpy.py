@@ -12,11 +12,13 @@ from ._common import (
     MLA,
     NVFP4_LAYOUTS,
     SCALE_LAYOUTS,
+    V_LAYOUTS,
     check_choice,
     gather_rows,
     group_scale_plan,
     nvfp4_shapes,
     out_shape,
+    transposed_pitch,
     yarn_tuple,
 )
 
@@ -184,12 +186,42 @@ def mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_fl
 
 
 def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
-                             v_out=None, stream=None):
+                             v_out=None, v_layout="token_major", stream=None):
+    check_choice("mla_kv_pack_quantize_fp8", "v_layout", v_layout, V_LAYOUTS)
     if k_out is None:
         k_out = np.empty(out_shape(k_nope.shape, MLA["qk"]), dtype=_STORAGE["e4m3"])
-    if v_out is None:
+    if v_out is None and v_layout == "transposed":
+        n, heads, dim = v.shape
+        v_out = np.empty((heads, dim, transposed_pitch(n)),
+                         dtype=_STORAGE["e4m3"])[:, :, :n].transpose(2, 0, 1)
+    elif v_out is None:
         v_out = np.empty(v.shape, dtype=_STORAGE["e4m3"])
     _C.mla_kv_pack_quantize_fp8(arg(k_nope), arg(k_pe), arg(v), float(k_scale_inv),
                                 float(v_scale_inv), arg(k_out, "e4m3"), arg(v_out, "e4m3"),
-                                stream or 0)
+                                v_layout, stream or 0)
     return k_out, v_out
+
+
+def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                      softmax_scale, causal=True, q_descale=None, k_descale=None, v_descale=None,
+                      out=None, lse=None, return_lse=False, stream=None):
+    if out is None:
+        out = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=_STORAGE["bf16"])
+    if lse is None and return_lse:
+        lse = np.empty((q.shape[0], q.shape[1]), dtype=np.float32)
+    descale = lambda d: None if d is None else _f32_scalar(d)  # noqa: E731
+    _C.prefill_attention(arg(q), arg(k), arg(v), arg(cu_seqlens_q), arg(cu_seqlens_k),
+                         int(max_seqlen_q), int(max_seqlen_k), float(softmax_scale), bool(causal),
+                         descale(q_descale), descale(k_descale), descale(v_descale),
+                         arg(out, "bf16"), _opt(lse), stream or 0)
+    return (out, lse) if lse is not None else out
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b, *, out=None, out_lse=None, stream=None):
+    if out is None:
+        out = np.empty_like(o_a)
+    if out_lse is None:
+        out_lse = np.empty(lse_a.shape, dtype=np.float32)
+    _C.merge_attention_states(arg(o_a), arg(lse_a), arg(o_b), arg(lse_b), arg(out, "bf16"),
+                              arg(out_lse), stream or 0)
+    return out, out_lse

@@ -34,11 +34,13 @@ from ._common import (
     MLA,
     NVFP4_LAYOUTS,
     SCALE_LAYOUTS,
+    V_LAYOUTS,
     check_choice,
     gather_rows,
     group_scale_plan,
     nvfp4_shapes,
     out_shape,
+    transposed_pitch,
     yarn_tuple,
 )
 
@@ -314,16 +316,69 @@ def _mla_kv_pack_quantize_fp8(
     v_scale_inv: float,
     k_out: torch.Tensor,
     v_out: torch.Tensor,
+    v_layout: str,
     stream: int,
 ) -> None:
     with _on_device(k_nope):
         _C.mla_kv_pack_quantize_fp8(_arg(k_nope), _arg(k_pe), _arg(v), k_scale_inv, v_scale_inv,
-                                    _arg(k_out, "e4m3"), _arg(v_out, "e4m3"),
+                                    _arg(k_out, "e4m3"), _arg(v_out, "e4m3"), v_layout,
                                     _stream(k_nope, stream))
 
 
 @_mla_kv_pack_quantize_fp8.register_fake
-def _(k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out, v_out, stream):
+def _(k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out, v_out, v_layout, stream):
+    return None
+
+
+@_custom_op("fp8mla::prefill_attention", mutates_args=("out", "lse"))
+def _prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    q_descale: Optional[torch.Tensor],
+    k_descale: Optional[torch.Tensor],
+    v_descale: Optional[torch.Tensor],
+    out: torch.Tensor,
+    lse: Optional[torch.Tensor],
+    stream: int,
+) -> None:
+    opt = lambda t: None if t is None else _arg(t)  # noqa: E731
+    with _on_device(q):
+        _C.prefill_attention(_arg(q), _arg(k), _arg(v), _arg(cu_seqlens_q), _arg(cu_seqlens_k),
+                             max_seqlen_q, max_seqlen_k, softmax_scale, causal, opt(q_descale),
+                             opt(k_descale), opt(v_descale), _arg(out), opt(lse),
+                             _stream(q, stream))
+
+
+@_prefill_attention.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      q_descale, k_descale, v_descale, out, lse, stream):
+    return None
+
+
+@_custom_op("fp8mla::merge_attention_states", mutates_args=("out", "out_lse"))
+def _merge_attention_states(
+    o_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    o_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    out: torch.Tensor,
+    out_lse: torch.Tensor,
+    stream: int,
+) -> None:
+    with _on_device(o_a):
+        _C.merge_attention_states(_arg(o_a), _arg(lse_a), _arg(o_b), _arg(lse_b), _arg(out),
+                                  _arg(out_lse), _stream(o_a, stream))
+
+
+@_merge_attention_states.register_fake
+def _(o_a, lse_a, o_b, lse_b, out, out_lse, stream):
     return None
 
 
@@ -436,15 +491,43 @@ def mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_fl
 
 
 def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
-                             v_out=None, stream=None):
+                             v_out=None, v_layout="token_major", stream=None):
+    check_choice("mla_kv_pack_quantize_fp8", "v_layout", v_layout, V_LAYOUTS)
     if k_out is None:
         k_out = torch.empty(out_shape(k_nope.shape, MLA["qk"]), dtype=torch.float8_e4m3fn,
                             device=k_nope.device)
-    if v_out is None:
+    if v_out is None and v_layout == "transposed":
+        n, heads, dim = v.shape
+        v_out = torch.empty((heads, dim, transposed_pitch(n)), dtype=torch.float8_e4m3fn,
+                            device=v.device)[:, :, :n].permute(2, 0, 1)
+    elif v_out is None:
         v_out = torch.empty(tuple(v.shape), dtype=torch.float8_e4m3fn, device=v.device)
     _run("mla_kv_pack_quantize_fp8", k_nope, k_pe, v, float(k_scale_inv), float(v_scale_inv),
-         k_out, v_out, stream or 0)
+         k_out, v_out, v_layout, stream or 0)
     return k_out, v_out
+
+
+def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                      softmax_scale, causal=True, q_descale=None, k_descale=None, v_descale=None,
+                      out=None, lse=None, return_lse=False, stream=None):
+    if out is None:
+        out = torch.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=torch.bfloat16,
+                          device=q.device)
+    if lse is None and return_lse:
+        lse = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32, device=q.device)
+    _run("prefill_attention", q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+         int(max_seqlen_k), float(softmax_scale), bool(causal), q_descale, k_descale, v_descale,
+         out, lse, stream or 0)
+    return (out, lse) if lse is not None else out
+
+
+def merge_attention_states(o_a, lse_a, o_b, lse_b, *, out=None, out_lse=None, stream=None):
+    if out is None:
+        out = torch.empty_like(o_a)
+    if out_lse is None:
+        out_lse = torch.empty(tuple(lse_a.shape), dtype=torch.float32, device=lse_a.device)
+    _run("merge_attention_states", o_a, lse_a, o_b, lse_b, out, out_lse, stream or 0)
+    return out, out_lse
 
 
 # fp8mla.quantize_* route torch tensors here from now on (also when this module was imported

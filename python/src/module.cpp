@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "fp8mla/quantize.hpp"
@@ -483,9 +484,18 @@ void mla_kv_gather(nb::handle cache, nb::handle slots, float scale, nb::handle k
   fp8mla::mla_kv_gather(c, s, scale, kv, pe, flag, to_stream(stream));
 }
 
+fp8mla::VLayout parse_v_layout(const std::string& layout) {
+  if (layout == "token_major") return fp8mla::VLayout::kTokenMajor;
+  if (layout == "transposed") return fp8mla::VLayout::kTransposed;
+  throw Error(ErrorCategory::kInvalidArgument,
+              fp8mla::concat("mla_kv_pack_quantize_fp8: expected v_layout 'token_major' or "
+                             "'transposed', got '",
+                             layout, "'"));
+}
+
 void mla_kv_pack_quantize_fp8(nb::handle k_nope, nb::handle k_pe, nb::handle v, float k_scale_inv,
                               float v_scale_inv, nb::handle k_out, nb::handle v_out,
-                              std::uintptr_t stream) {
+                              const std::string& v_layout, std::uintptr_t stream) {
   Args args("mla_kv_pack_quantize_fp8");
   fp8mla::MlaKvPackArgs a;
   a.k_nope = args.input(k_nope, "k_nope");
@@ -495,8 +505,49 @@ void mla_kv_pack_quantize_fp8(nb::handle k_nope, nb::handle k_pe, nb::handle v, 
   a.v_scale_inv = v_scale_inv;
   a.k_out = args.output(k_out, "k_out");
   a.v_out = args.output(v_out, "v_out");
+  a.v_layout = parse_v_layout(v_layout);
   nb::gil_scoped_release release;
   fp8mla::mla_kv_pack_quantize_fp8(a, to_stream(stream));
+}
+
+// ---- Attention (fp8mla/attention.hpp) -------------------------------------------------------
+
+void prefill_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
+                       nb::handle cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
+                       float softmax_scale, bool causal, nb::handle q_descale, nb::handle k_descale,
+                       nb::handle v_descale, nb::handle out, nb::handle lse,
+                       std::uintptr_t stream) {
+  Args args("prefill_attention");
+  fp8mla::PrefillAttentionArgs a;
+  a.q = args.input(q, "q");
+  a.k = args.input(k, "k");
+  a.v = args.input(v, "v");
+  a.cu_seqlens_q = args.input(cu_seqlens_q, "cu_seqlens_q");
+  a.cu_seqlens_k = args.input(cu_seqlens_k, "cu_seqlens_k");
+  a.max_seqlen_q = max_seqlen_q;
+  a.max_seqlen_k = max_seqlen_k;
+  a.softmax_scale = softmax_scale;
+  a.causal = causal;
+  a.q_descale = args.optional_input(q_descale, "q_descale");
+  a.k_descale = args.optional_input(k_descale, "k_descale");
+  a.v_descale = args.optional_input(v_descale, "v_descale");
+  a.out = args.output(out, "out");
+  a.lse = args.optional_output(lse, "lse");
+  nb::gil_scoped_release release;
+  fp8mla::prefill_attention(a, to_stream(stream));
+}
+
+void merge_attention_states(nb::handle o_a, nb::handle lse_a, nb::handle o_b, nb::handle lse_b,
+                            nb::handle out, nb::handle out_lse, std::uintptr_t stream) {
+  Args args("merge_attention_states");
+  const TensorView oa = args.input(o_a, "o_a");
+  const TensorView la = args.input(lse_a, "lse_a");
+  const TensorView ob = args.input(o_b, "o_b");
+  const TensorView lb = args.input(lse_b, "lse_b");
+  const TensorView o = args.output(out, "out");
+  const TensorView l = args.output(out_lse, "out_lse");
+  nb::gil_scoped_release release;
+  fp8mla::merge_attention_states(oa, la, ob, lb, o, l, to_stream(stream));
 }
 
 nb::dict info() {
@@ -540,6 +591,13 @@ NB_MODULE(_C, m) {
 
   m.attr("__version__") = fp8mla::kVersionString;
   m.def("info", &info, "Build and device information");
+  m.def("prefill_attention", &prefill_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
+        nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"),
+        nb::arg("q_descale").none(), nb::arg("k_descale").none(), nb::arg("v_descale").none(),
+        nb::arg("out"), nb::arg("lse").none(), nb::arg("stream"));
+  m.def("merge_attention_states", &merge_attention_states, nb::arg("o_a"), nb::arg("lse_a"),
+        nb::arg("o_b"), nb::arg("lse_b"), nb::arg("out"), nb::arg("out_lse"), nb::arg("stream"));
   m.def("quantize_fp8", &quantize_fp8, nb::arg("input"), nb::arg("out"), nb::arg("scale_inv"),
         nb::arg("stream") = 0);
   m.def("quantize_fp8_dynamic", &quantize_fp8_dynamic, nb::arg("input"), nb::arg("out"),
@@ -578,5 +636,5 @@ NB_MODULE(_C, m) {
         nb::arg("stream") = 0);
   m.def("mla_kv_pack_quantize_fp8", &mla_kv_pack_quantize_fp8, nb::arg("k_nope"), nb::arg("k_pe"),
         nb::arg("v"), nb::arg("k_scale_inv"), nb::arg("v_scale_inv"), nb::arg("k_out"),
-        nb::arg("v_out"), nb::arg("stream") = 0);
+        nb::arg("v_out"), nb::arg("v_layout") = "token_major", nb::arg("stream") = 0);
 }

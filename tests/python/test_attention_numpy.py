@@ -1,0 +1,81 @@
+"""prefill_attention and merge_attention_states through numpy (the CPU path) against the float64
+reference of attention_reference.py: bf16 and e4m3 with descales, ragged with an empty sequence,
+causal and not, transposed V, merge of two key halves, errors. Skipped without ml_dtypes."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+import fp8mla  # noqa: E402
+from attention_reference import reference  # noqa: E402
+
+BF16 = ml_dtypes.bfloat16
+E4M3 = ml_dtypes.float8_e4m3fn
+DQK, DV = 192, 128
+
+
+def ragged(q_lens, k_lens, heads, dtype, seed):
+    rng = np.random.default_rng(seed)
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
+    q = rng.uniform(-2, 2, (cu_q[-1], heads, DQK)).astype(np.float32).astype(dtype)
+    k = rng.uniform(-2, 2, (cu_k[-1], heads, DQK)).astype(np.float32).astype(dtype)
+    v = rng.uniform(-2, 2, (cu_k[-1], heads, DV)).astype(np.float32).astype(dtype)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("dtype", [BF16, E4M3], ids=["bf16", "e4m3"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_numpy_matches_reference(dtype, causal):
+    q_lens, k_lens = [5, 0, 40], [9, 3, 40]
+    q, k, v, cu_q, cu_k = ragged(q_lens, k_lens, 3, dtype, 1)
+    descale = np.float32(0.5)
+    kwargs = {}
+    if dtype == E4M3:
+        kwargs = dict(q_descale=descale, k_descale=descale, v_descale=descale)
+    scale = 1 / math.sqrt(DQK)
+    out, lse = fp8mla.prefill_attention(q, k, v, cu_q, cu_k, max(q_lens), max(k_lens),
+                                        softmax_scale=scale, causal=causal, return_lse=True,
+                                        **kwargs)
+    d = float(descale) if dtype == E4M3 else 1.0
+    ref_out, ref_lse = reference(q.astype(np.float64) * d, k.astype(np.float64) * d,
+                                 v.astype(np.float64) * d, cu_q, cu_k, scale, causal)
+    np.testing.assert_allclose(out.astype(np.float64), ref_out, atol=2e-2, rtol=1e-2)
+    np.testing.assert_allclose(lse, ref_lse, atol=1e-4)
+
+
+def test_numpy_transposed_v_and_merge():
+    q, k, v, cu_q, cu_k = ragged([7, 30], [7, 30], 2, BF16, 2)
+    scale = 0.1
+    v_t = np.ascontiguousarray(v.transpose(1, 2, 0)).transpose(2, 0, 1)  # keys contiguous
+    a = fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 30, 30, softmax_scale=scale,
+                                 return_lse=True)
+    b = fp8mla.prefill_attention(q, k, v_t, cu_q, cu_k, 30, 30, softmax_scale=scale,
+                                 return_lse=True)
+    np.testing.assert_array_equal(a[0].view(np.uint16), b[0].view(np.uint16))
+    # The keys of one sequence split in two, attended separately and merged = attended together.
+    one = np.array([0, 7], np.int32)
+    full_out, full_lse = fp8mla.prefill_attention(q[:7], k[:7], v[:7], one, one, 7, 7,
+                                                  softmax_scale=scale, causal=False,
+                                                  return_lse=True)
+    parts = [fp8mla.prefill_attention(q[:7], k[lo:hi], v[lo:hi], one,
+                                      np.array([0, hi - lo], np.int32), 7, hi - lo,
+                                      softmax_scale=scale, causal=False, return_lse=True)
+             for lo, hi in ((0, 3), (3, 7))]
+    o, lse = fp8mla.merge_attention_states(parts[0][0], parts[0][1], parts[1][0], parts[1][1])
+    np.testing.assert_allclose(lse, full_lse, atol=1e-5)
+    np.testing.assert_allclose(o.astype(np.float32), full_out.astype(np.float32), atol=1e-2)
+
+
+def test_errors_are_clear():
+    q, k, v, cu_q, cu_k = ragged([4], [4], 1, BF16, 3)
+    with pytest.raises(fp8mla.InvalidArgumentError, match="max_seqlen_q"):
+        fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 2, 4, softmax_scale=0.1)
+    with pytest.raises(fp8mla.InvalidArgumentError, match="q_descale"):
+        fp8mla.prefill_attention(q.astype(np.float32).astype(E4M3), k.astype(np.float32).astype(E4M3),
+                                 v.astype(np.float32).astype(E4M3), cu_q, cu_k, 4, 4,
+                                 softmax_scale=0.1)
