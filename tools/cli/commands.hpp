@@ -12,6 +12,8 @@ void add_info_command(CLI::App& app);
 void add_bench_quant_command(CLI::App& bench);
 // `fp8mla bench prep`: the MLA prep ops (CUDA builds only).
 void add_bench_prep_command(CLI::App& bench);
+// `fp8mla bench attention`: prefill attention in TFLOP/s (CUDA builds only).
+void add_bench_attention_command(CLI::App& bench);
 #endif
 
 }  // namespace fp8mla::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   bench->require_subcommand(1);
   fp8mla::cli::add_bench_quant_command(*bench);
   fp8mla::cli::add_bench_prep_command(*bench);
+  fp8mla::cli::add_bench_attention_command(*bench);
 #endif
   try {
     app.parse(argc, argv);

@@ -1,0 +1,200 @@
+// `fp8mla bench attention`: times prefill_attention (op 8) on CUDA device 0 through the public
+// C++ API: e4m3 (V transposed, as the FP8 kernel reads it) and bf16, causal and not, H = 128,
+// Dqk = 192, Dv = 128, on single sequences and a ragged batch of 16 x 1k (the shapes of the
+// targets in DESIGN section 9).
+//
+// Method (bench/README.md): CUDA events around each launch, --warmup untimed launches, then
+// --iters timed ones queued behind a host gate (device time only), median. The kernel is
+// compute-bound (an 8k causal e4m3 call reads 0.5 GB and does 2.7 TFLOP: ~0.1 ms of memory
+// traffic in ~3 ms), so one input set is reused: L2 residency does not change its time. FLOPs = 2 *
+// H * (visible query-key pairs) * (Dqk + Dv); causal counts only the visible half. Inputs are
+// random finite values (e4m3 codes from random bf16, descales 1/16); after timing, every output
+// element is checked to be finite.
+#include <cuda_runtime_api.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "fp8mla/attention.hpp"
+#include "fp8mla/error.hpp"
+#include "fp8mla/quantize.hpp"
+#include "fp8mla/runtime_info.hpp"
+#include "gpu_timer.hpp"
+
+namespace fp8mla::cli {
+namespace {
+
+constexpr int kDqk = 192;
+constexpr int kDv = 128;
+
+struct Shape {
+  const char* name;
+  std::vector<int> lens;
+};
+
+struct Row {
+  std::string shape;
+  std::string dtype;
+  bool causal = false;
+  double tflop = 0.0;
+  double us = 0.0;
+  std::int64_t non_finite = 0;
+};
+
+double visible_pairs(const std::vector<int>& lens, bool causal) {
+  double pairs = 0.0;
+  for (int n : lens) pairs += causal ? 0.5 * double(n) * double(n + 1) : double(n) * double(n);
+  return pairs;
+}
+
+// Random e4m3 or bf16 values into `dst` (`count` elements) from the bf16 pool.
+void fill_inputs(const RandomBf16Pool& pool, std::byte* dst, std::int64_t count, bool fp8,
+                 std::uint64_t salt) {
+  if (!fp8) {
+    pool.fill(dst, count * 2, salt);
+    return;
+  }
+  // Quantize pool values (|x| < 16) by 1/16 in chunks through a bf16 staging buffer.
+  const std::int64_t chunk = std::int64_t(1) << 24;
+  DeviceBuffer staging(chunk * 2);
+  for (std::int64_t at = 0; at < count; at += chunk) {
+    const std::int64_t n = std::min(chunk, count - at);
+    pool.fill(staging.data(), n * 2, salt + std::uint64_t(at));
+    const TensorView in(staging.data(), DType::kBF16, {n}, Device::cuda(0));
+    const TensorView out(dst + at, DType::kE4M3, {n}, Device::cuda(0));
+    quantize_fp8(in, out, 16.0f);
+  }
+}
+
+Row run_shape(const Shape& shape, bool fp8, bool causal, int heads, int warmup, int iters) {
+  const std::int64_t tokens = [&] {
+    std::int64_t t = 0;
+    for (int n : shape.lens) t += n;
+    return t;
+  }();
+  const int eb = fp8 ? 1 : 2;
+  const RandomBf16Pool pool;
+  DeviceBuffer q(tokens * heads * kDqk * eb), k(tokens * heads * kDqk * eb);
+  DeviceBuffer v(tokens * heads * kDv * eb), out(tokens * heads * kDv * 2);
+  DeviceBuffer lse(tokens * heads * 4), cu(std::int64_t(shape.lens.size() + 1) * 4), descale(4);
+  fill_inputs(pool, q.data(), tokens * heads * kDqk, fp8, 1);
+  fill_inputs(pool, k.data(), tokens * heads * kDqk, fp8, 2);
+  fill_inputs(pool, v.data(), tokens * heads * kDv, fp8, 3);
+  std::vector<std::int32_t> offsets{0};
+  int max_len = 0;
+  for (int n : shape.lens) {
+    offsets.push_back(offsets.back() + n);
+    max_len = std::max(max_len, n);
+  }
+  const float descale_value = 1.0f / 16.0f;
+  cuda::check(cudaMemcpy(cu.data(), offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice),
+              "cudaMemcpy");
+  cuda::check(cudaMemcpy(descale.data(), &descale_value, 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+
+  const DType dtype = fp8 ? DType::kE4M3 : DType::kBF16;
+  PrefillAttentionArgs a;
+  a.q = TensorView(q.data(), dtype, {tokens, heads, kDqk}, Device::cuda(0));
+  a.k = TensorView(k.data(), dtype, {tokens, heads, kDqk}, Device::cuda(0));
+  // e4m3: transposed V, [H][128][tokens] memory (tokens is a multiple of 16 for these shapes).
+  a.v = fp8 ? TensorView(v.data(), dtype, {tokens, heads, kDv}, {1, kDv * tokens, tokens},
+                         Device::cuda(0))
+            : TensorView(v.data(), dtype, {tokens, heads, kDv}, Device::cuda(0));
+  const TensorView cu_view(cu.data(), DType::kI32, {std::int64_t(offsets.size())}, Device::cuda(0));
+  a.cu_seqlens_q = cu_view;
+  a.cu_seqlens_k = cu_view;
+  a.max_seqlen_q = max_len;
+  a.max_seqlen_k = max_len;
+  a.softmax_scale = 1.0f / std::sqrt(float(kDqk));
+  a.causal = causal;
+  if (fp8) {
+    const TensorView d(descale.data(), DType::kF32, {1}, Device::cuda(0));
+    a.q_descale = a.k_descale = a.v_descale = d;
+  }
+  a.out = TensorView(out.data(), DType::kBF16, {tokens, heads, kDv}, Device::cuda(0));
+  a.lse = TensorView(lse.data(), DType::kF32, {tokens, heads}, Device::cuda(0));
+
+  EventTimer timer(iters);
+  Row row;
+  row.shape = shape.name;
+  row.dtype = fp8 ? "e4m3" : "bf16";
+  row.causal = causal;
+  row.tflop = 2.0 * heads * visible_pairs(shape.lens, causal) * (kDqk + kDv) / 1e12;
+  row.us = timer.median_us([&](int) { prefill_attention(a); }, warmup, /*queued=*/true);
+  const std::vector<std::uint16_t> host = to_host<std::uint16_t>(out.data(), tokens * heads * kDv);
+  for (std::uint16_t bits : host) row.non_finite += (bits & 0x7F80) == 0x7F80;
+  return row;
+}
+
+void write_json(const std::string& path, const std::vector<Row>& rows, int heads) {
+  std::ofstream f(path);
+  if (!f) throw Error(ErrorCategory::kIo, concat("--json: cannot open '", path, "' for writing"));
+  const BuildInfo build = build_info();
+  f << "{\n  \"benchmark\": \"attention\",\n  \"date\": " << json_string(utc_now())
+    << ",\n  \"device\": " << json_string(cuda::current_device_props().name)
+    << ",\n  \"fp8mla_version\": " << json_string(build.version) << ",\n  \"heads\": " << heads
+    << ",\n  \"rows\": [\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    f << "    {\"shape\": " << json_string(r.shape) << ", \"dtype\": " << json_string(r.dtype)
+      << ", \"causal\": " << (r.causal ? "true" : "false")
+      << ", \"tflop\": " << json_number(r.tflop) << ", \"us\": " << json_number(r.us)
+      << ", \"tflops\": " << json_number(r.tflop / r.us * 1e6)
+      << ", \"non_finite\": " << r.non_finite << "}" << (i + 1 < rows.size() ? ",\n" : "\n");
+  }
+  f << "  ]\n}\n";
+}
+
+}  // namespace
+
+void add_bench_attention_command(CLI::App& bench) {
+  struct Options {
+    int heads = 128;
+    int warmup = 3;
+    int iters = 20;
+    std::string json;
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = bench.add_subcommand(
+      "attention", "prefill_attention (e4m3 and bf16, causal and not) in TFLOP/s");
+  cmd->add_option("--heads", options->heads, "Heads")->check(CLI::Range(1, 128));
+  cmd->add_option("--warmup", options->warmup, "Untimed launches")->check(CLI::Range(0, 100));
+  cmd->add_option("--iters", options->iters, "Timed launches")->check(CLI::Range(1, 1000));
+  cmd->add_option("--json", options->json, "Write the results as JSON to this file");
+  cmd->callback([options] {
+    const std::vector<Shape> shapes = {{"1k", {1024}},
+                                       {"4k", {4096}},
+                                       {"8k", {8192}},
+                                       {"16k", {16384}},
+                                       {"16x1k", std::vector<int>(16, 1024)}};
+    std::printf("%-7s %-5s %-7s %10s %10s %10s\n", "shape", "dtype", "mask", "TFLOP", "us",
+                "TFLOP/s");
+    std::vector<Row> rows;
+    for (const Shape& shape : shapes) {
+      for (bool causal : {true, false}) {
+        for (bool fp8 : {true, false}) {
+          const Row r =
+              run_shape(shape, fp8, causal, options->heads, options->warmup, options->iters);
+          std::printf("%-7s %-5s %-7s %10.3f %10.1f %10.1f%s\n", r.shape.c_str(), r.dtype.c_str(),
+                      causal ? "causal" : "full", r.tflop, r.us, r.tflop / r.us * 1e6,
+                      r.non_finite ? "  NON-FINITE OUTPUT" : "");
+          std::fflush(stdout);
+          rows.push_back(r);
+        }
+      }
+    }
+    if (!options->json.empty()) write_json(options->json, rows, options->heads);
+    for (const Row& r : rows) {
+      if (r.non_finite) throw Error(ErrorCategory::kInternal, "non-finite attention output");
+    }
+  });
+}
+
+}  // namespace fp8mla::cli
