@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # What a developer runs on a Hopper machine: builds fp8mla with CUDA, runs every test (the CUDA-
 # labelled ones included) and compute-sanitizer on the CUDA tests, then prints a summary table.
-#   scripts/gpu-check.sh [--no-build] [--out DIR] [BUILD_DIR]
+#   scripts/gpu-check.sh [--no-build] [--out DIR] [--labels cpu,long,cuda,install]
+#                        [--sanitize EXE,EXE] [BUILD_DIR]
 # --no-build runs a build tree made elsewhere at the same absolute path (the tests' paths are
 # absolute). Logs and the JUnit report go to DIR (default BUILD_DIR/gpu-check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-build=1 out="" dir=build-gpu
+build=1 out="" dir=build-gpu label_list=cpu,long,cuda,install sanitize=all
 while (($#)); do
   case "$1" in
     --no-build) build=0 ;;
     --out) out=$2; shift ;;
+    --labels) label_list=$2; shift ;;
+    --sanitize) sanitize=$2; shift ;;
     *) dir=$1 ;;
   esac
   shift
@@ -31,7 +34,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 "$dir/fp8mla" info
 
 ctest_status=0
-labels=(cpu long cuda install)
+IFS=, read -ra labels <<<"$label_list"
 for label in "${labels[@]}"; do
   ctest --test-dir "$dir" -L "^$label\$" --output-on-failure --no-tests=ignore \
     --output-junit "$out/ctest-$label.xml" >"$out/ctest-$label.log" 2>&1 || ctest_status=1
@@ -44,7 +47,8 @@ sanitize_cases=(
   "cuda_runtime_test -CudaRuntime.LaunchErrorBecomesFp8mlaError"
   "numerics_cuda_test -NumericsCuda.HardwareConversionsEqualSoftwareCodec"
   "quantize_cuda_test QuantizeCuda.*MatchesCpu:QuantizeCuda.PdlOnAndOffBitIdentical"
-  "mla_prep_cuda_test MlaKvCuda.WriteMatchesCpu:MlaKvCuda.GatherMatchesCpu:MlaKvCuda.*BadSlots*:MlaRopeCuda.MatrixEqualsCpu:MlaRopeCuda.BadPositionAndSlot"
+  "mla_prep_cuda_test MlaKvCuda.WriteMatchesCpu:MlaKvCuda.GatherMatchesCpu:MlaKvCuda.*BadSlots*:MlaKvCuda.PackMatchesCpuForEveryTokenCount:MlaRopeCuda.MatrixEqualsCpu:MlaRopeCuda.BadPositionAndSlot"
+  "merge_states_cuda_test *"
 )
 sanitizer_rows=()
 if command -v compute-sanitizer >/dev/null; then
@@ -52,6 +56,7 @@ if command -v compute-sanitizer >/dev/null; then
     for case in "${sanitize_cases[@]}"; do
       read -r exe filter <<<"$case"
       [[ -x "$dir/tests/$exe" ]] || continue
+      [[ $sanitize == all || ",$sanitize," == *",$exe,"* ]] || continue
       log="$out/sanitizer-$tool-$exe.log"
       timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
         "$dir/tests/$exe" --gtest_filter="$filter" >"$log" 2>&1
