@@ -1,8 +1,13 @@
-# Installs fp8mla as a CMake package: find_package(fp8mla) then link fp8mla::fp8mla.
+# Installs fp8mla as a CMake package: find_package(fp8mla) then link fp8mla::fp8mla (and
+# fp8mla::model, the MLA layer, where it was built).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-install(TARGETS fp8mla EXPORT fp8mlaTargets
+set(fp8mla_installed_targets fp8mla)
+if(TARGET fp8mla_model)
+  list(APPEND fp8mla_installed_targets fp8mla_model)
+endif()
+install(TARGETS ${fp8mla_installed_targets} EXPORT fp8mlaTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

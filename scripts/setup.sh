@@ -15,6 +15,7 @@ APT_PACKAGES=(
   libgmock-dev=1.12.1-0.2
   libbenchmark-dev=1.7.1-1
   libcli11-dev=2.1.2+ds-1
+  nlohmann-json3-dev=3.11.2-2
   clang-format=1:14.0-55.7~deb12u1
 )
 # PyPI packages for the Python package (pip install . --no-build-isolation) and its tests.
