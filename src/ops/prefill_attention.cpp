@@ -115,6 +115,15 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
                          args.v.describe()));
     check_tma_operand(check, args.v, "v", {0, 1});
   }
+  // The grid is sized by max_seqlen_q and the host cannot read cu_seqlens: catch the bounds that
+  // cannot hold for any offsets (some sequence has at least Tq / batch queries).
+  const std::int64_t batch = args.cu_seqlens_q.size(0) - 1;
+  check.require(std::int64_t(args.max_seqlen_q) * batch >= args.q.size(0) &&
+                    std::int64_t(args.max_seqlen_k) * batch >= args.k.size(0),
+                ErrorCategory::kInvalidArgument,
+                concat("max_seqlen_q (", args.max_seqlen_q, ") and max_seqlen_k (",
+                       args.max_seqlen_k, ") cannot bound ", batch, " sequences of ",
+                       args.q.size(0), " queries and ", args.k.size(0), " keys in all"));
   // The kernel takes each row's max on unscaled scores (scale folded into the exponent).
   check.require(args.softmax_scale > 0.0f, ErrorCategory::kInvalidArgument,
                 concat("the CUDA kernel needs softmax_scale > 0, got ", args.softmax_scale));

@@ -491,6 +491,10 @@ TEST(PrefillCudaArgs, LayoutAndVariantErrors) {
   a.q = TensorView(p.q_view.data(), DType::kE4M3, {64, 2, kDqk}, {2 * kDqk + 8, kDqk, 1},
                    Device::cuda(0));
   expect_error(a, "multiple of 16 bytes");
+  // max_seqlen_q that no offsets allow (one sequence of 64 queries).
+  a = args_of(p);
+  a.max_seqlen_q = 32;
+  expect_error(a, "cannot bound 1 sequences of 64 queries");
   // Nothing was written by the failed calls.
   const std::vector<std::uint8_t> out = p.buffers[3].download();
   EXPECT_TRUE(
