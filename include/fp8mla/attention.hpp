@@ -46,7 +46,8 @@ struct PrefillAttentionArgs {
 //    16 bytes; e4m3 V transposed, bf16 V token-major;
 //  - out with even token and head strides; softmax_scale > 0 (and positive descales);
 //  - max_seqlen_q at least every sequence's query count (it sizes the grid: rows beyond it are not
-//    computed; the device path does not read cu_seqlens on the host to check it).
+//    computed). The device path does not read cu_seqlens on the host; it rejects only bounds
+//    that no offsets allow (max_seqlen * batch < tokens).
 // It allocates nothing and does not synchronize. P is rounded to e4m3 for the FP8 P V product
 // after scaling by 2^8, which keeps probabilities down to 2^-14 normal.
 void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream = nullptr);
