@@ -294,7 +294,8 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   }
 
   dispatch(
-      device, [&] { run_cpu(check, p); }, [&](auto) { cuda::prefill_attention(p, stream); });
+      device, [&] { run_cpu(check, p); },
+      [&](auto) { cuda::prefill_attention(attention_variant_key(args), p, stream); });
 }
 
 }  // namespace fp8mla

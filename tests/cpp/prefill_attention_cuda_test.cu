@@ -23,6 +23,7 @@
 #include "cuda_test_util.hpp"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
+#include "fp8mla/kernel_registry.hpp"
 #include "fp8mla/numerics.hpp"
 #include "quantize_test_util.hpp"
 
@@ -485,7 +486,7 @@ TEST(PrefillCudaArgs, LayoutAndVariantErrors) {
   a = args_of(p);
   a.q = TensorView(p.q_view.data(), DType::kE4M3, {64, 2, 128}, {2 * 192, 192, 1}, Device::cuda(0));
   a.k = TensorView(p.k_view.data(), DType::kE4M3, {64, 2, 128}, {2 * 192, 192, 1}, Device::cuda(0));
-  expect_error(a, "e4m3 causal Dqk 192 Dv 128");
+  expect_error(a, "e4m3fn causal Dqk 192 Dv 128");
   // A q token stride that is not a multiple of 16 bytes.
   a = args_of(p);
   a.q = TensorView(p.q_view.data(), DType::kE4M3, {64, 2, kDqk}, {2 * kDqk + 8, kDqk, 1},
@@ -499,6 +500,14 @@ TEST(PrefillCudaArgs, LayoutAndVariantErrors) {
   const std::vector<std::uint8_t> out = p.buffers[3].download();
   EXPECT_TRUE(
       std::all_of(out.begin(), out.end(), [](std::uint8_t b) { return b == test::kPoison; }));
+}
+
+// warm_up_attention sets up every variant a configuration can ask for; calls then find them.
+TEST(PrefillCudaArgs, WarmUpPreparesTheNeededVariants) {
+  FP8MLA_REQUIRE_HOPPER();
+  AttentionNeeds needs;
+  needs.dtypes = {DType::kE4M3, DType::kBF16};
+  EXPECT_NO_THROW(warm_up_attention(needs));
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
+#include "fp8mla/kernel_registry.hpp"
 #include "fp8mla/numerics.hpp"
 #include "quantize_test_util.hpp"
 
@@ -618,6 +619,60 @@ TEST(PrefillAttentionArgs, CudaTensorsOffTheCurrentDevice) {
 TEST(PrefillAttentionArgs, NonFiniteScale) {
   expect_bad([](BadArgs& b) { b.a.softmax_scale = std::numeric_limits<float>::quiet_NaN(); },
              ErrorCategory::kInvalidArgument, {"expected a finite softmax_scale"});
+}
+
+}  // namespace
+}  // namespace fp8mla
+
+namespace fp8mla {
+namespace {
+
+// ---- Kernel variant registry (fp8mla/kernel_registry.hpp) -----------------------------------
+
+TEST(AttentionRegistry, WarmedKeysAreTheRuntimeKeys) {
+  // The FP8 path's calls have e4m3 inputs whatever the model dtype: warming up the e4m3 keys
+  // covers them, and the bf16 keys would not.
+  AttentionNeeds needs;
+  needs.dtypes = {DType::kE4M3};
+  const std::vector<AttentionVariantKey> warmed = attention_keys(needs);
+  ASSERT_EQ(warmed.size(), 2u);
+  for (bool causal : {true, false}) {
+    PrefillAttentionArgs call;
+    call.q = fake(DType::kE4M3, {300, 128, 192});
+    call.v = fake(DType::kE4M3, {500, 128, 128});
+    call.causal = causal;
+    const AttentionVariantKey runtime = attention_variant_key(call);
+    EXPECT_EQ(runtime.dtype, DType::kE4M3);
+    EXPECT_NE(std::find(warmed.begin(), warmed.end(), runtime), warmed.end()) << to_string(runtime);
+  }
+  needs.dtypes = {DType::kBF16};
+  PrefillAttentionArgs fp8_call;
+  fp8_call.q = fake(DType::kE4M3, {1, 1, 192});
+  fp8_call.v = fake(DType::kE4M3, {1, 1, 128});
+  const std::vector<AttentionVariantKey> bf16_keys = attention_keys(needs);
+  EXPECT_EQ(std::find(bf16_keys.begin(), bf16_keys.end(), attention_variant_key(fp8_call)),
+            bf16_keys.end());
+  needs.non_causal = false;
+  EXPECT_EQ(attention_keys(needs).size(), 1u);
+}
+
+TEST(AttentionRegistry, CompiledVariantsAndMissesNameTheKeys) {
+  const std::vector<AttentionVariantKey> compiled = compiled_attention_variants();
+#if defined(FP8MLA_WITH_CUDA)
+  EXPECT_EQ(compiled.size(), 4u);
+  EXPECT_NE(std::find(compiled.begin(), compiled.end(),
+                      AttentionVariantKey{DType::kE4M3, true, 192, 128}),
+            compiled.end());
+#else
+  EXPECT_TRUE(compiled.empty());
+#endif
+  AttentionNeeds needs;
+  needs.head_dim_qk = 128;  // not compiled
+  expect_error([&] { warm_up_attention(needs); }, ErrorCategory::kUnsupported,
+               {"needed (e4m3fn causal Dqk 128 Dv 128; e4m3fn non-causal Dqk 128 Dv 128)",
+                "missing (e4m3fn causal Dqk 128 Dv 128;", "this build has ("});
+  EXPECT_EQ(to_string(AttentionVariantKey{DType::kBF16, false, 192, 128}),
+            "bf16 non-causal Dqk 192 Dv 128");
 }
 
 }  // namespace

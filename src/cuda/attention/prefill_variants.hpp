@@ -7,28 +7,21 @@
 #include <span>
 #include <string>
 
+#include "fp8mla/kernel_registry.hpp"
 #include "ops/prefill_attention_params.hpp"
 
 namespace fp8mla::cuda::attention {
 
-struct PrefillVariantKey {
-  bool fp8;
-  bool causal;
-  int dqk;
-  int dv;
-  friend bool operator==(const PrefillVariantKey&, const PrefillVariantKey&) = default;
-};
-
 struct PrefillVariant {
   const char* name;
-  PrefillVariantKey key;
+  AttentionVariantKey key;
   void (*prepare)();
   void (*launch)(const PrefillAttentionParams&, cudaStream_t);
 };
 
 std::span<const PrefillVariant> prefill_variants();
-std::string describe(const PrefillVariantKey& key);
-// The variant for `key`; throws ErrorCategory::kUnsupported when none was compiled.
-const PrefillVariant& find_prefill_variant(const PrefillVariantKey& key);
+// The variant for `key`; throws ErrorCategory::kUnsupported naming the key and the compiled ones
+// when there is none.
+const PrefillVariant& find_prefill_variant(const AttentionVariantKey& key);
 
 }  // namespace fp8mla::cuda::attention
