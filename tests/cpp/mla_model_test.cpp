@@ -18,6 +18,7 @@
 #include "fp8mla/mla_weights.hpp"
 #include "fp8mla/numerics.hpp"
 #include "fp8mla/safetensors.hpp"
+#include "model/prefix_chunks.hpp"
 
 namespace fp8mla {
 namespace {
@@ -246,6 +247,60 @@ TEST(MlaWeights, WrongShapeDtypeOrMixedFormatsAreClearErrors) {
   write_safetensors(path, mla_weight_tensors(w, config, 0));
   fs::resize_file(path, fs::file_size(path) - 100);
   expect_error([&] { SafetensorsFile f(path); }, ErrorCategory::kIo, {"truncated"});
+}
+
+// ---- Chunked prefix plan ----------------------------------------------------------------------
+
+// Every prefix token in exactly one chunk, in order; chunks full but the last; no chunk over the
+// capacity; sequences without keys in a chunk have an empty run.
+void expect_plan(const std::vector<std::int64_t>& lens, std::int64_t capacity) {
+  SCOPED_TRACE(::testing::Message() << "capacity " << capacity);
+  const std::vector<PrefixChunk> chunks = plan_prefix_chunks(lens, capacity);
+  std::int64_t total = 0;
+  for (std::int64_t n : lens) total += n;
+  ASSERT_EQ(std::int64_t(chunks.size()), (total + capacity - 1) / capacity);
+  std::vector<std::int64_t> next(lens.size(), 0);  // per sequence: next token expected
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    const PrefixChunk& chunk = chunks[c];
+    ASSERT_EQ(chunk.cu_seqlens_k.size(), lens.size() + 1);
+    EXPECT_EQ(chunk.cu_seqlens_k[0], 0);
+    EXPECT_LE(chunk.keys(), capacity);
+    if (c + 1 < chunks.size()) EXPECT_EQ(chunk.keys(), capacity);
+    std::int32_t longest = 0;
+    for (std::size_t b = 0; b < lens.size(); ++b) {
+      const std::int32_t n = chunk.cu_seqlens_k[b + 1] - chunk.cu_seqlens_k[b];
+      ASSERT_GE(n, 0);
+      longest = std::max(longest, n);
+      if (n == 0) continue;
+      EXPECT_EQ(chunk.first_token[b], next[b]) << "sequence " << b << " chunk " << c;
+      next[b] += n;
+    }
+    EXPECT_EQ(chunk.max_seqlen_k, longest);
+  }
+  for (std::size_t b = 0; b < lens.size(); ++b) EXPECT_EQ(next[b], lens[b]) << "sequence " << b;
+}
+
+TEST(PrefixChunks, CoverEveryTokenOnceWithinCapacity) {
+  const std::vector<std::int64_t> lens = {0, 5, 1000, 0, 1, 4096, 0};
+  for (std::int64_t capacity : {1, 3, 64, 999, 1000, 1001, 5102, 100000})
+    expect_plan(lens, capacity);
+  expect_plan({0, 0}, 16);
+  expect_plan({}, 16);
+  expect_plan({7}, 7);
+  // A chunk where the first sequences have no keys: the 1000-token prefix ends mid-chunk.
+  const std::vector<PrefixChunk> chunks = plan_prefix_chunks(lens, 600);
+  EXPECT_EQ(chunks[1].cu_seqlens_k[1], 0);  // sequences 0 and 1 have nothing in chunk 1
+  EXPECT_EQ(chunks[1].cu_seqlens_k[2], 0);
+  EXPECT_EQ(chunks[1].first_token[2], 595);
+}
+
+TEST(PrefixChunks, BadArgumentsAreClearErrors) {
+  const std::vector<std::int64_t> lens = {3, -1};
+  expect_error([&] { plan_prefix_chunks(lens, 8); }, ErrorCategory::kInvalidArgument,
+               {"prefix length of sequence 1 is -1"});
+  const std::vector<std::int64_t> ok = {3};
+  expect_error([&] { plan_prefix_chunks(ok, 0); }, ErrorCategory::kInvalidArgument,
+               {"expected a capacity in [1, 2^31 - 1], got 0"});
 }
 
 }  // namespace
