@@ -6,6 +6,10 @@
 namespace fp8mla::cli {
 
 void add_info_command(CLI::App& app);
+#if defined(FP8MLA_WITH_MODEL)
+// `fp8mla run`: one MLA layer prefill, FP8 vs BF16 vs a float64 reference (the main job).
+void add_run_command(CLI::App& app);
+#endif
 
 #if defined(FP8MLA_WITH_CUDA)
 // `fp8mla bench quant` (registered on the `bench` subcommand; CUDA builds only).

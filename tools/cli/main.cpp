@@ -10,6 +10,9 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", fp8mla::kVersionString);
   app.require_subcommand(1);
   fp8mla::cli::add_info_command(app);
+#if defined(FP8MLA_WITH_MODEL)
+  fp8mla::cli::add_run_command(app);
+#endif
 #if defined(FP8MLA_WITH_CUDA)
   CLI::App* bench = app.add_subcommand("bench", "Time fp8mla's CUDA kernels on cuda:0");
   bench->require_subcommand(1);

@@ -1,0 +1,70 @@
+#include "model/cpu_math.hpp"
+
+#include <cmath>
+
+#include "cpu/parallel_for.hpp"
+#include "fp8mla/numerics.hpp"
+
+namespace fp8mla::model {
+
+std::vector<float> dequantize(const MlaProjection& projection) {
+  const TensorView& w = projection.weight;
+  const std::int64_t out = w.size(0), in = w.size(1);
+  std::vector<float> f(std::size_t(out * in));
+  if (w.dtype() == DType::kBF16) {
+    for (std::int64_t i = 0; i < out * in; ++i)
+      f[std::size_t(i)] = decode_bf16(w.data_as<std::uint16_t>()[i]);
+    return f;
+  }
+  const TensorView& s = projection.scale_inv;
+  for (std::int64_t r = 0; r < out; ++r) {
+    for (std::int64_t c = 0; c < in; ++c) {
+      const float scale = s.data_as<float>()[(r / kWeightBlock) * s.size(1) + c / kWeightBlock];
+      f[std::size_t(r * in + c)] = decode_e4m3(w.data_as<std::uint8_t>()[r * in + c]) * scale;
+    }
+  }
+  return f;
+}
+
+void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
+            std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y) {
+  cpu::parallel_for(rows, 4, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<float> xf(static_cast<std::size_t>(in));
+    for (std::int64_t t = begin; t < end; ++t) {
+      for (std::int64_t i = 0; i < in; ++i)
+        xf[std::size_t(i)] = decode_bf16(x[std::size_t(t * in + i)]);
+      for (std::int64_t o = 0; o < out; ++o) {
+        const float* wr = w.data() + o * in;
+        float acc = 0.0f;
+        for (std::int64_t i = 0; i < in; ++i) acc += xf[std::size_t(i)] * wr[i];
+        y[std::size_t(t * out + o)] = encode_bf16(acc);
+      }
+    }
+  });
+}
+
+void rms_norm(const std::uint16_t* x, std::int64_t rows, std::int64_t width, std::int64_t stride,
+              const TensorView& weight, double eps, std::uint16_t* y) {
+  for (std::int64_t t = 0; t < rows; ++t) {
+    const std::uint16_t* row = x + t * stride;
+    float sum = 0.0f;
+    for (std::int64_t i = 0; i < width; ++i) sum += decode_bf16(row[i]) * decode_bf16(row[i]);
+    const float inv = 1.0f / std::sqrt(sum / float(width) + float(eps));
+    for (std::int64_t i = 0; i < width; ++i) {
+      y[t * width + i] =
+          encode_bf16(decode_bf16(row[i]) * inv * decode_bf16(weight.data_as<std::uint16_t>()[i]));
+    }
+  }
+}
+
+void rope_bf16(std::uint16_t* x, const float* cos_sin_row) {
+  constexpr int kHalf = kMlaRopeDim / 2;
+  for (int i = 0; i < kHalf; ++i) {
+    const float a = decode_bf16(x[2 * i]), b = decode_bf16(x[2 * i + 1]);
+    const float c = cos_sin_row[i], s = cos_sin_row[kHalf + i];
+    x[2 * i] = encode_bf16(std::fma(a, c, -(b * s)));
+    x[2 * i + 1] = encode_bf16(std::fma(b, c, a * s));
+  }
+}
+
+}  // namespace fp8mla::model

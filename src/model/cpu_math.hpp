@@ -1,0 +1,30 @@
+// The dense math of the MLA layer's CPU backend: f32 GEMM with bf16 output (as a BF16 GEMM with
+// f32 accumulation rounds it), RMSNorm, and the bf16 RoPE of the BF16 attention path. Threaded
+// over rows; inputs and outputs are contiguous row-major bf16 bits.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "fp8mla/mla_weights.hpp"
+
+namespace fp8mla::model {
+
+// A projection's weight as f32 [out, in]: bf16 widened, or e4m3 times its block scale.
+std::vector<float> dequantize(const MlaProjection& projection);
+
+// y[t, o] = bf16(sum_i x[t, i] * w[o, i]); x bf16 [rows, in], w f32 [out, in].
+void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
+            std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y);
+
+// y = bf16(x / sqrt(mean(x^2) + eps) * w) per row of `width` elements, rows `stride` apart in x.
+void rms_norm(const std::uint16_t* x, std::int64_t rows, std::int64_t width, std::int64_t stride,
+              const TensorView& weight, double eps, std::uint16_t* y);
+
+// In place on bf16 rows of kMlaRopeDim elements: interleaved RoPE with cos_sin row `position`
+// (f32 [max_pos, 64], fp8mla::make_cos_sin_cache), computed as mla_rope_quantize_fp8 does, then
+// rounded to bf16.
+void rope_bf16(std::uint16_t* x, const float* cos_sin_row);
+
+}  // namespace fp8mla::model

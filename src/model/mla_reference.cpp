@@ -1,0 +1,161 @@
+// mla_prefill_reference (fp8mla/mla_layer.hpp): the layer's math in float64, token by token.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/parallel_for.hpp"
+#include "fp8mla/error.hpp"
+#include "fp8mla/mla_layer.hpp"
+#include "fp8mla/numerics.hpp"
+#include "model/cpu_math.hpp"
+
+namespace fp8mla {
+namespace {
+
+using Vec = std::vector<double>;
+
+struct Matrix {
+  std::vector<float> w;  // [out, in]
+  std::int64_t out = 0, in = 0;
+  Vec apply(const Vec& x) const {
+    Vec y(std::size_t(out), 0.0);
+    for (std::int64_t o = 0; o < out; ++o) {
+      double acc = 0.0;
+      for (std::int64_t i = 0; i < in; ++i)
+        acc += double(w[std::size_t(o * in + i)]) * x[std::size_t(i)];
+      y[std::size_t(o)] = acc;
+    }
+    return y;
+  }
+};
+
+Matrix matrix(const MlaProjection& p) {
+  return {model::dequantize(p), p.weight.size(0), p.weight.size(1)};
+}
+
+Vec rms_norm(const Vec& x, const TensorView& weight, double eps) {
+  double sum = 0.0;
+  for (double v : x) sum += v * v;
+  const double inv = 1.0 / std::sqrt(sum / double(x.size()) + eps);
+  Vec y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    y[i] = x[i] * inv * double(decode_bf16(weight.data_as<std::uint16_t>()[i]));
+  }
+  return y;
+}
+
+// Interleaved RoPE of x[offset .. offset + 64) with the f32 cos/sin row.
+void rope(Vec& x, std::size_t offset, const float* cs) {
+  constexpr int kHalf = kMlaRopeDim / 2;
+  for (int i = 0; i < kHalf; ++i) {
+    const double a = x[offset + 2 * i], b = x[offset + 2 * i + 1];
+    x[offset + 2 * i] = a * cs[i] - b * cs[kHalf + i];
+    x[offset + 2 * i + 1] = b * cs[i] + a * cs[kHalf + i];
+  }
+}
+
+struct Keys {
+  Vec k;  // [H, 192]
+  Vec v;  // [H, 128]
+};
+
+}  // namespace
+
+void mla_prefill_reference(const MlaConfig& c, const MlaWeights& weights, const TensorView& hidden,
+                           const MlaBatch& batch, const TensorView& cache, float cache_scale_inv,
+                           double* out) {
+  const std::int64_t H = c.heads;
+  std::int64_t max_pos = 1;
+  for (const MlaSequence& s : batch.sequences) max_pos = std::max(max_pos, s.prefix + s.extend);
+  std::vector<float> cos_sin(std::size_t(max_pos * kMlaRopeDim));
+  make_cos_sin_cache(TensorView(cos_sin.data(), DType::kF32, {max_pos, kMlaRopeDim}), c.rope);
+  const Matrix q_a = c.q_lora_rank > 0 ? matrix(weights.q_a_proj) : Matrix{};
+  const Matrix q_b = c.q_lora_rank > 0 ? matrix(weights.q_b_proj) : matrix(weights.q_proj);
+  const Matrix kv_a = matrix(weights.kv_a_proj_with_mqa), kv_b = matrix(weights.kv_b_proj);
+  const Matrix o_proj = matrix(weights.o_proj);
+  const auto* cache_bytes = cache.data_as<const std::uint8_t>();
+  const std::int64_t page_size = cache.size(1);
+  const double cache_scale = 1.0 / double(cache_scale_inv);
+
+  // Per-head keys from a latent row: kv_c [512] and the RoPE'd k_pe [64].
+  auto keys_of = [&](const Vec& kv_c, const Vec& k_pe) {
+    const Vec kv = kv_b.apply(kv_c);
+    Keys k{Vec(std::size_t(H * kMlaQkDim)), Vec(std::size_t(H * kMlaVDim))};
+    for (std::int64_t h = 0; h < H; ++h) {
+      for (int d = 0; d < kMlaNopeDim; ++d)
+        k.k[std::size_t(h * kMlaQkDim + d)] = kv[std::size_t(h * 256 + d)];
+      for (int d = 0; d < kMlaRopeDim; ++d)
+        k.k[std::size_t(h * kMlaQkDim + kMlaNopeDim + d)] = k_pe[std::size_t(d)];
+      for (int d = 0; d < kMlaVDim; ++d)
+        k.v[std::size_t(h * kMlaVDim + d)] = kv[std::size_t(h * 256 + kMlaNopeDim + d)];
+    }
+    return k;
+  };
+
+  std::int64_t row0 = 0;
+  for (const MlaSequence& s : batch.sequences) {
+    std::vector<Keys> keys;  // prefix (from the cache), then extend
+    std::vector<Vec> queries;
+    for (std::int64_t i = 0; i < s.prefix; ++i) {
+      const std::int64_t slot = s.slots[std::size_t(i)];
+      const std::uint8_t* row =
+          cache_bytes + (slot / page_size) * cache.stride(0) + (slot % page_size) * cache.stride(1);
+      Vec kv_c(std::size_t(c.kv_lora_rank)), k_pe(kMlaRopeDim);
+      for (std::int64_t d = 0; d < c.kv_lora_rank; ++d)
+        kv_c[std::size_t(d)] = decode_e4m3(row[d]) * cache_scale;
+      for (int d = 0; d < kMlaRopeDim; ++d)
+        k_pe[std::size_t(d)] = decode_e4m3(row[c.kv_lora_rank + d]) * cache_scale;
+      keys.push_back(keys_of(kv_c, k_pe));
+    }
+    for (std::int64_t i = 0; i < s.extend; ++i) {
+      const auto* xb = hidden.data_as<const std::uint16_t>() + (row0 + i) * c.hidden;
+      Vec x(std::size_t(c.hidden));
+      for (std::int64_t d = 0; d < c.hidden; ++d) x[std::size_t(d)] = decode_bf16(xb[d]);
+      const float* cs = cos_sin.data() + (s.prefix + i) * kMlaRopeDim;
+      Vec q = c.q_lora_rank > 0
+                  ? q_b.apply(rms_norm(q_a.apply(x), weights.q_a_layernorm, c.rms_norm_eps))
+                  : q_b.apply(x);
+      for (std::int64_t h = 0; h < H; ++h) rope(q, std::size_t(h * kMlaQkDim + kMlaNopeDim), cs);
+      const Vec latent = kv_a.apply(x);
+      const Vec kv_c = rms_norm(Vec(latent.begin(), latent.begin() + c.kv_lora_rank),
+                                weights.kv_a_layernorm, c.rms_norm_eps);
+      Vec k_pe(latent.begin() + c.kv_lora_rank, latent.end());
+      rope(k_pe, 0, cs);
+      keys.push_back(keys_of(kv_c, k_pe));
+      queries.push_back(std::move(q));
+    }
+    const double scale = c.softmax_scale();
+    cpu::parallel_for(s.extend, 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) {
+        const std::int64_t visible = s.prefix + i + 1;
+        Vec o(static_cast<std::size_t>(H * kMlaVDim), 0.0),
+            score(static_cast<std::size_t>(visible));
+        for (std::int64_t h = 0; h < H; ++h) {
+          double m = -INFINITY;
+          for (std::int64_t j = 0; j < visible; ++j) {
+            double dot = 0.0;
+            for (int d = 0; d < kMlaQkDim; ++d) {
+              dot += queries[std::size_t(i)][std::size_t(h * kMlaQkDim + d)] *
+                     keys[std::size_t(j)].k[std::size_t(h * kMlaQkDim + d)];
+            }
+            score[std::size_t(j)] = dot * scale;
+            m = std::max(m, score[std::size_t(j)]);
+          }
+          double l = 0.0;
+          for (double& p : score) l += (p = std::exp(p - m));
+          for (std::int64_t j = 0; j < visible; ++j) {
+            for (int d = 0; d < kMlaVDim; ++d) {
+              o[std::size_t(h * kMlaVDim + d)] +=
+                  score[std::size_t(j)] / l * keys[std::size_t(j)].v[std::size_t(h * kMlaVDim + d)];
+            }
+          }
+        }
+        const Vec y = o_proj.apply(o);
+        std::copy(y.begin(), y.end(), out + (row0 + i) * c.hidden);
+      }
+    });
+    row0 += s.extend;
+  }
+}
+
+}  // namespace fp8mla
