@@ -1,8 +1,9 @@
 // One MLA attention layer's prefill (DESIGN section 5): q_a -> RMSNorm -> q_b (or q_proj),
 // kv_a_proj_with_mqa -> RMSNorm on kv_c, kv_b_proj, RoPE, latent cache write, attention over
 // each sequence's cached prefix and new tokens (one-shot, or chunked prefix with LSE merge),
-// o_proj. Two attention paths, both first-class: FP8 (fused RoPE + e4m3 Q/K/V, FP8 attention) and
-// BF16 (bf16 RoPE, bf16 attention); the latent cache is FP8 in both.
+// o_proj. The attention backend (fp8mla/attention_backend.hpp) decides the path, both
+// first-class: with its prepare_prefill_qkv hook the FP8 path (fused RoPE + e4m3 Q/K/V, FP8
+// attention), without it the BF16 path (bf16 RoPE, bf16 attention); the cache is FP8 in both.
 //
 // This version runs on the CPU (the reference backend, every step through fp8mla's CPU ops and
 // f32 GEMMs with bf16 outputs). A CUDA layer is not in this build: CUDA tensors are an
@@ -13,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "fp8mla/attention_backend.hpp"
 #include "fp8mla/mla_config.hpp"
 #include "fp8mla/mla_weights.hpp"
 #include "fp8mla/tensor_view.hpp"
@@ -32,10 +34,7 @@ struct MlaBatch {
   std::int64_t extend_tokens() const;
 };
 
-enum class AttentionPath { kFp8, kBf16 };
-
 struct MlaPrefillOptions {
-  AttentionPath path = AttentionPath::kFp8;
   // 0: attend prefix and extend keys together (one-shot). Otherwise the extend tokens attend
   // causally among themselves, then each chunk of at most this many prefix keys non-causally,
   // merged by LSE.
@@ -67,9 +66,10 @@ class MlaLayer {
   // hidden: bf16 [T, config.hidden] with T = batch.extend_tokens(), rows in sequence order;
   // cache: e4m3 [pages, page_size, 576] (the prefix rows are read, the extend rows written);
   // out: bf16 [T, config.hidden], written in full.
+  // A backend lacking what the path needs is an error (check_backend).
   void prefill(const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,
-               const MlaPrefillOptions& options, const TensorView& out,
-               MlaStageTimes* times = nullptr) const;
+               const AttentionBackend& backend, const MlaPrefillOptions& options,
+               const TensorView& out, MlaStageTimes* times = nullptr) const;
 
  private:
   struct Impl;

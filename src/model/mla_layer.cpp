@@ -1,5 +1,6 @@
-// MlaLayer on the CPU: the dense steps in model/cpu_math, every MLA op through fp8mla's public
-// ops (their CPU implementations), in the order and at the precision the GPU path will use.
+// MlaLayer on the CPU: the dense steps in model/cpu_math, the attention and the FP8 transition
+// through the attention backend, the other MLA ops through fp8mla's public ops (their CPU
+// implementations), in the order and at the precision the GPU path will use.
 #include "fp8mla/mla_layer.hpp"
 
 #include <algorithm>
@@ -84,8 +85,8 @@ MlaLayer::MlaLayer(MlaLayer&&) noexcept = default;
 MlaLayer& MlaLayer::operator=(MlaLayer&&) noexcept = default;
 
 void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,
-                       const MlaPrefillOptions& options, const TensorView& out,
-                       MlaStageTimes* times) const {
+                       const AttentionBackend& backend, const MlaPrefillOptions& options,
+                       const TensorView& out, MlaStageTimes* times) const {
   const MlaConfig& c = config_;
   const Impl& m = *impl_;
   const std::int64_t T = batch.extend_tokens(), H = c.heads,
@@ -155,7 +156,21 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
   const TensorView positions_view(positions.data(), DType::kI64, {T});
   const TensorView cos_sin(const_cast<float*>(m.cos_sin.data()), DType::kF32,
                            {c.max_position, kMlaRopeDim});
-  const bool fp8 = options.path == AttentionPath::kFp8;
+  // The backend decides the path; it must serve everything the path asks of it.
+  const BackendCapabilities& caps = backend.capabilities();
+  const bool fp8 = caps.prepare_prefill_qkv;
+  BackendRequirements required;
+  required.attention_dtype = fp8 ? DType::kE4M3 : DType::kBF16;
+  required.page_size = int(cache.ndim() == 3 ? cache.size(1) : 0);
+  required.prepare_prefill_qkv = fp8;
+  required.pack_prefix_chunk_kv = fp8;
+  check_backend(caps, required, hidden.device());
+  if (fp8 && caps.v_layout != VLayout::kTokenMajor) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("MlaLayer::prefill: backend '", caps.name,
+                       "' packs V transposed; this version of the layer concatenates token-major "
+                       "V"));
+  }
   const DType attn_dtype = fp8 ? DType::kE4M3 : DType::kBF16;
   const int eb = fp8 ? 1 : 2;
   const float cache_scale = 1.0f / options.cache_scale_inv;
@@ -208,7 +223,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
       a.v_scale_inv = v_scale_inv;
       a.k_out = TensorView(kvp.k.data(), DType::kE4M3, {n, H, kMlaQkDim});
       a.v_out = TensorView(kvp.v.data(), DType::kE4M3, {n, H, kMlaVDim});
-      mla_kv_pack_quantize_fp8(a);
+      backend.pack_prefix_chunk_kv(a);
       kvp.k_descale = 1.0f / k_scale_inv;
       kvp.v_descale = 1.0f / v_scale_inv;
       return kvp;
@@ -282,17 +297,15 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
     a.k_out = TensorView(extend.k.data(), DType::kE4M3, {T, H, kMlaQkDim});
     a.cache_write = write;
     a.kv_c = kv_c_view;
-    mla_rope_quantize_fp8(a);
+    PrepareQkvArgs hook;
+    hook.qk = a;
+    hook.v = v;
+    hook.v_scale_inv = scale_inv_for(v_amax);
+    hook.v_out = TensorView(extend.v.data(), DType::kE4M3, {T, H, kMlaVDim});
+    backend.prepare_prefill_qkv(hook);
     q_descale = 1.0f / a.q_scale_inv;
     extend.k_descale = 1.0f / a.k_scale_inv;
-    const float v_scale_inv = scale_inv_for(v_amax);
-    for (std::int64_t r = 0; r < T * H; ++r) {
-      for (int d = 0; d < kMlaVDim; ++d) {
-        extend.v[std::size_t(r * kMlaVDim + d)] =
-            encode_e4m3(decode_bf16(kv[std::size_t(r * 256 + kMlaNopeDim + d)]) * v_scale_inv);
-      }
-    }
-    extend.v_descale = 1.0f / v_scale_inv;
+    extend.v_descale = 1.0f / hook.v_scale_inv;
   } else {
     Bits k_pe(std::size_t(T * kMlaRopeDim));
     auto* qb = reinterpret_cast<std::uint16_t*>(q_attn.data());
@@ -355,7 +368,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
     }
     a.out = TensorView(o.data(), DType::kBF16, {T, H, kMlaVDim});
     if (lse_out != nullptr) a.lse = TensorView(lse_out->data(), DType::kF32, {T, H});
-    prefill_attention(a);
+    backend.prefill_attention(a);
   };
   start = Clock::now();
   if (!chunked) {

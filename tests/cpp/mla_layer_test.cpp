@@ -1,18 +1,20 @@
 // MlaLayer::prefill on the CPU (tiny preset) against the float64 reference: the FP8 and BF16
-// attention paths, one-shot and chunked prefix (chunks where some sequences have no keys), bf16
-// and FP8-block weights. Cosine >= 0.999 against the reference; chunked within 2x the one-shot
-// error; the extend tokens' latent rows written to their slots and nothing else; every output
-// element written; clear errors for a bad batch.
+// attention paths (the "cpu" and "cpu-bf16" backends), one-shot and chunked prefix (chunks where
+// some sequences have no keys), bf16 and FP8-block weights. Cosine >= 0.999 against the reference;
+// chunked within 2x the one-shot error; the extend tokens' latent rows written to their slots and
+// nothing else; every output element written; clear errors for a bad batch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "fp8mla/attention_backend.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_layer.hpp"
 #include "fp8mla/numerics.hpp"
@@ -90,9 +92,10 @@ std::vector<double> widen(const std::vector<std::uint16_t>& bf16) {
   return v;
 }
 
-std::vector<std::uint16_t> run(const MlaLayer& layer, Fixture& f, const MlaPrefillOptions& o) {
+std::vector<std::uint16_t> run(const MlaLayer& layer, Fixture& f, const AttentionBackend& backend,
+                               const MlaPrefillOptions& o) {
   std::vector<std::uint16_t> out(f.hidden.size(), 0xFFFF);  // NaN poison
-  layer.prefill(f.hidden_view(), f.batch, f.cache_view(), o,
+  layer.prefill(f.hidden_view(), f.batch, f.cache_view(), backend, o,
                 TensorView(out.data(), DType::kBF16, {f.tokens, f.config.hidden}));
   for (std::uint16_t b : out) EXPECT_FALSE(std::isnan(decode_bf16(b)));
   return out;
@@ -110,15 +113,16 @@ TEST_P(MlaLayerCpu, PathsAndChunkingMatchTheReference) {
   const MlaLayer layer(f.config, w);
   std::vector<std::uint16_t> one_shot[2];
   double one_shot_error[2] = {0, 0};
-  for (AttentionPath path : {AttentionPath::kFp8, AttentionPath::kBf16}) {
-    const int p = path == AttentionPath::kFp8 ? 0 : 1;
+  // "cpu" has the FP8 hook (the FP8 path); "cpu-bf16" has not (the BF16 path).
+  for (const char* name : {"cpu", "cpu-bf16"}) {
+    const std::unique_ptr<AttentionBackend> backend = make_attention_backend(name);
+    const int p = backend->capabilities().prepare_prefill_qkv ? 0 : 1;
     for (std::int64_t capacity : {0, 64, 100, 1000}) {
       SCOPED_TRACE(::testing::Message() << (p == 0 ? "fp8" : "bf16") << " capacity " << capacity);
       f.cache = cache_before;
       MlaPrefillOptions o;
-      o.path = path;
       o.chunk_capacity = capacity;
-      const std::vector<std::uint16_t> out = run(layer, f, o);
+      const std::vector<std::uint16_t> out = run(layer, f, *backend, o);
       const Compare c = compare(out, ref);
       std::printf("[ layer    ] %s capacity %lld: cosine %.6f, max abs %.3g\n",
                   p == 0 ? "fp8" : "bf16", static_cast<long long>(capacity), c.cosine, c.max_abs);
@@ -165,6 +169,7 @@ INSTANTIATE_TEST_SUITE_P(Weights, MlaLayerCpu,
 TEST(MlaLayerCpuArgs, BadBatchAndTensorsAreClearErrors) {
   Fixture f({{4, 3}}, 2);
   const MlaLayer layer(f.config, generate_mla_weights(f.config, WeightFormat::kBf16, 1));
+  const std::unique_ptr<AttentionBackend> cpu = make_attention_backend("cpu");
   std::vector<std::uint16_t> out(f.hidden.size());
   const TensorView out_view(out.data(), DType::kBF16, {f.tokens, f.config.hidden});
   auto expect_error = [&](auto fn, const std::string& needle) {
@@ -177,15 +182,15 @@ TEST(MlaLayerCpuArgs, BadBatchAndTensorsAreClearErrors) {
   };
   MlaBatch bad = f.batch;
   bad.sequences[0].slots.pop_back();
-  expect_error([&] { layer.prefill(f.hidden_view(), bad, f.cache_view(), {}, out_view); },
+  expect_error([&] { layer.prefill(f.hidden_view(), bad, f.cache_view(), *cpu, {}, out_view); },
                "sequence 0: expected prefix, extend >= 0");
   bad = f.batch;
   bad.sequences[0].extend = 2;
-  expect_error([&] { layer.prefill(f.hidden_view(), bad, f.cache_view(), {}, out_view); },
+  expect_error([&] { layer.prefill(f.hidden_view(), bad, f.cache_view(), *cpu, {}, out_view); },
                "expected `hidden` contiguous bf16 [2, 512]");
   expect_error(
       [&] {
-        layer.prefill(f.hidden_view(), f.batch, f.cache_view(), {},
+        layer.prefill(f.hidden_view(), f.batch, f.cache_view(), *cpu, {},
                       TensorView(out.data(), DType::kBF16, {f.tokens, 256}));
       },
       "expected `out` contiguous bf16 [3, 512]");
@@ -193,9 +198,48 @@ TEST(MlaLayerCpuArgs, BadBatchAndTensorsAreClearErrors) {
   expect_error(
       [&] {
         layer.prefill(TensorView(none.data(), DType::kBF16, {3, 512}, Device::cuda(0)), f.batch,
-                      f.cache_view(), {}, out_view);
+                      f.cache_view(), *cpu, {}, out_view);
       },
       "CPU only");
+}
+
+// A backend that lacks what the layer needs: an error listing required, supported and missing.
+TEST(MlaLayerCpuArgs, BackendCapabilitiesAreChecked) {
+  BackendCapabilities caps = make_attention_backend("cpu-bf16")->capabilities();
+  BackendRequirements required;  // e4m3 attention, the hook and the pack
+  required.prepare_prefill_qkv = true;
+  required.pack_prefix_chunk_kv = true;
+  required.page_size = 256;
+  try {
+    check_backend(caps, required, Device::cpu());
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kUnsupported);
+    for (const char* needle : {"attention backend 'cpu-bf16' cannot serve this layer on cpu",
+                               "Required: attention dtype e4m3fn",
+                               "Supported: attention dtypes bf16", "page sizes 1-128",
+                               "Missing: attention dtype e4m3fn, page size 256, "
+                               "prepare_prefill_qkv, pack_prefix_chunk_kv."}) {
+      EXPECT_NE(e.message().find(needle), std::string::npos) << e.message();
+    }
+  }
+  caps.architectures = {"sm_90a"};
+  required = {};
+  required.attention_dtype = DType::kBF16;
+  try {
+    check_backend(caps, required, Device::cpu());
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("Missing: architecture cpu."), std::string::npos) << e.message();
+  }
+  EXPECT_NO_THROW(check_backend(make_attention_backend("cpu")->capabilities(), {}, Device::cpu()));
+  try {
+    make_attention_backend("fa3");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("unknown attention backend 'fa3'; known: cpu, cpu-bf16"),
+              std::string::npos);
+  }
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "fp8mla/attention_backend.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_layer.hpp"
 #include "fp8mla/numerics.hpp"
@@ -123,17 +124,19 @@ void run(const RunOptions& opt) {
   const MlaLayer layer(config, weights);
   std::vector<PathResult> results;
   std::vector<std::vector<std::uint16_t>> outputs;
-  for (AttentionPath path : {AttentionPath::kFp8, AttentionPath::kBf16}) {
-    progress.step(path == AttentionPath::kFp8 ? "FP8 path" : "BF16 path");
+  // The FP8 path through a backend with the prepare_prefill_qkv hook, the BF16 path without.
+  for (const char* backend_name : {"cpu", "cpu-bf16"}) {
+    const std::unique_ptr<AttentionBackend> backend = make_attention_backend(backend_name);
+    const bool fp8 = backend->capabilities().prepare_prefill_qkv;
+    progress.step(fp8 ? "FP8 path" : "BF16 path");
     cache = cache_before;
     MlaPrefillOptions o;
-    o.path = path;
     o.chunk_capacity = opt.chunk_capacity;
     std::vector<std::uint16_t> out(hidden.size());
     PathResult r;
-    r.name = path == AttentionPath::kFp8 ? "fp8" : "bf16";
+    r.name = fp8 ? "fp8" : "bf16";
     const auto start = std::chrono::steady_clock::now();
-    layer.prefill(hidden_view, batch, cache_view, o,
+    layer.prefill(hidden_view, batch, cache_view, *backend, o,
                   TensorView(out.data(), DType::kBF16, {T, config.hidden}), &r.times);
     r.total_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -1,0 +1,77 @@
+// Attention backends (DESIGN section 4): what the MLA layer runs its attention and, where the
+// backend has it, its BF16 -> FP8 transition through. A backend declares its capabilities; the
+// layer states its requirements, and asking a backend for something it lacks is an error listing
+// what was required, what the backend supports, what is missing, and the device.
+//
+// The optional hook prepare_prefill_qkv turns the layer's bf16 Q/K/V into FP8 (fused RoPE + e4m3
+// Q and K, e4m3 V in the backend's V layout) and writes the FP8 latent cache; with it the layer
+// runs the FP8 path, without it the BF16 path. pack_prefix_chunk_kv turns a prefix chunk's K/V to
+// FP8. This version ships the CPU backends (the reference; "cpu" with the hook, "cpu-bf16"
+// without); the Hopper backends come with the GPU layer.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "fp8mla/attention.hpp"
+#include "fp8mla/mla_prep.hpp"
+
+namespace fp8mla {
+
+struct BackendCapabilities {
+  std::string name;
+  std::vector<DType> attention_dtypes;         // of q, k, v
+  std::vector<std::pair<int, int>> head_dims;  // (Dqk, Dv)
+  int min_page_size = 1;
+  int max_page_size = 128;
+  std::vector<std::string> output_quant;   // fused output quantization keys
+  std::vector<std::string> architectures;  // "cpu", "sm_90a", ...
+  bool prepare_prefill_qkv = false;
+  bool pack_prefix_chunk_kv = false;
+  VLayout v_layout = VLayout::kTokenMajor;  // of the FP8 V the hook and the pack write
+};
+
+struct BackendRequirements {
+  DType attention_dtype = DType::kE4M3;
+  int head_dim_qk = kMlaQkDim;
+  int head_dim_v = kMlaVDim;
+  int page_size = 64;
+  std::string output_quant;  // empty: bf16 output
+  bool prepare_prefill_qkv = false;
+  bool pack_prefix_chunk_kv = false;
+};
+
+// Throws ErrorCategory::kUnsupported naming the backend, the required, supported and missing
+// features, and `device` (the GPU's name for a CUDA device), unless `caps` covers `required`.
+void check_backend(const BackendCapabilities& caps, const BackendRequirements& required,
+                   Device device);
+
+// The hook's arguments: RoPE + e4m3 Q/K with the latent cache write (as mla_rope_quantize_fp8
+// takes them), and V: bf16 [T, H, 128] to e4m3 v_out (in the backend's v_layout) at v_scale_inv.
+struct PrepareQkvArgs {
+  MlaRopeQuantizeArgs qk;
+  TensorView v;
+  float v_scale_inv = 1.0f;
+  TensorView v_out;
+};
+
+class AttentionBackend {
+ public:
+  virtual ~AttentionBackend() = default;
+  virtual const BackendCapabilities& capabilities() const = 0;
+  virtual void prefill_attention(const PrefillAttentionArgs& args,
+                                 CudaStream stream = nullptr) const = 0;
+  // Optional capabilities; the defaults throw ErrorCategory::kUnsupported.
+  virtual void prepare_prefill_qkv(const PrepareQkvArgs& args, CudaStream stream = nullptr) const;
+  virtual void pack_prefix_chunk_kv(const MlaKvPackArgs& args, CudaStream stream = nullptr) const;
+};
+
+// "cpu" (FP8 hook and pack, e4m3 and bf16 attention) or "cpu-bf16" (bf16 attention, no hook);
+// another name is an ErrorCategory::kInvalidArgument error listing the known ones.
+std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name);
+std::vector<std::string> attention_backend_names();
+
+}  // namespace fp8mla

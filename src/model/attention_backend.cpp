@@ -1,0 +1,142 @@
+#include "fp8mla/attention_backend.hpp"
+
+#include <algorithm>
+
+#include "fp8mla/error.hpp"
+#include "fp8mla/quantize.hpp"
+#include "fp8mla/runtime_info.hpp"
+
+namespace fp8mla {
+namespace {
+
+std::string device_text(Device device) {
+  if (!device.is_cuda()) return "cpu";
+  const CudaDevices found = cuda_devices();
+  for (const CudaDeviceInfo& d : found.devices) {
+    if (d.ordinal == device.index)
+      return concat(to_string(device), " (", d.name, ", sm_", d.arch, ")");
+  }
+  return concat(to_string(device), " (not visible: ", found.unavailable_reason, ")");
+}
+
+std::string architecture_of(Device device) {
+  if (!device.is_cuda()) return "cpu";
+  for (const CudaDeviceInfo& d : cuda_devices().devices) {
+    if (d.ordinal == device.index) return concat("sm_", d.arch, d.arch == 90 ? "a" : "");
+  }
+  return "unknown";
+}
+
+template <typename T>
+std::string join(const std::vector<T>& items, auto text) {
+  std::string s;
+  for (const T& item : items) s += concat(s.empty() ? "" : ", ", text(item));
+  return s.empty() ? "none" : s;
+}
+
+// The CPU backends: every call through fp8mla's CPU ops.
+class CpuBackend final : public AttentionBackend {
+ public:
+  explicit CpuBackend(bool fp8) {
+    caps_.name = fp8 ? "cpu" : "cpu-bf16";
+    caps_.attention_dtypes =
+        fp8 ? std::vector{DType::kE4M3, DType::kBF16} : std::vector{DType::kBF16};
+    caps_.head_dims = {{192, 128}, {128, 128}, {64, 64}, {128, 64}};
+    caps_.architectures = {"cpu"};
+    caps_.prepare_prefill_qkv = fp8;
+    caps_.pack_prefix_chunk_kv = fp8;
+  }
+  const BackendCapabilities& capabilities() const override { return caps_; }
+  void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) const override {
+    fp8mla::prefill_attention(args, stream);
+  }
+  void prepare_prefill_qkv(const PrepareQkvArgs& args, CudaStream stream) const override {
+    if (!caps_.prepare_prefill_qkv) AttentionBackend::prepare_prefill_qkv(args, stream);
+    mla_rope_quantize_fp8(args.qk, stream);
+    quantize_fp8(args.v, args.v_out, args.v_scale_inv, stream);
+  }
+  void pack_prefix_chunk_kv(const MlaKvPackArgs& args, CudaStream stream) const override {
+    if (!caps_.pack_prefix_chunk_kv) AttentionBackend::pack_prefix_chunk_kv(args, stream);
+    mla_kv_pack_quantize_fp8(args, stream);
+  }
+
+ private:
+  BackendCapabilities caps_;
+};
+
+}  // namespace
+
+void check_backend(const BackendCapabilities& caps, const BackendRequirements& required,
+                   Device device) {
+  std::vector<std::string> missing;
+  const auto& dtypes = caps.attention_dtypes;
+  if (std::find(dtypes.begin(), dtypes.end(), required.attention_dtype) == dtypes.end()) {
+    missing.push_back(concat("attention dtype ", dtype_name(required.attention_dtype)));
+  }
+  const std::pair<int, int> dims{required.head_dim_qk, required.head_dim_v};
+  if (std::find(caps.head_dims.begin(), caps.head_dims.end(), dims) == caps.head_dims.end()) {
+    missing.push_back(concat("head dims ", dims.first, "/", dims.second));
+  }
+  if (required.page_size < caps.min_page_size || required.page_size > caps.max_page_size) {
+    missing.push_back(concat("page size ", required.page_size));
+  }
+  if (!required.output_quant.empty() &&
+      std::find(caps.output_quant.begin(), caps.output_quant.end(), required.output_quant) ==
+          caps.output_quant.end()) {
+    missing.push_back(concat("fused output quantization ", required.output_quant));
+  }
+  if (required.prepare_prefill_qkv && !caps.prepare_prefill_qkv)
+    missing.push_back("prepare_prefill_qkv");
+  if (required.pack_prefix_chunk_kv && !caps.pack_prefix_chunk_kv)
+    missing.push_back("pack_prefix_chunk_kv");
+  const std::string arch = architecture_of(device);
+  if (std::find(caps.architectures.begin(), caps.architectures.end(), arch) ==
+      caps.architectures.end()) {
+    missing.push_back(concat("architecture ", arch));
+  }
+  if (missing.empty()) return;
+  const auto text = [](const std::string& s) { return s; };
+  throw Error(
+      ErrorCategory::kUnsupported,
+      concat(
+          "attention backend '", caps.name, "' cannot serve this layer on ", device_text(device),
+          ". Required: attention dtype ", dtype_name(required.attention_dtype), ", head dims ",
+          required.head_dim_qk, "/", required.head_dim_v, ", page size ", required.page_size,
+          required.output_quant.empty() ? ""
+                                        : concat(", output quantization ", required.output_quant),
+          required.prepare_prefill_qkv ? ", prepare_prefill_qkv" : "",
+          required.pack_prefix_chunk_kv ? ", pack_prefix_chunk_kv" : "", ", architecture ", arch,
+          ". Supported: attention dtypes ", join(caps.attention_dtypes, dtype_name), ", head dims ",
+          join(caps.head_dims, [](const auto& d) { return concat(d.first, "/", d.second); }),
+          ", page sizes ", caps.min_page_size, "-", caps.max_page_size, ", output quantization ",
+          join(caps.output_quant, text), ", prepare_prefill_qkv ",
+          caps.prepare_prefill_qkv ? "yes" : "no", ", pack_prefix_chunk_kv ",
+          caps.pack_prefix_chunk_kv ? "yes" : "no", ", architectures ",
+          join(caps.architectures, text), ". Missing: ", join(missing, text), "."));
+}
+
+void AttentionBackend::prepare_prefill_qkv(const PrepareQkvArgs&, CudaStream) const {
+  throw Error(ErrorCategory::kUnsupported,
+              concat("attention backend '", capabilities().name, "' has no prepare_prefill_qkv"));
+}
+
+void AttentionBackend::pack_prefix_chunk_kv(const MlaKvPackArgs&, CudaStream) const {
+  throw Error(ErrorCategory::kUnsupported,
+              concat("attention backend '", capabilities().name, "' has no pack_prefix_chunk_kv"));
+}
+
+std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name) {
+  if (name == "cpu") return std::make_unique<CpuBackend>(true);
+  if (name == "cpu-bf16") return std::make_unique<CpuBackend>(false);
+  std::string known;
+  for (const std::string& n : attention_backend_names())
+    known += concat(known.empty() ? "" : ", ", n);
+  throw Error(ErrorCategory::kInvalidArgument,
+              concat("unknown attention backend '", name, "'; known: ", known));
+}
+
+std::vector<std::string> attention_backend_names() {
+  return {"cpu", "cpu-bf16"};
+}
+
+}  // namespace fp8mla
