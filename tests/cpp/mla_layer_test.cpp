@@ -4,10 +4,12 @@
 // chunked within 2x the one-shot error; the extend tokens' latent rows written to their slots and
 // nothing else; every output element written; clear errors for a bad batch.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -18,6 +20,7 @@
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_layer.hpp"
 #include "fp8mla/numerics.hpp"
+#include "fp8mla/safetensors.hpp"
 
 namespace fp8mla {
 namespace {
@@ -201,6 +204,27 @@ TEST(MlaLayerCpuArgs, BadBatchAndTensorsAreClearErrors) {
                       f.cache_view(), *cpu, {}, out_view);
       },
       "CPU only");
+}
+
+// Weights read back from a safetensors file (DeepSeek's names) give the layer bit-identical output.
+TEST(MlaLayerCpuArgs, WeightsFromSafetensorsGiveTheSameOutput) {
+  Fixture f({{40, 12}, {0, 5}}, 4);
+  const MlaWeights generated = generate_mla_weights(f.config, WeightFormat::kFp8Block, 9);
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("fp8mla_layer_test_" + std::to_string(::getpid()) + ".safetensors"))
+                               .string();
+  write_safetensors(path, mla_weight_tensors(generated, f.config, 2));
+  const std::unique_ptr<AttentionBackend> cpu = make_attention_backend("cpu");
+  const std::vector<std::uint8_t> cache_before = f.cache;
+  const std::vector<std::uint16_t> a = run(MlaLayer(f.config, generated), f, *cpu, {});
+  f.cache = cache_before;
+  std::vector<std::uint16_t> b;
+  {
+    const SafetensorsFile file(path);
+    b = run(MlaLayer(f.config, load_mla_weights(file, f.config, 2)), f, *cpu, {});
+  }
+  std::filesystem::remove(path);
+  EXPECT_EQ(a, b);
 }
 
 // A backend that lacks what the layer needs: an error listing required, supported and missing.

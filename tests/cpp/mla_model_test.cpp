@@ -3,6 +3,7 @@
 // and clear errors for missing tensors, wrong shapes or dtypes, mixed formats, truncated or
 // malformed files.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
