@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "error_test_util.hpp"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
 #include "merge_states_test_util.hpp"
@@ -103,19 +104,7 @@ TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape, void* at
   return TensorView(at, dtype, shape, device);
 }
 
-template <typename Fn>
-void expect_error(Fn fn, ErrorCategory category, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an fp8mla::Error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.category(), category) << e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(e.message().find(needle), std::string::npos)
-          << "message lacks '" << needle << "': " << e.message();
-    }
-  }
-}
+using test::expect_error;
 
 struct Args {
   TensorView o_a = fake(DType::kBF16, {4, 2, 128});

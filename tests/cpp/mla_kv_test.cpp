@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "error_test_util.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "mla_kv_test_util.hpp"
@@ -304,19 +305,7 @@ TEST(MlaKvPack, LargeTokenCount) {
 
 void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
 
-template <typename Fn>
-void expect_error(Fn fn, ErrorCategory category, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an fp8mla::Error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.category(), category) << e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(e.message().find(needle), std::string::npos)
-          << "message lacks '" << needle << "': " << e.message();
-    }
-  }
-}
+using test::expect_error;
 
 TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
                 Device device = Device::cpu()) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "error_test_util.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_config.hpp"
 #include "fp8mla/mla_weights.hpp"
@@ -40,19 +41,7 @@ class TempDir {
   fs::path path_;
 };
 
-template <typename Fn>
-void expect_error(Fn fn, ErrorCategory category, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an fp8mla::Error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.category(), category) << e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(e.message().find(needle), std::string::npos)
-          << "message lacks '" << needle << "': " << e.message();
-    }
-  }
-}
+using test::expect_error;
 
 std::vector<std::uint8_t> bytes_of(const TensorView& v) {
   const auto* p = static_cast<const std::uint8_t*>(v.data());

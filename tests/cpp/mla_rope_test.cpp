@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "error_test_util.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "mla_rope_test_util.hpp"
@@ -115,19 +116,7 @@ TEST(MlaRopeMscale, Values) {
   EXPECT_EQ(softmax_mscale(c), 1.0);
 }
 
-template <typename Fn>
-void expect_error(Fn fn, ErrorCategory category, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an fp8mla::Error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.category(), category) << e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(e.message().find(needle), std::string::npos)
-          << "message lacks '" << needle << "': " << e.message();
-    }
-  }
-}
+using test::expect_error;
 
 TEST(MlaRopeCosSin, BadArguments) {
   std::vector<float> t(64 * 4);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "error_test_util.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/quantize.hpp"
 #include "quantize_test_util.hpp"
@@ -22,20 +23,7 @@ using test::kPoison;
 
 void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
 
-// Runs `fn`, expects an Error of `category` whose message contains every one of `needles`.
-template <typename Fn>
-void expect_error(Fn fn, ErrorCategory category, std::initializer_list<std::string> needles) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected an fp8mla::Error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.category(), category) << e.what();
-    for (const std::string& needle : needles) {
-      EXPECT_NE(e.message().find(needle), std::string::npos)
-          << "message lacks '" << needle << "': " << e.message();
-    }
-  }
-}
+using test::expect_error;
 
 TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
                 Device device = Device::cpu()) {
