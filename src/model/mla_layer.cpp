@@ -382,19 +382,18 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
     std::vector<std::int32_t> cu_k{0};
     const std::int64_t krow = H * kMlaQkDim * eb, vrow = H * kMlaVDim * eb;
     std::int64_t at = 0, p_at = 0, e_at = 0;
+    // Copies `rows` key/value rows of `from`, starting at row `from_at`, to row `at` of `all`.
+    auto append = [&](const KeysValues& from, std::int64_t& from_at, std::int64_t rows) {
+      std::memcpy(all.k.data() + at * krow, from.k.data() + from_at * krow,
+                  std::size_t(rows * krow));
+      std::memcpy(all.v.data() + at * vrow, from.v.data() + from_at * vrow,
+                  std::size_t(rows * vrow));
+      at += rows;
+      from_at += rows;
+    };
     for (const MlaSequence& s : batch.sequences) {
-      std::memcpy(all.k.data() + at * krow, prefix.k.data() + p_at * krow,
-                  std::size_t(s.prefix * krow));
-      std::memcpy(all.v.data() + at * vrow, prefix.v.data() + p_at * vrow,
-                  std::size_t(s.prefix * vrow));
-      at += s.prefix;
-      p_at += s.prefix;
-      std::memcpy(all.k.data() + at * krow, extend.k.data() + e_at * krow,
-                  std::size_t(s.extend * krow));
-      std::memcpy(all.v.data() + at * vrow, extend.v.data() + e_at * vrow,
-                  std::size_t(s.extend * vrow));
-      at += s.extend;
-      e_at += s.extend;
+      append(prefix, p_at, s.prefix);
+      append(extend, e_at, s.extend);
       cu_k.push_back(std::int32_t(at));
     }
     attend(all, cu_k, true, attn, nullptr);
