@@ -35,10 +35,12 @@ struct MlaBatch {
 };
 
 struct MlaPrefillOptions {
-  // 0: attend prefix and extend keys together (one-shot). Otherwise the extend tokens attend
-  // causally among themselves, then each chunk of at most this many prefix keys non-causally,
-  // merged by LSE.
-  std::int64_t chunk_capacity = 0;
+  // Up to this many prefix keys in the batch, prefix and extend keys are attended together
+  // (one-shot). Above it the extend tokens attend causally among themselves, then each chunk of
+  // at most chunk_capacity prefix keys non-causally, merged by LSE; the chunks bound the
+  // memory the prefix keys take.
+  std::int64_t one_shot_max_prefix = 8192;
+  std::int64_t chunk_capacity = 8192;
   float cache_scale_inv = 1.0f;  // the latent cache holds e4m3(x * cache_scale_inv)
 };
 

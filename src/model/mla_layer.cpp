@@ -244,11 +244,11 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
 
   // ---- prefix rows, one-shot: every prefix row, in sequence order ----
   start = Clock::now();
-  const bool chunked = options.chunk_capacity > 0;
   std::vector<std::int64_t> all_prefix_rows;
   for (const MlaSequence& s : batch.sequences) {
     all_prefix_rows.insert(all_prefix_rows.end(), s.slots.begin(), s.slots.begin() + s.prefix);
   }
+  const bool chunked = std::int64_t(all_prefix_rows.size()) > options.one_shot_max_prefix;
   PrefixRows one_shot_rows = chunked ? PrefixRows{} : gather_prefix(all_prefix_rows);
   t.prefix = ms_since(start);
 

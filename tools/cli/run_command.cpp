@@ -131,7 +131,10 @@ void run(const RunOptions& opt) {
     progress.step(fp8 ? "FP8 path" : "BF16 path");
     cache = cache_before;
     MlaPrefillOptions o;
-    o.chunk_capacity = opt.chunk_capacity;
+    if (opt.chunk_capacity > 0) {  // chunked whatever the prefix length
+      o.one_shot_max_prefix = 0;
+      o.chunk_capacity = opt.chunk_capacity;
+    }
     std::vector<std::uint16_t> out(hidden.size());
     PathResult r;
     r.name = fp8 ? "fp8" : "bf16";
@@ -228,7 +231,8 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", opt->seed, "seed of the generated weights and inputs");
   cmd->add_option("--chunk-capacity", opt->chunk_capacity,
-                  "prefix keys per chunk (0: one-shot prefix attention)")
+                  "attend the prefixes in chunks of this many keys (0: the layer's default, "
+                  "one-shot up to 8192 prefix keys)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--json", opt->json, "write the report as JSON to this file");
   cmd->callback([opt] { run(*opt); });
