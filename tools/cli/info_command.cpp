@@ -1,7 +1,9 @@
 // `fp8mla info`: the build and the CUDA devices this process can see.
 #include <cstdio>
+#include <vector>
 
 #include "commands.hpp"
+#include "fp8mla/kernel_registry.hpp"
 #include "fp8mla/runtime_info.hpp"
 
 namespace fp8mla::cli {
@@ -17,6 +19,9 @@ void print_info() {
   } else {
     std::printf("  cuda:     off (CPU-only build)\n");
   }
+  const std::vector<AttentionVariantKey> variants = compiled_attention_variants();
+  std::printf("  attention kernels: %s\n", variants.empty() ? "none (CPU only)" : "");
+  for (const AttentionVariantKey& key : variants) std::printf("    %s\n", to_string(key).c_str());
   const CudaDevices cuda = cuda_devices();
   if (cuda.devices.empty()) {
     std::printf("  devices:  no CUDA device (%s)\n", cuda.unavailable_reason.c_str());
