@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -71,7 +72,7 @@ def run_shape(torch, fp8mla, anchors, name, lens, causal, iters):
     q = torch.randn(T, HEADS, DQK, device=dev, dtype=torch.bfloat16, generator=gen)
     k = torch.randn(T, HEADS, DQK, device=dev, dtype=torch.bfloat16, generator=gen)
     v = torch.randn(T, HEADS, DV, device=dev, dtype=torch.bfloat16, generator=gen)
-    cu = torch.tensor([0] + list(itertools_accumulate(lens)), dtype=torch.int32, device=dev)
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=dev)
     max_len = max(lens)
     scale = 1.0 / math.sqrt(DQK)
 
@@ -124,13 +125,6 @@ def run_shape(torch, fp8mla, anchors, name, lens, causal, iters):
         if base and r["status"] == "ok":
             r["ratio_vs_cudnn"] = base["us"] / r["us"]
     return rows
-
-
-def itertools_accumulate(lens):
-    total = 0
-    for n in lens:
-        total += n
-        yield total
 
 
 def judge(rows):

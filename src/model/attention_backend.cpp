@@ -1,6 +1,7 @@
 #include "fp8mla/attention_backend.hpp"
 
 #include <algorithm>
+#include <optional>
 
 #include "fp8mla/error.hpp"
 #include "fp8mla/quantize.hpp"
@@ -9,22 +10,25 @@
 namespace fp8mla {
 namespace {
 
+// The visible CUDA device `device` is, if any.
+std::optional<CudaDeviceInfo> cuda_device_info(Device device) {
+  for (const CudaDeviceInfo& d : cuda_devices().devices) {
+    if (d.ordinal == device.index) return d;
+  }
+  return std::nullopt;
+}
+
 std::string device_text(Device device) {
   if (!device.is_cuda()) return "cpu";
-  const CudaDevices found = cuda_devices();
-  for (const CudaDeviceInfo& d : found.devices) {
-    if (d.ordinal == device.index)
-      return concat(to_string(device), " (", d.name, ", sm_", d.arch, ")");
-  }
-  return concat(to_string(device), " (not visible: ", found.unavailable_reason, ")");
+  const std::optional<CudaDeviceInfo> d = cuda_device_info(device);
+  return d ? concat(to_string(device), " (", d->name, ", sm_", d->arch, ")")
+           : concat(to_string(device), " (not visible: ", cuda_devices().unavailable_reason, ")");
 }
 
 std::string architecture_of(Device device) {
   if (!device.is_cuda()) return "cpu";
-  for (const CudaDeviceInfo& d : cuda_devices().devices) {
-    if (d.ordinal == device.index) return concat("sm_", d.arch, d.arch == 90 ? "a" : "");
-  }
-  return "unknown";
+  const std::optional<CudaDeviceInfo> d = cuda_device_info(device);
+  return d ? concat("sm_", d->arch, d->arch == 90 ? "a" : "") : "unknown";
 }
 
 template <typename T>

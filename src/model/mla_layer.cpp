@@ -142,7 +142,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
 
   // Positions and slots of the extend tokens; offsets of queries.
   std::vector<std::int64_t> positions, slots;
-  std::vector<std::int32_t> cu_q{0}, cu_extend{0};
+  std::vector<std::int32_t> cu_q{0};  // the queries' offsets, also the extend keys' offsets
   std::vector<std::int64_t> prefix_lens;
   for (const MlaSequence& s : batch.sequences) {
     for (std::int64_t i = 0; i < s.extend; ++i) {
@@ -152,7 +152,6 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
     cu_q.push_back(cu_q.back() + std::int32_t(s.extend));
     prefix_lens.push_back(s.prefix);
   }
-  cu_extend = cu_q;
   const TensorView positions_view(positions.data(), DType::kI64, {T});
   const TensorView cos_sin(const_cast<float*>(m.cos_sin.data()), DType::kF32,
                            {c.max_position, kMlaRopeDim});
@@ -399,7 +398,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
     attend(all, cu_k, true, attn, nullptr);
     t.attention = ms_since(start);
   } else {
-    attend(extend, cu_extend, true, attn, &lse);
+    attend(extend, cu_q, true, attn, &lse);
     t.attention = ms_since(start);
     Bits chunk_out(attn.size());
     std::vector<float> chunk_lse(lse.size());
