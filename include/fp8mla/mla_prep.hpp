@@ -136,4 +136,12 @@ struct MlaKvPackArgs {
 
 void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream = nullptr);
 
+// V alone to e4m3 in `layout` (the V half of mla_kv_pack_quantize_fp8, same arithmetic and the
+// same checks on v and v_out): v [n, H, 128] bf16/f16 (any token/head strides, contiguous last
+// dim); v_out e4m3 [n, H, 128] laid out as `layout` says:
+//   v_out[t, h] = e4m3(v[t, h] * v_scale_inv)
+// For a backend whose K comes from mla_rope_quantize_fp8. 0 tokens or 0 heads: nothing to do.
+void mla_v_quantize_fp8(const TensorView& v, const TensorView& v_out, float v_scale_inv,
+                        VLayout layout, CudaStream stream = nullptr);
+
 }  // namespace fp8mla

@@ -78,18 +78,23 @@ void mla_kv_gather(const MlaKvGatherParams& p) {
   });
 }
 
+// Also mla_v_quantize_fp8 (p.v_only: the K half skipped).
 void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p) {
-  const std::int64_t heads = p.k_nope.heads;
+  const std::int64_t heads = p.v.heads;
   const std::int64_t nope = p.k_nope.dim, rope = p.k_pe.dim;
-  parallel_for(p.k_nope.tokens, kTokenGrain / 4, [&](std::int64_t begin, std::int64_t end) {
+  parallel_for(p.v.tokens, kTokenGrain / 4, [&](std::int64_t begin, std::int64_t end) {
     std::uint8_t k_pe[256];  // rope <= 256 (64 in MLA)
     std::uint8_t v[256];     // dim <= 256 (128 in MLA)
     for (std::int64_t t = begin; t < end; ++t) {
-      quantize_row(row_of(p.k_pe, t, 0), p.k_pe.dtype, rope, p.k_scale_inv, k_pe);  // once
+      if (!p.v_only) {
+        quantize_row(row_of(p.k_pe, t, 0), p.k_pe.dtype, rope, p.k_scale_inv, k_pe);  // once
+      }
       for (std::int64_t h = 0; h < heads; ++h) {
-        auto* k = reinterpret_cast<std::uint8_t*>(row_of_mut(p.k_out, t, h));
-        quantize_row(row_of(p.k_nope, t, h), p.k_nope.dtype, nope, p.k_scale_inv, k);
-        std::memcpy(k + nope, k_pe, std::size_t(rope));
+        if (!p.v_only) {
+          auto* k = reinterpret_cast<std::uint8_t*>(row_of_mut(p.k_out, t, h));
+          quantize_row(row_of(p.k_nope, t, h), p.k_nope.dtype, nope, p.k_scale_inv, k);
+          std::memcpy(k + nope, k_pe, std::size_t(rope));
+        }
         auto* v_out = reinterpret_cast<std::uint8_t*>(row_of_mut(p.v_out, t, h));
         if (!p.v_transposed) {
           quantize_row(row_of(p.v, t, h), p.v.dtype, p.v.dim, p.v_scale_inv, v_out);

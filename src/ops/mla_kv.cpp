@@ -1,5 +1,5 @@
 // Argument checks and CPU/CUDA dispatch of the latent-cache ops of fp8mla/mla_prep.hpp:
-// mla_kv_cache_write, mla_kv_gather and mla_kv_pack_quantize_fp8.
+// mla_kv_cache_write, mla_kv_gather, mla_kv_pack_quantize_fp8 and mla_v_quantize_fp8.
 #include <string>
 #include <string_view>
 
@@ -39,6 +39,45 @@ void same_count(const ArgChecker& check, std::int64_t got, std::int64_t expected
   check.require(got == expected, ErrorCategory::kInvalidArgument,
                 concat("`", name, "`: expected ", expected, " ", what, " like `", like, "`, got ",
                        t.describe()));
+}
+
+// The V half of mla_kv_pack_quantize_fp8 (also all of mla_v_quantize_fp8): v [n, H, 128] bf16/f16
+// and v_out e4m3 [n, H, 128] laid out as `layout` says, into p.v, p.v_out, p.v_transposed and
+// p.v_out_dim_stride. Both must have the token and head counts and the device of `like` (named
+// `like_name`, already checked as [n, H, ...]), or of v when `like` is null.
+void v_params(const ArgChecker& check, const TensorView& v, const TensorView& v_out, VLayout layout,
+              const TensorView* like, std::string_view like_name, MlaKvPackParams& p) {
+  check.dtype(v, "v", {DType::kBF16, DType::kF16});
+  check.dtype(v_out, "v_out", {DType::kE4M3});
+  check.require(layout == VLayout::kTokenMajor || layout == VLayout::kTransposed,
+                ErrorCategory::kInvalidArgument,
+                concat("`v_layout`: expected kTokenMajor or kTransposed, got ", int(layout)));
+  p.v = per_head(check, v, "v", kMlaVDim);
+  p.v_transposed = layout == VLayout::kTransposed;
+  if (p.v_transposed) {
+    const TensorView& o = v_out;
+    const bool shape_ok = o.ndim() == 3 && o.size(2) == kMlaVDim;
+    check.require(shape_ok, ErrorCategory::kInvalidArgument,
+                  concat("`v_out`: expected [tokens, heads, ", kMlaVDim, "], got ", o.describe()));
+    // [H][128][>= n] memory: no two elements share a byte.
+    const bool layout_ok = (o.size(0) <= 1 || o.stride(0) == 1) && o.stride(2) >= o.size(0) &&
+                           (o.size(1) <= 1 || o.stride(1) >= kMlaVDim * o.stride(2));
+    check.require(layout_ok, ErrorCategory::kInvalidArgument,
+                  concat("`v_out` (kTransposed): expected token stride 1, dim stride >= tokens and "
+                         "head stride >= 128 x dim stride, got ",
+                         o.describe()));
+    p.v_out = {o.data(), o.dtype(), o.size(0), o.size(1), kMlaVDim, 1, o.stride(1)};
+    p.v_out_dim_stride = o.stride(2);
+  } else {
+    p.v_out = per_head(check, v_out, "v_out", kMlaVDim);
+  }
+  const TensorView& ref = like != nullptr ? *like : v;
+  const std::int64_t tokens = ref.size(0), heads = ref.size(1);
+  same_count(check, p.v.tokens, tokens, "tokens", "v", like_name, v);
+  same_count(check, p.v_out.tokens, tokens, "tokens", "v_out", like_name, v_out);
+  same_count(check, p.v.heads, heads, "heads", "v", like_name, v);
+  same_count(check, p.v_out.heads, heads, "heads", "v_out", like_name, v_out);
+  check_devices(check, ref.device(), {{&v, "v"}, {&v_out, "v_out"}});
 }
 
 // The cache, the slots of `tokens` tokens and the optional error flag, all on `device`.
@@ -140,49 +179,33 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream) {
   check.dtype(args.k_pe, "k_pe", {args.k_nope.dtype()});
   check.dtype(args.v, "v", {args.k_nope.dtype()});
   check.dtype(args.k_out, "k_out", {DType::kE4M3});
-  check.dtype(args.v_out, "v_out", {DType::kE4M3});
-  check.require(
-      args.v_layout == VLayout::kTokenMajor || args.v_layout == VLayout::kTransposed,
-      ErrorCategory::kInvalidArgument,
-      concat("`v_layout`: expected kTokenMajor or kTransposed, got ", int(args.v_layout)));
   p.k_nope = per_head(check, args.k_nope, "k_nope", kMlaNopeDim);
   p.k_pe = shared_rows(check, args.k_pe, "k_pe", kMlaRopeDim);
-  p.v = per_head(check, args.v, "v", kMlaVDim);
   p.k_out = per_head(check, args.k_out, "k_out", kMlaQkDim);
-  p.v_transposed = args.v_layout == VLayout::kTransposed;
-  if (p.v_transposed) {
-    const TensorView& v = args.v_out;
-    const bool shape_ok = v.ndim() == 3 && v.size(2) == kMlaVDim;
-    check.require(shape_ok, ErrorCategory::kInvalidArgument,
-                  concat("`v_out`: expected [tokens, heads, ", kMlaVDim, "], got ", v.describe()));
-    // [H][128][>= n] memory: no two elements share a byte.
-    const bool layout_ok = (v.size(0) <= 1 || v.stride(0) == 1) && v.stride(2) >= v.size(0) &&
-                           (v.size(1) <= 1 || v.stride(1) >= kMlaVDim * v.stride(2));
-    check.require(layout_ok, ErrorCategory::kInvalidArgument,
-                  concat("`v_out` (kTransposed): expected token stride 1, dim stride >= tokens and "
-                         "head stride >= 128 x dim stride, got ",
-                         v.describe()));
-    p.v_out = {v.data(), v.dtype(), v.size(0), v.size(1), kMlaVDim, 1, v.stride(1)};
-    p.v_out_dim_stride = v.stride(2);
-  } else {
-    p.v_out = per_head(check, args.v_out, "v_out", kMlaVDim);
-  }
+  v_params(check, args.v, args.v_out, args.v_layout, &args.k_nope, "k_nope", p);
   const std::int64_t tokens = p.k_nope.tokens, heads = p.k_nope.heads;
   same_count(check, p.k_pe.tokens, tokens, "tokens", "k_pe", "k_nope", args.k_pe);
-  same_count(check, p.v.tokens, tokens, "tokens", "v", "k_nope", args.v);
   same_count(check, p.k_out.tokens, tokens, "tokens", "k_out", "k_nope", args.k_out);
-  same_count(check, p.v_out.tokens, tokens, "tokens", "v_out", "k_nope", args.v_out);
-  same_count(check, p.v.heads, heads, "heads", "v", "k_nope", args.v);
   same_count(check, p.k_out.heads, heads, "heads", "k_out", "k_nope", args.k_out);
-  same_count(check, p.v_out.heads, heads, "heads", "v_out", "k_nope", args.v_out);
-  check_devices(
-      check, args.k_nope.device(),
-      {{&args.k_pe, "k_pe"}, {&args.v, "v"}, {&args.k_out, "k_out"}, {&args.v_out, "v_out"}});
+  check_devices(check, args.k_nope.device(), {{&args.k_pe, "k_pe"}, {&args.k_out, "k_out"}});
   p.k_scale_inv = args.k_scale_inv;
   p.v_scale_inv = args.v_scale_inv;
   if (tokens == 0 || heads == 0) return;
   dispatch(
       args.k_nope.device(), [&] { cpu::mla_kv_pack_quantize_fp8(p); },
+      [&](auto) { cuda::mla_kv_pack_quantize_fp8(p, stream); });
+}
+
+void mla_v_quantize_fp8(const TensorView& v, const TensorView& v_out, float v_scale_inv,
+                        VLayout layout, CudaStream stream) {
+  const ArgChecker check("mla_v_quantize_fp8");
+  MlaKvPackParams p;
+  p.v_only = true;
+  v_params(check, v, v_out, layout, nullptr, "v", p);
+  p.v_scale_inv = v_scale_inv;
+  if (p.v.tokens == 0 || p.v.heads == 0) return;
+  dispatch(
+      v.device(), [&] { cpu::mla_kv_pack_quantize_fp8(p); },
       [&](auto) { cuda::mla_kv_pack_quantize_fp8(p, stream); });
 }
 

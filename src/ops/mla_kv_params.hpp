@@ -1,6 +1,6 @@
 // Plain parameter structs of the latent-cache ops of fp8mla/mla_prep.hpp (mla_kv_cache_write,
-// mla_kv_gather, mla_kv_pack_quantize_fp8): what the argument checks in mla_kv.cpp produce and
-// what both the CPU implementation and the CUDA kernels consume.
+// mla_kv_gather, mla_kv_pack_quantize_fp8 and mla_v_quantize_fp8): what the argument checks in
+// mla_kv.cpp produce and what both the CPU implementation and the CUDA kernels consume.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,8 @@ struct MlaKvGatherParams {
 };
 
 // k_out[t, h] = e4m3([k_nope[t, h] | k_pe[t]] * k_scale_inv), v_out[t, h] = e4m3(v[t, h] *
-// v_scale_inv); k_pe has heads == 1 and head_stride == 0.
+// v_scale_inv); k_pe has heads == 1 and head_stride == 0. Token and head counts are v's (equal to
+// k_nope's unless v_only).
 struct MlaKvPackParams {
   TokenHeads k_nope;  // [n, H, 128] bf16/f16
   TokenHeads k_pe;    // [n, 1, 64], same dtype
@@ -38,6 +39,7 @@ struct MlaKvPackParams {
   TokenHeads v_out;  // e4m3 [n, H, 128]; transposed: token_stride 1, dims v_out_dim_stride apart
   bool v_transposed = false;
   std::int64_t v_out_dim_stride = 1;
+  bool v_only = false;  // mla_v_quantize_fp8: only V is read and written; the K fields are unused
 };
 
 namespace cpu {

@@ -1,8 +1,8 @@
 // The CUDA latent-cache kernels equal the CPU ops bit for bit: each case runs on the CPU and on
 // the GPU from identical buffers (outputs poisoned, the cache filled with random bytes, guard bands
-// around every device buffer) and every byte of every buffer must match. Also: bad slots on the
-// GPU (flag set, nothing written out of bounds, gather rows zeroed), PDL on/off, and a cache of
-// more than 2^31 bytes (64-bit addressing).
+// around every device buffer) and every byte of every buffer must match (mla_v_quantize_fp8 too).
+// Also: bad slots on the GPU (flag set, nothing written out of bounds, gather rows zeroed), PDL
+// on/off, and a cache of more than 2^31 bytes (64-bit addressing).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -161,6 +161,64 @@ TEST(MlaKvCuda, PackMatchesCpuLarge) {
       c.v_pitch_pad = 16 - n % 16;
       expect_cuda_equals_cpu(c);
     }
+  }
+}
+
+// mla_v_quantize_fp8 (V alone) in both layouts: GPU equals CPU byte for byte (k_out, allocated
+// but not an argument, stays poisoned on both; the transposed pitch's padding stays poisoned),
+// vector and scalar paths, odd pitches, PDL on and off.
+TEST(MlaKvCuda, VQuantizeMatchesCpu) {
+  FP8MLA_REQUIRE_HOPPER();
+  std::uint64_t seed = 2000;
+  for (bool transposed : {false, true}) {
+    for (std::int64_t n : {1, 63, 64, 65, 4097}) {
+      for (std::int64_t heads : {1, 16, 128}) {
+        if (heads == 128 && n > 1000) continue;  // the CPU side would take most of the time
+        for (int layout = 0; layout < 3; ++layout) {
+          ++seed;
+          KvPackCase c;
+          c.v_only = true;
+          c.dtype = seed % 2 ? DType::kF16 : DType::kBF16;
+          c.tokens = n;
+          c.heads = heads;
+          c.fused = layout != 2;                      // v a slice of [n, H, 256], or its own rows
+          c.in_pad = layout == 2 ? 3 : 8;             // 3: unaligned rows, the scalar path
+          c.out_pad = layout == 1 ? 1 : 16 * layout;  // 1: scalar stores
+          c.v_transposed = transposed;
+          c.v_pitch_pad = layout == 0 ? 16 - n % 16 : layout == 1 ? 1 : 3;  // odd pitches: bytes
+          c.v_scale_inv = layout == 1 ? 300.0f : 3.0f;
+          c.data = layout == 1 ? Data::kAdversarial : Data::kRandom;
+          c.seed = seed;
+          expect_cuda_equals_cpu(c);
+        }
+      }
+    }
+  }
+}
+
+// V alone on the GPU writes what the full pack writes on the GPU.
+TEST(MlaKvCuda, VQuantizeEqualsPackV) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (bool transposed : {false, true}) {
+    KvPackCase c;
+    c.tokens = 777;
+    c.heads = 16;
+    c.v_transposed = transposed;
+    c.v_pitch_pad = 7;
+    c.v_scale_inv = 2.0f;
+    c.data = Data::kAdversarial;
+    c.seed = 4242;
+    c.v_only = true;
+    SCOPED_TRACE(c.describe());
+    const std::vector<HostBuffer> initial = test::host_buffers(c);
+    const std::vector<DeviceBuffer> alone = upload(initial);
+    run_gpu(c, alone);
+    c.v_only = false;
+    const std::vector<DeviceBuffer> packed = upload(initial);
+    run_gpu(c, packed);
+    EXPECT_TRUE(test::same_bytes(alone[4].download(), packed[4].download(), "v_out"));
+    EXPECT_TRUE(test::same_bytes(alone[3].download(), initial[3].payload(), "k_out (untouched)"));
+    for (const DeviceBuffer& d : alone) EXPECT_TRUE(d.guards_intact());
   }
 }
 

@@ -1,7 +1,8 @@
 // CPU semantics of the latent-cache ops (mla_kv_cache_write, mla_kv_gather,
-// mla_kv_pack_quantize_fp8) against references on logical indices (mla_kv_test_util.hpp), and
-// their argument checks: every bad input is an fp8mla::Error of the right category whose message
-// names what was expected and what was given, and a rejected call writes nothing.
+// mla_kv_pack_quantize_fp8, mla_v_quantize_fp8) against references on logical indices
+// (mla_kv_test_util.hpp), and their argument checks: every bad input is an fp8mla::Error of the
+// right category whose message names what was expected and what was given, and a rejected call
+// writes nothing.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -301,6 +302,55 @@ TEST(MlaKvPack, LargeTokenCount) {
   expect_pack(c);
 }
 
+// ---- mla_v_quantize_fp8 -------------------------------------------------------------------
+
+// V alone: equals the per-element reference, leaves k_out (and the transposed pitch's padding and
+// the guards) untouched, and its v_out equals byte for byte what mla_kv_pack_quantize_fp8 writes
+// from the same v.
+void expect_v_only(const KvPackCase& c) {
+  SCOPED_TRACE(c.describe());
+  ASSERT_TRUE(c.v_only);
+  std::vector<HostBuffer> buffers = test::host_buffers(c);
+  const auto want = c.expected_outputs(buffers);
+  test::run_cpu(c, buffers);
+  EXPECT_TRUE(test::same_bytes(buffers[4].payload(), want[1], "v_out"));
+  for (std::uint8_t byte : buffers[3].payload()) ASSERT_EQ(byte, kPoison) << "k_out was written";
+  for (const HostBuffer& b : buffers) EXPECT_TRUE(b.guards_intact());
+
+  KvPackCase pack = c;
+  pack.v_only = false;
+  std::vector<HostBuffer> packed = test::host_buffers(pack);
+  test::run_cpu(pack, packed);
+  EXPECT_TRUE(test::same_bytes(buffers[4].payload(), packed[4].payload(), "v_out vs the pack's"));
+}
+
+TEST(MlaVQuantize, BothLayoutsMatchThePackAndTheReference) {
+  std::uint64_t seed = 900;
+  for (bool transposed : {false, true}) {
+    for (std::int64_t n : {0, 1, 7, 64, 65, 300}) {
+      for (std::int64_t heads : {1, 16, 128}) {
+        for (DType dtype : {DType::kBF16, DType::kF16}) {
+          ++seed;
+          KvPackCase c;
+          c.v_only = true;
+          c.dtype = dtype;
+          c.tokens = n;
+          c.heads = heads;
+          c.fused = seed % 3 != 0;  // v a strided slice of [n, H, 256]; or its own padded rows
+          c.in_pad = seed % 2 ? 8 : 3;
+          c.out_pad = seed % 4 == 0 ? 16 : seed % 4 == 1 ? 5 : 0;
+          c.v_transposed = transposed;
+          c.v_pitch_pad = seed % 2 ? 3 : 16 - n % 16;  // > 0: padding bytes that must stay
+          c.v_scale_inv = seed % 5 == 0 ? 300.0f : seed % 5 == 1 ? 1.0f / 64.0f : 3.0f;
+          c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
+          c.seed = seed;
+          expect_v_only(c);
+        }
+      }
+    }
+  }
+}
+
 // ---- Argument checks ----------------------------------------------------------------------
 
 void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
@@ -526,6 +576,111 @@ TEST(MlaKvArgs, PackShapesDtypesAndCounts) {
                {"`v_out` (kTransposed)", "token stride 1"});
 }
 
+void v_call(const TensorView& v, const TensorView& v_out, VLayout layout = VLayout::kTokenMajor) {
+  mla_v_quantize_fp8(v, v_out, 1.0f, layout);
+}
+
+TEST(MlaKvArgs, VQuantizeDtypes) {
+  expect_error(
+      [] {
+        v_call(fake(DType::kF32, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}));
+      },
+      ErrorCategory::kInvalidArgument,
+      {"mla_v_quantize_fp8: `v` dtype", "expected one of {bf16, f16}", "got f32"});
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kBF16, {4, 16, 128}));
+      },
+      ErrorCategory::kInvalidArgument,
+      {"mla_v_quantize_fp8: `v_out` dtype", "expected e4m3fn", "got bf16"});
+  expect_error(
+      [] {
+        v_call(fake(DType::kF16, {4, 16, 128}), fake(DType::kE5M2, {4, 16, 128}));
+      },
+      ErrorCategory::kInvalidArgument, {"`v_out` dtype", "expected e4m3fn", "got e5m2"});
+}
+
+TEST(MlaKvArgs, VQuantizeShapesAndCounts) {
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {4, 16, 64}), fake(DType::kE4M3, {4, 16, 128}));
+      },
+      ErrorCategory::kInvalidArgument,
+      {"mla_v_quantize_fp8: `v`", "expected [tokens, heads, 128]", "bf16[4, 16, 64]"});
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 192}));
+      },
+      ErrorCategory::kInvalidArgument,
+      {"`v_out`", "expected [tokens, heads, 128]", "e4m3fn[4, 16, 192]"});
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {5, 16, 128}));
+      },
+      ErrorCategory::kInvalidArgument,
+      {"`v_out`", "expected 4 tokens like `v`", "e4m3fn[5, 16, 128]"});
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 8, 128}));
+      },
+      ErrorCategory::kInvalidArgument, {"`v_out`", "expected 16 heads like `v`"});
+  // The same counts checked for a transposed v_out ([H][128][pitch] memory, pitch 16).
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {4, 16, 128}),
+               TensorView(kFake, DType::kE4M3, {5, 16, 128}, {1, 128 * 16, 16}),
+               VLayout::kTransposed);
+      },
+      ErrorCategory::kInvalidArgument, {"`v_out`", "expected 4 tokens like `v`"});
+  const TensorView strided_dim(kFake, DType::kBF16, {4, 16, 128}, {16 * 256, 256, 2});
+  expect_error(
+      [&] {
+        v_call(strided_dim, fake(DType::kE4M3, {4, 16, 128}));
+      },
+      ErrorCategory::kInvalidArgument, {"`v`", "contiguous last dim"});
+}
+
+TEST(MlaKvArgs, VQuantizeTransposedLayout) {
+  // A token-major v_out under kTransposed: token stride 128 x 16, not 1.
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}),
+               VLayout::kTransposed);
+      },
+      ErrorCategory::kInvalidArgument,
+      {"mla_v_quantize_fp8: `v_out` (kTransposed)", "token stride 1", "e4m3fn[4, 16, 128]"});
+  // Dims 32 bytes apart hold only 32 of the 64 tokens.
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {64, 2, 128}),
+               TensorView(kFake, DType::kE4M3, {64, 2, 128}, {1, 128 * 32, 32}),
+               VLayout::kTransposed);
+      },
+      ErrorCategory::kInvalidArgument, {"`v_out` (kTransposed)", "dim stride >= tokens"});
+  // Heads overlapping: head stride < 128 x dim stride.
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {64, 2, 128}),
+               TensorView(kFake, DType::kE4M3, {64, 2, 128}, {1, 64, 64}), VLayout::kTransposed);
+      },
+      ErrorCategory::kInvalidArgument,
+      {"`v_out` (kTransposed)", "head stride >= 128 x dim stride"});
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}),
+               static_cast<VLayout>(7));
+      },
+      ErrorCategory::kInvalidArgument, {"`v_layout`", "kTokenMajor or kTransposed", "got 7"});
+}
+
+TEST(MlaKvArgs, VQuantizeMixedDevices) {
+  expect_error(
+      [] {
+        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}, Device::cuda(0)));
+      },
+      ErrorCategory::kInvalidArgument, {"`v_out`", "expected a tensor on cpu", "cuda:0"});
+}
+
 TEST(MlaKvArgs, EmptyCallsWriteNothing) {
   HostBuffer cache(16 * 576);
   LatentCacheWrite w;
@@ -536,6 +691,17 @@ TEST(MlaKvArgs, EmptyCallsWriteNothing) {
                 fake(DType::kBF16, {0, 1, 64}));
   mla_kv_pack_quantize_fp8(fake_pack(0, 16));
   mla_kv_pack_quantize_fp8(fake_pack(3, 0));
+  for (VLayout layout : {VLayout::kTokenMajor, VLayout::kTransposed}) {
+    const bool t = layout == VLayout::kTransposed;
+    mla_v_quantize_fp8(fake(DType::kBF16, {0, 16, 128}),
+                       t ? TensorView(kFake, DType::kE4M3, {0, 16, 128}, {1, 128 * 16, 16})
+                         : fake(DType::kE4M3, {0, 16, 128}),
+                       1.0f, layout);
+    mla_v_quantize_fp8(fake(DType::kF16, {3, 0, 128}),
+                       t ? TensorView(kFake, DType::kE4M3, {3, 0, 128}, {1, 128 * 16, 16})
+                         : fake(DType::kE4M3, {3, 0, 128}),
+                       1.0f, layout);
+  }
   for (std::uint8_t byte : cache.payload()) ASSERT_EQ(byte, kPoison);
 }
 

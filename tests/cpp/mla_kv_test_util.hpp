@@ -1,6 +1,6 @@
 // Shared cases of the latent-cache op tests (mla_kv_cache_write, mla_kv_gather,
-// mla_kv_pack_quantize_fp8): buffer geometries that give the same views over host and device
-// memory, deterministic inputs, and references written on logical indices.
+// mla_kv_pack_quantize_fp8, mla_v_quantize_fp8): buffer geometries that give the same views over
+// host and device memory, deterministic inputs, and references written on logical indices.
 #pragma once
 
 #include <algorithm>
@@ -245,8 +245,10 @@ struct KvGatherCase {
   }
 };
 
-// ---- mla_kv_pack_quantize_fp8 -------------------------------------------------------------
+// ---- mla_kv_pack_quantize_fp8 and mla_v_quantize_fp8 --------------------------------------
 
+// With v_only, the same buffers go to mla_v_quantize_fp8 (v and v_out only): k_out must stay as
+// it was.
 struct KvPackCase {
   DType dtype = DType::kBF16;
   std::int64_t tokens = 0;
@@ -262,6 +264,7 @@ struct KvPackCase {
   float v_scale_inv = 1.0f;
   Data data = Data::kRandom;
   std::uint64_t seed = 1;
+  bool v_only = false;  // run mla_v_quantize_fp8 instead
 
   // Allocations: kv (or k_nope), k_pe, v (empty when fused), k_out, v_out.
   std::vector<Spec> specs() const {
@@ -301,6 +304,12 @@ struct KvPackCase {
   }
   void run(std::span<void* const> bases, Device device, CudaStream stream = nullptr) const {
     const std::vector<Spec> s = specs();
+    const VLayout layout = v_transposed ? VLayout::kTransposed : VLayout::kTokenMajor;
+    if (v_only) {
+      mla_v_quantize_fp8(v_spec().view(fused ? bases[0] : bases[2], device),
+                         s[4].view(bases[4], device), v_scale_inv, layout, stream);
+      return;
+    }
     MlaKvPackArgs a;
     a.k_nope = k_nope_spec().view(bases[0], device);
     a.k_pe = s[1].view(bases[1], device);
@@ -309,7 +318,7 @@ struct KvPackCase {
     a.v_scale_inv = v_scale_inv;
     a.k_out = s[3].view(bases[3], device);
     a.v_out = s[4].view(bases[4], device);
-    a.v_layout = v_transposed ? VLayout::kTransposed : VLayout::kTokenMajor;
+    a.v_layout = layout;
     mla_kv_pack_quantize_fp8(a, stream);
   }
   std::vector<std::vector<std::uint8_t>> expected_outputs(
@@ -321,11 +330,14 @@ struct KvPackCase {
     for (int k : {3, 4}) out.emplace_back(before[k].payload().begin(), before[k].payload().end());
     for (std::int64_t t = 0; t < tokens; ++t) {
       for (std::int64_t h = 0; h < heads; ++h) {
+        for (int i = 0; i < kMlaVDim; ++i) {
+          out[1][element_at(s[4], t, h, i)] =
+              encode_e4m3(load_f32(v_base, dtype, element_at(vs, t, h, i)) * v_scale_inv);
+        }
+        if (v_only) continue;  // k_out untouched
         for (int i = 0; i < kMlaNopeDim; ++i) {
           out[0][element_at(s[3], t, h, i)] =
               encode_e4m3(load_f32(before[0].data(), dtype, element_at(kn, t, h, i)) * k_scale_inv);
-          out[1][element_at(s[4], t, h, i)] =
-              encode_e4m3(load_f32(v_base, dtype, element_at(vs, t, h, i)) * v_scale_inv);
         }
         for (int i = 0; i < kMlaRopeDim; ++i) {
           out[0][element_at(s[3], t, h, kMlaNopeDim + i)] = encode_e4m3(
@@ -336,12 +348,12 @@ struct KvPackCase {
     return out;
   }
   std::string describe() const {
-    return concat("mla_kv_pack_quantize_fp8 ", dtype_name(dtype), " n=", tokens, " H=", heads,
-                  fused ? " fused kv" : " separate", " (in pad ", in_pad, "), k_pe ",
-                  k_pe_3d ? "3-d" : "2-d", " pad ", k_pe_pad, ", out pad ", out_pad,
-                  v_transposed ? concat(", v transposed (pitch pad ", v_pitch_pad, ")") : "",
-                  ", scale_inv k ", k_scale_inv, " v ", v_scale_inv, ", ", data_name(data),
-                  " seed ", seed);
+    return concat(
+        v_only ? "mla_v_quantize_fp8 " : "mla_kv_pack_quantize_fp8 ", dtype_name(dtype),
+        " n=", tokens, " H=", heads, fused ? " fused kv" : " separate", " (in pad ", in_pad,
+        "), k_pe ", k_pe_3d ? "3-d" : "2-d", " pad ", k_pe_pad, ", out pad ", out_pad,
+        v_transposed ? concat(", v transposed (pitch pad ", v_pitch_pad, ")") : "",
+        ", scale_inv k ", k_scale_inv, " v ", v_scale_inv, ", ", data_name(data), " seed ", seed);
   }
 };
 

@@ -9,7 +9,7 @@
 //   gather: 36 units per row, each one 16-byte load and two 16-byte stores of bf16.
 //   pack:   per token, 16 units per head (8 of k_nope, 8 of v), then 4 units of k_pe per group of
 //           kPeHeads heads: the 16 k_pe bytes are converted once and stored to each head of the
-//           group.
+//           group. V alone (mla_v_quantize_fp8, p.v_only): 8 units per head, all of v.
 // A bad slot (not -1 for the write; any for the gather) cannot throw here: the write skips the
 // token, the gather writes zeros, and both set *error_flag = 1 when a flag is given.
 #include <algorithm>
@@ -232,9 +232,11 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(MlaKvPackParams p, Trave
   using S = typename In::Storage;
   constexpr int kNopeUnits = kMlaNopeDim / kVec;  // == kMlaVDim / kVec
   constexpr int kPeUnits = kMlaRopeDim / kVec;
-  // A transposed V is written by pack_v_transposed_kernel instead.
-  const std::uint32_t kHeadUnits = p.v_transposed ? kNopeUnits : 2 * kNopeUnits;
-  const std::int64_t heads = p.k_nope.heads;
+  // A transposed V is written by pack_v_transposed_kernel instead. V alone: no k_nope units (a
+  // head's units start at its V), no k_pe units (col < head_units always).
+  const std::uint32_t kHeadUnits = p.v_transposed || p.v_only ? kNopeUnits : 2 * kNopeUnits;
+  const int v_first = p.v_only ? 0 : kNopeUnits;  // a head's first V unit
+  const std::int64_t heads = p.v.heads;
   const std::uint32_t head_units = std::uint32_t(heads) * kHeadUnits;
   pdl_wait();
   const std::uint32_t stride = gridDim.x * kThreads;
@@ -258,12 +260,12 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(MlaKvPackParams p, Trave
       if (col < head_units) {
         const std::int64_t head = col / kHeadUnits;
         const int sub = int(col % kHeadUnits);
-        if (sub < kNopeUnits) {
+        if (sub < v_first) {
           src = at<const S>(p.k_nope, tok, head, sub * kVec);
           dst[u] = at<std::uint8_t>(p.k_out, tok, head, sub * kVec);
         } else {
-          src = at<const S>(p.v, tok, head, (sub - kNopeUnits) * kVec);
-          dst[u] = at<std::uint8_t>(p.v_out, tok, head, (sub - kNopeUnits) * kVec);
+          src = at<const S>(p.v, tok, head, (sub - v_first) * kVec);
+          dst[u] = at<std::uint8_t>(p.v_out, tok, head, (sub - v_first) * kVec);
           scale_inv[u] = p.v_scale_inv;
         }
         copies[u] = 1;
@@ -363,25 +365,31 @@ void mla_kv_gather(const MlaKvGatherParams& p, CudaStream stream) {
   }
 }
 
+// Also mla_v_quantize_fp8 (p.v_only): pack_kernel with V units only (token-major V), or
+// pack_v_transposed_kernel alone (transposed V).
 void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
-  const bool wide = vectors_ok(p.k_nope) && vectors_ok(p.k_pe) && vectors_ok(p.v) &&
-                    vectors_ok(p.k_out) && (p.v_transposed || vectors_ok(p.v_out));
-  const std::int64_t heads = p.k_nope.heads;
-  const std::int64_t groups = (heads + kPeHeads - 1) / kPeHeads;
+  const char* op = p.v_only ? "mla_v_quantize_fp8" : "mla_kv_pack_quantize_fp8";
+  const bool v_wide = vectors_ok(p.v) && (p.v_transposed || vectors_ok(p.v_out));
+  const bool wide =
+      v_wide && (p.v_only || (vectors_ok(p.k_nope) && vectors_ok(p.k_pe) && vectors_ok(p.k_out)));
+  const std::int64_t heads = p.v.heads;
+  const std::int64_t groups = p.v_only ? 0 : (heads + kPeHeads - 1) / kPeHeads;
   if (heads > (std::int64_t(1) << 20)) {
-    throw Error(ErrorCategory::kUnsupported,
-                concat("mla_kv_pack_quantize_fp8: more than 2^20 heads, got ", heads));
+    throw Error(ErrorCategory::kUnsupported, concat(op, ": more than 2^20 heads, got ", heads));
   }
-  dispatch_16bit(p.k_nope.dtype, [&]<typename In>() {
+  // Per head: k_nope units unless V alone, V units unless a transposed V (written below).
+  const int unit_sets = (p.v_only ? 0 : 1) + (p.v_transposed ? 0 : 1);
+  dispatch_16bit(p.v.dtype, [&]<typename In>() {
     auto run = [&]<int kVec>() {
       const std::int64_t units =
-          heads * (p.v_transposed ? 1 : 2) * (kMlaNopeDim / kVec) + groups * (kMlaRopeDim / kVec);
-      for_each_launch(p.k_nope.tokens, units, kPackUnroll, [&](const Traversal& t, dim3 grid) {
-        launch("mla_kv_pack_quantize_fp8", pack_kernel<In, kVec>,
-               {grid, dim3(kThreads), 0, stream, true}, p, t);
+          heads * unit_sets * (kMlaNopeDim / kVec) + groups * (kMlaRopeDim / kVec);
+      for_each_launch(p.v.tokens, units, kPackUnroll, [&](const Traversal& t, dim3 grid) {
+        launch(op, pack_kernel<In, kVec>, {grid, dim3(kThreads), 0, stream, true}, p, t);
       });
     };
-    if (wide) {
+    if (unit_sets == 0) {
+      // V alone, transposed: nothing for pack_kernel.
+    } else if (wide) {
       run.template operator()<kWide>();
     } else {
       run.template operator()<1>();
@@ -389,8 +397,9 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
     if (p.v_transposed) {
       const dim3 grid(unsigned((p.v.tokens + kTransposeTokens - 1) / kTransposeTokens),
                       unsigned(heads));
-      launch("mla_kv_pack_quantize_fp8 (transposed V)", pack_v_transposed_kernel<In>,
-             {grid, dim3(kThreads), 0, stream, true}, p);
+      launch(p.v_only ? "mla_v_quantize_fp8 (transposed V)"
+                      : "mla_kv_pack_quantize_fp8 (transposed V)",
+             pack_v_transposed_kernel<In>, {grid, dim3(kThreads), 0, stream, true}, p);
     }
   });
 }
