@@ -6,8 +6,7 @@
 // The optional hook prepare_prefill_qkv turns the layer's bf16 Q/K/V into FP8 (fused RoPE + e4m3
 // Q and K, e4m3 V in the backend's V layout) and writes the FP8 latent cache; with it the layer
 // runs the FP8 path, without it the BF16 path. pack_prefix_chunk_kv turns a prefix chunk's K/V to
-// FP8. This version ships the CPU backends (the reference; "cpu" with the hook, "cpu-bf16"
-// without); the Hopper backends come with the GPU layer.
+// FP8.
 #pragma once
 
 #include <memory>
@@ -69,8 +68,11 @@ class AttentionBackend {
   virtual void pack_prefix_chunk_kv(const MlaKvPackArgs& args, CudaStream stream = nullptr) const;
 };
 
-// "cpu" (FP8 hook and pack, e4m3 and bf16 attention) or "cpu-bf16" (bf16 attention, no hook);
-// another name is an ErrorCategory::kInvalidArgument error listing the known ones.
+// "cpu" (FP8 hook and pack, e4m3 and bf16 attention), "cpu-bf16" (bf16 attention, no hook),
+// "fp8-hopper" (the hook and pack writing V transposed, e4m3 and bf16 attention on sm_90a) or
+// "bf16-hopper" (bf16 attention on sm_90a, no hook); another name is an
+// ErrorCategory::kInvalidArgument error listing the known ones. Each runs fp8mla's ops, on the
+// device of the tensors it is given.
 std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name);
 std::vector<std::string> attention_backend_names();
 

@@ -5,18 +5,23 @@
 // first-class: with its prepare_prefill_qkv hook the FP8 path (fused RoPE + e4m3 Q/K/V, FP8
 // attention), without it the BF16 path (bf16 RoPE, bf16 attention); the cache is FP8 in both.
 //
-// This version runs on the CPU (the reference backend, every step through fp8mla's CPU ops and
-// f32 GEMMs with bf16 outputs). A CUDA layer is not in this build: CUDA tensors are an
-// ErrorCategory::kUnsupported error.
+// Projections: bf16 weights run as bf16 GEMMs (f32 accumulation); e4m3 weights with 128 x 128
+// block scales run as FP8 GEMMs whose input is quantized per token and group of 128 (DeepSeek's
+// recipe), where the device supports the shape (otherwise that weight is dequantized to bf16 once,
+// at construction, and projection_notes() says so). The CPU layer is the reference and computes
+// the same steps in f32; the CUDA layer uses cuBLASLt and fp8mla's CUDA ops.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/mla_config.hpp"
 #include "fp8mla/mla_weights.hpp"
+#include "fp8mla/stream.hpp"
 #include "fp8mla/tensor_view.hpp"
 
 namespace fp8mla {
@@ -34,6 +39,14 @@ struct MlaBatch {
   std::int64_t extend_tokens() const;
 };
 
+// Static per-tensor scales of the FP8 path's attention inputs: e4m3 = x * scale_inv, as an engine
+// calibrates them per layer; 1 is the unit scale. Prefix chunks use the same scales.
+struct MlaFp8Scales {
+  float q_scale_inv = 1.0f;
+  float k_scale_inv = 1.0f;
+  float v_scale_inv = 1.0f;
+};
+
 struct MlaPrefillOptions {
   // Up to this many prefix keys in the batch, prefix and extend keys are attended together
   // (one-shot). Above it the extend tokens attend causally among themselves, then each chunk of
@@ -42,9 +55,18 @@ struct MlaPrefillOptions {
   std::int64_t one_shot_max_prefix = 8192;
   std::int64_t chunk_capacity = 8192;
   float cache_scale_inv = 1.0f;  // the latent cache holds e4m3(x * cache_scale_inv)
+  MlaFp8Scales fp8;
 };
 
-// Wall time of each stage of the last prefill, in milliseconds.
+// What a CUDA layer's workspace must hold: the largest batch it will be given.
+struct MlaWorkspaceLimits {
+  std::int64_t max_tokens = 0;  // extend tokens
+  std::int64_t max_sequences = 0;
+  std::int64_t max_prefix_tokens = 0;  // prefix tokens of all sequences together
+};
+
+// Time of each stage of the last prefill, in milliseconds (wall time on the CPU, CUDA events on
+// the GPU).
 struct MlaStageTimes {
   double projections = 0;  // q, kv_a, RMSNorm, kv_b of the extend tokens
   double prep = 0;         // RoPE, FP8 conversion, cache write
@@ -52,36 +74,58 @@ struct MlaStageTimes {
   double attention = 0;
   double merge = 0;
   double output = 0;  // o_proj
+  double total() const { return projections + prep + prefix + attention + merge + output; }
 };
 
 class MlaLayer {
  public:
-  // Keeps `weights` (and what they point into) for the layer's lifetime; e4m3 weights are
-  // dequantized with their block scales once, here.
-  MlaLayer(MlaConfig config, const MlaWeights& weights);
+  // Keeps `weights` (and what they point into) for the layer's lifetime. On the CPU e4m3 weights
+  // are dequantized with their block scales once, here. On a CUDA device the weights are copied
+  // to it and the projections planned (cuBLASLt algorithm checks): the one-time work, done here.
+  MlaLayer(MlaConfig config, const MlaWeights& weights, Device device = Device::cpu());
   ~MlaLayer();
   MlaLayer(MlaLayer&&) noexcept;
   MlaLayer& operator=(MlaLayer&&) noexcept;
 
   const MlaConfig& config() const { return config_; }
+  Device device() const { return device_; }
+  // One line per projection: how it runs ("q_a_proj [1536, 7168]: fp8 block-scaled GEMM", or
+  // "...: bf16 GEMM, dequantized at load because ...").
+  const std::vector<std::string>& projection_notes() const;
+
+  // Bytes of device workspace prefill needs for batches within `limits` with `backend` (which
+  // decides the path) and `options`; 0 on the CPU.
+  std::size_t workspace_bytes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& options,
+                              const AttentionBackend& backend) const;
 
   // hidden: bf16 [T, config.hidden] with T = batch.extend_tokens(), rows in sequence order;
   // cache: e4m3 [pages, page_size, 576] (the prefix rows are read, the extend rows written);
-  // out: bf16 [T, config.hidden], written in full.
-  // A backend lacking what the path needs is an error (check_backend).
+  // out: bf16 [T, config.hidden], written in full. All on the layer's device.
+  // workspace (CUDA only): a 1-d contiguous view (any dtype) of >= workspace_bytes(...) bytes on
+  // the device, 256-byte aligned, for a batch within the limits it was sized for; nothing in it
+  // is read before it is written. The CUDA path runs on `stream`,
+  // allocates nothing and synchronizes nothing, except that it copies the batch's metadata from
+  // the host and, when `times` is given, waits for its events to read them.
+  // A backend lacking what the path needs is an error (check_backend). One prefill at a time per
+  // layer.
   void prefill(const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,
                const AttentionBackend& backend, const MlaPrefillOptions& options,
-               const TensorView& out, MlaStageTimes* times = nullptr) const;
+               const TensorView& out, const TensorView& workspace = {},
+               MlaStageTimes* times = nullptr, CudaStream stream = nullptr);
+
+  class Impl;
 
  private:
-  struct Impl;
   MlaConfig config_;
+  Device device_;
   std::unique_ptr<Impl> impl_;
 };
 
 // The float64 reference of MlaLayer::prefill on the same inputs: dequantized weights, no
 // intermediate rounding, exact softmax over every prefix key (from the cache, dequantized) and
-// the sequence's extend keys up to the query's position. out: f64 [T, hidden], contiguous.
+// the sequence's extend keys up to the query's position. e4m3 weights see their input quantized
+// per 128-group (DeepSeek's FP8 recipe defines the model that way), in float64 otherwise.
+// out: f64 [T, hidden], contiguous.
 void mla_prefill_reference(const MlaConfig& config, const MlaWeights& weights,
                            const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,
                            float cache_scale_inv, double* out);

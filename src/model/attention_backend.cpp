@@ -38,18 +38,11 @@ std::string join(const std::vector<T>& items, auto text) {
   return s.empty() ? "none" : s;
 }
 
-// The CPU backends: every call through fp8mla's CPU ops.
-class CpuBackend final : public AttentionBackend {
+// A backend made of fp8mla's ops, which run where their tensors are: the CPU backends and the
+// Hopper ones differ in what they declare (architecture, V layout), not in code.
+class OpsBackend final : public AttentionBackend {
  public:
-  explicit CpuBackend(bool fp8) {
-    caps_.name = fp8 ? "cpu" : "cpu-bf16";
-    caps_.attention_dtypes =
-        fp8 ? std::vector{DType::kE4M3, DType::kBF16} : std::vector{DType::kBF16};
-    caps_.head_dims = {{192, 128}, {128, 128}, {64, 64}, {128, 64}};
-    caps_.architectures = {"cpu"};
-    caps_.prepare_prefill_qkv = fp8;
-    caps_.pack_prefix_chunk_kv = fp8;
-  }
+  explicit OpsBackend(BackendCapabilities caps) : caps_(std::move(caps)) {}
   const BackendCapabilities& capabilities() const override { return caps_; }
   void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) const override {
     fp8mla::prefill_attention(args, stream);
@@ -57,16 +50,40 @@ class CpuBackend final : public AttentionBackend {
   void prepare_prefill_qkv(const PrepareQkvArgs& args, CudaStream stream) const override {
     if (!caps_.prepare_prefill_qkv) AttentionBackend::prepare_prefill_qkv(args, stream);
     mla_rope_quantize_fp8(args.qk, stream);
-    quantize_fp8(args.v, args.v_out, args.v_scale_inv, stream);
+    mla_v_quantize_fp8(args.v, args.v_out, args.v_scale_inv, caps_.v_layout, stream);
   }
   void pack_prefix_chunk_kv(const MlaKvPackArgs& args, CudaStream stream) const override {
     if (!caps_.pack_prefix_chunk_kv) AttentionBackend::pack_prefix_chunk_kv(args, stream);
+    if (args.v_layout != caps_.v_layout) {
+      throw Error(ErrorCategory::kInvalidArgument,
+                  concat("attention backend '", caps_.name, "' packs V ",
+                         caps_.v_layout == VLayout::kTransposed ? "transposed" : "token-major",
+                         "; the pack arguments ask for the other layout"));
+    }
     mla_kv_pack_quantize_fp8(args, stream);
   }
 
  private:
   BackendCapabilities caps_;
 };
+
+BackendCapabilities capabilities_of(std::string_view name) {
+  BackendCapabilities caps;
+  caps.name = std::string(name);
+  const bool hopper = name.ends_with("-hopper");
+  const bool fp8 = name == "cpu" || name == "fp8-hopper";
+  caps.attention_dtypes = fp8 ? std::vector{DType::kE4M3, DType::kBF16} : std::vector{DType::kBF16};
+  // The CPU attention takes any of these; the Hopper kernels are compiled for MLA's dims.
+  caps.head_dims =
+      hopper ? std::vector<std::pair<int, int>>{{192, 128}}
+             : std::vector<std::pair<int, int>>{{192, 128}, {128, 128}, {64, 64}, {128, 64}};
+  caps.architectures = {hopper ? "sm_90a" : "cpu"};
+  caps.prepare_prefill_qkv = fp8;
+  caps.pack_prefix_chunk_kv = fp8;
+  // FP8 P V on Hopper reads V with contiguous tokens (wgmma's K-major operand).
+  caps.v_layout = hopper ? VLayout::kTransposed : VLayout::kTokenMajor;
+  return caps;
+}
 
 }  // namespace
 
@@ -130,8 +147,9 @@ void AttentionBackend::pack_prefix_chunk_kv(const MlaKvPackArgs&, CudaStream) co
 }
 
 std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name) {
-  if (name == "cpu") return std::make_unique<CpuBackend>(true);
-  if (name == "cpu-bf16") return std::make_unique<CpuBackend>(false);
+  const std::vector<std::string> names = attention_backend_names();
+  if (std::find(names.begin(), names.end(), name) != names.end())
+    return std::make_unique<OpsBackend>(capabilities_of(name));
   std::string known;
   for (const std::string& n : attention_backend_names())
     known += concat(known.empty() ? "" : ", ", n);
@@ -140,7 +158,7 @@ std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name) 
 }
 
 std::vector<std::string> attention_backend_names() {
-  return {"cpu", "cpu-bf16"};
+  return {"cpu", "cpu-bf16", "fp8-hopper", "bf16-hopper"};
 }
 
 }  // namespace fp8mla

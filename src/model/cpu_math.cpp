@@ -4,6 +4,7 @@
 
 #include "cpu/parallel_for.hpp"
 #include "fp8mla/numerics.hpp"
+#include "fp8mla/quantize.hpp"
 
 namespace fp8mla::model {
 
@@ -27,12 +28,29 @@ std::vector<float> dequantize(const MlaProjection& projection) {
 }
 
 void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
-            std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y) {
+            std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y,
+            bool fp8_input) {
+  // An FP8 GEMM's input: e4m3 per token and group of 128 (the op the CUDA layer runs), used here
+  // dequantized.
+  std::vector<std::uint8_t> xq;
+  std::vector<float> xs;
+  const std::int64_t groups = in / kWeightBlock;
+  if (fp8_input && rows > 0) {
+    xq.resize(std::size_t(rows * in));
+    xs.resize(std::size_t(rows * groups));
+    quantize_fp8_per_token_group(
+        TensorView(const_cast<std::uint16_t*>(x.data()), DType::kBF16, {rows, in}),
+        TensorView(xq.data(), DType::kE4M3, {rows, in}),
+        TensorView(xs.data(), DType::kF32, {rows, groups}), GroupQuantOptions{.group_size = 128});
+  }
   cpu::parallel_for(rows, 4, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> xf(static_cast<std::size_t>(in));
     for (std::int64_t t = begin; t < end; ++t) {
-      for (std::int64_t i = 0; i < in; ++i)
-        xf[std::size_t(i)] = decode_bf16(x[std::size_t(t * in + i)]);
+      for (std::int64_t i = 0; i < in; ++i) {
+        const std::size_t at = std::size_t(t * in + i);
+        xf[std::size_t(i)] = fp8_input ? decode_e4m3(xq[at]) * xs[std::size_t(t * groups + i / 128)]
+                                       : decode_bf16(x[at]);
+      }
       for (std::int64_t o = 0; o < out; ++o) {
         const float* wr = w.data() + o * in;
         float acc = 0.0f;

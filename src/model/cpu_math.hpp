@@ -14,9 +14,12 @@ namespace fp8mla::model {
 // A projection's weight as f32 [out, in]: bf16 widened, or e4m3 times its block scale.
 std::vector<float> dequantize(const MlaProjection& projection);
 
-// y[t, o] = bf16(sum_i x[t, i] * w[o, i]); x bf16 [rows, in], w f32 [out, in].
+// y[t, o] = bf16(sum_i x[t, i] * w[o, i]); x bf16 [rows, in], w f32 [out, in]. With fp8_input,
+// x is first quantized to e4m3 per token and group of 128 (in % 128 == 0) and used dequantized,
+// as the FP8 GEMM of e4m3 weights sees it.
 void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
-            std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y);
+            std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y,
+            bool fp8_input = false);
 
 // y = bf16(x / sqrt(mean(x^2) + eps) * w) per row of `width` elements, rows `stride` apart in x.
 void rms_norm(const std::uint16_t* x, std::int64_t rows, std::int64_t width, std::int64_t stride,

@@ -30,7 +30,7 @@ std::vector<MlaConfig> presets() {
   tiny.name = "tiny";
   tiny.hidden = 512;
   tiny.heads = 4;
-  tiny.q_lora_rank = 256;
+  tiny.q_lora_rank = 512;
   tiny.max_position = 4096;
   return {deepseek("deepseek-v2-lite", 2048, 16, 0, 0.707),
           deepseek("deepseek-v2", 5120, 128, 1536, 0.707),

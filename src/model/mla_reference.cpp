@@ -14,10 +14,27 @@ namespace {
 
 using Vec = std::vector<double>;
 
+// x quantized to e4m3 per group of 128 (s = amax / 448, q = e4m3(x / s)) and dequantized: the
+// input an e4m3-weight projection sees in DeepSeek's FP8 recipe, part of the model it defines.
+Vec quantize_groups(const Vec& x) {
+  Vec y(x.size());
+  for (std::size_t g = 0; g < x.size(); g += kWeightBlock) {
+    const std::size_t end = std::min(x.size(), g + std::size_t(kWeightBlock));
+    double amax = 1e-10;
+    for (std::size_t i = g; i < end; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const double s = amax / 448.0;
+    for (std::size_t i = g; i < end; ++i)
+      y[i] = double(decode_e4m3(encode_e4m3(float(x[i] / s)))) * s;
+  }
+  return y;
+}
+
 struct Matrix {
   std::vector<float> w;  // [out, in]
   std::int64_t out = 0, in = 0;
-  Vec apply(const Vec& x) const {
+  bool fp8_input = false;
+  Vec apply(const Vec& x_in) const {
+    const Vec x = fp8_input ? quantize_groups(x_in) : x_in;
     Vec y(std::size_t(out), 0.0);
     for (std::int64_t o = 0; o < out; ++o) {
       double acc = 0.0;
@@ -30,7 +47,8 @@ struct Matrix {
 };
 
 Matrix matrix(const MlaProjection& p) {
-  return {model::dequantize(p), p.weight.size(0), p.weight.size(1)};
+  return {model::dequantize(p), p.weight.size(0), p.weight.size(1),
+          p.weight.dtype() == DType::kE4M3};
 }
 
 Vec rms_norm(const Vec& x, const TensorView& weight, double eps) {
@@ -94,36 +112,41 @@ void mla_prefill_reference(const MlaConfig& c, const MlaWeights& weights, const 
 
   std::int64_t row0 = 0;
   for (const MlaSequence& s : batch.sequences) {
-    std::vector<Keys> keys;  // prefix (from the cache), then extend
-    std::vector<Vec> queries;
-    for (std::int64_t i = 0; i < s.prefix; ++i) {
-      const std::int64_t slot = s.slots[std::size_t(i)];
-      const std::uint8_t* row =
-          cache_bytes + (slot / page_size) * cache.stride(0) + (slot % page_size) * cache.stride(1);
-      Vec kv_c(std::size_t(c.kv_lora_rank)), k_pe(kMlaRopeDim);
-      for (std::int64_t d = 0; d < c.kv_lora_rank; ++d)
-        kv_c[std::size_t(d)] = decode_e4m3(row[d]) * cache_scale;
-      for (int d = 0; d < kMlaRopeDim; ++d)
-        k_pe[std::size_t(d)] = decode_e4m3(row[c.kv_lora_rank + d]) * cache_scale;
-      keys.push_back(keys_of(kv_c, k_pe));
-    }
-    for (std::int64_t i = 0; i < s.extend; ++i) {
-      const auto* xb = hidden.data_as<const std::uint16_t>() + (row0 + i) * c.hidden;
-      Vec x(std::size_t(c.hidden));
-      for (std::int64_t d = 0; d < c.hidden; ++d) x[std::size_t(d)] = decode_bf16(xb[d]);
-      const float* cs = cos_sin.data() + (s.prefix + i) * kMlaRopeDim;
-      Vec q = c.q_lora_rank > 0
-                  ? q_b.apply(rms_norm(q_a.apply(x), weights.q_a_layernorm, c.rms_norm_eps))
-                  : q_b.apply(x);
-      for (std::int64_t h = 0; h < H; ++h) rope(q, std::size_t(h * kMlaQkDim + kMlaNopeDim), cs);
-      const Vec latent = kv_a.apply(x);
-      const Vec kv_c = rms_norm(Vec(latent.begin(), latent.begin() + c.kv_lora_rank),
-                                weights.kv_a_layernorm, c.rms_norm_eps);
-      Vec k_pe(latent.begin() + c.kv_lora_rank, latent.end());
-      rope(k_pe, 0, cs);
-      keys.push_back(keys_of(kv_c, k_pe));
-      queries.push_back(std::move(q));
-    }
+    // Keys: prefix (from the cache), then extend; one query per extend token.
+    std::vector<Keys> keys(std::size_t(s.prefix + s.extend));
+    std::vector<Vec> queries(std::size_t(s.extend));
+    cpu::parallel_for(s.prefix, 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) {
+        const std::int64_t slot = s.slots[std::size_t(i)];
+        const std::uint8_t* row = cache_bytes + (slot / page_size) * cache.stride(0) +
+                                  (slot % page_size) * cache.stride(1);
+        Vec kv_c(std::size_t(c.kv_lora_rank)), k_pe(kMlaRopeDim);
+        for (std::int64_t d = 0; d < c.kv_lora_rank; ++d)
+          kv_c[std::size_t(d)] = decode_e4m3(row[d]) * cache_scale;
+        for (int d = 0; d < kMlaRopeDim; ++d)
+          k_pe[std::size_t(d)] = decode_e4m3(row[c.kv_lora_rank + d]) * cache_scale;
+        keys[std::size_t(i)] = keys_of(kv_c, k_pe);
+      }
+    });
+    cpu::parallel_for(s.extend, 1, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) {
+        const auto* xb = hidden.data_as<const std::uint16_t>() + (row0 + i) * c.hidden;
+        Vec x(std::size_t(c.hidden));
+        for (std::int64_t d = 0; d < c.hidden; ++d) x[std::size_t(d)] = decode_bf16(xb[d]);
+        const float* cs = cos_sin.data() + (s.prefix + i) * kMlaRopeDim;
+        Vec q = c.q_lora_rank > 0
+                    ? q_b.apply(rms_norm(q_a.apply(x), weights.q_a_layernorm, c.rms_norm_eps))
+                    : q_b.apply(x);
+        for (std::int64_t h = 0; h < H; ++h) rope(q, std::size_t(h * kMlaQkDim + kMlaNopeDim), cs);
+        const Vec latent = kv_a.apply(x);
+        const Vec kv_c = rms_norm(Vec(latent.begin(), latent.begin() + c.kv_lora_rank),
+                                  weights.kv_a_layernorm, c.rms_norm_eps);
+        Vec k_pe(latent.begin() + c.kv_lora_rank, latent.end());
+        rope(k_pe, 0, cs);
+        keys[std::size_t(s.prefix + i)] = keys_of(kv_c, k_pe);
+        queries[std::size_t(i)] = std::move(q);
+      }
+    });
     const double scale = c.softmax_scale();
     cpu::parallel_for(s.extend, 1, [&](std::int64_t begin, std::int64_t end) {
       for (std::int64_t i = begin; i < end; ++i) {

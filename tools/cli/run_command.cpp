@@ -121,7 +121,7 @@ void run(const RunOptions& opt) {
   std::vector<double> ref(hidden.size());
   mla_prefill_reference(config, weights, hidden_view, batch, cache_view, 1.0f, ref.data());
   progress.step("preparing the layer");
-  const MlaLayer layer(config, weights);
+  MlaLayer layer(config, weights);
   std::vector<PathResult> results;
   std::vector<std::vector<std::uint16_t>> outputs;
   // The FP8 path through a backend with the prepare_prefill_qkv hook, the BF16 path without.
@@ -140,7 +140,7 @@ void run(const RunOptions& opt) {
     r.name = fp8 ? "fp8" : "bf16";
     const auto start = std::chrono::steady_clock::now();
     layer.prefill(hidden_view, batch, cache_view, *backend, o,
-                  TensorView(out.data(), DType::kBF16, {T, config.hidden}), &r.times);
+                  TensorView(out.data(), DType::kBF16, {T, config.hidden}), {}, &r.times);
     r.total_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     score(out, ref, r);

@@ -1,0 +1,91 @@
+// The MLA layer tests' batch fixture (shared by the CPU and CUDA layer tests): sequences with
+// their prefix/extend lengths on shuffled whole pages of a random FP8 cache, random hidden states;
+// and the comparison of an output with the float64 reference.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "fp8mla/mla_layer.hpp"
+#include "fp8mla/numerics.hpp"
+
+namespace fp8mla {
+
+constexpr std::int64_t kPages = 96;
+constexpr std::int64_t kPageSize = 16;
+
+struct Fixture {
+  MlaConfig config;
+  MlaBatch batch;
+  std::vector<std::uint16_t> hidden;
+  std::vector<std::uint8_t> cache;  // [pages, page_size, 576]
+  std::int64_t tokens = 0;
+
+  Fixture(std::vector<std::pair<std::int64_t, std::int64_t>> lens, std::uint32_t seed,
+          const char* preset = "tiny")
+      : config(mla_preset(preset)) {
+    std::mt19937 rng(seed);
+    // Slots: whole pages, shuffled, handed to sequences in order.
+    std::vector<std::int64_t> pages(kPages);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    std::size_t next_page = 0;
+    for (auto [prefix, extend] : lens) {
+      MlaSequence s;
+      s.prefix = prefix;
+      s.extend = extend;
+      while (std::int64_t(s.slots.size()) < prefix + extend) {
+        const std::int64_t page = pages.at(next_page++);
+        for (std::int64_t i = 0; i < kPageSize && std::int64_t(s.slots.size()) < prefix + extend;
+             ++i) {
+          s.slots.push_back(page * kPageSize + i);
+        }
+      }
+      batch.sequences.push_back(std::move(s));
+      tokens += extend;
+    }
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    hidden.resize(std::size_t(tokens * config.hidden));
+    for (auto& h : hidden) h = encode_bf16(normal(rng));
+    // Every cache row random (prefix rows are read; the others must survive untouched).
+    cache.resize(std::size_t(kPages * kPageSize * kMlaLatentDim));
+    for (auto& b : cache) b = encode_e4m3(normal(rng));
+  }
+  TensorView cache_view() {
+    return TensorView(cache.data(), DType::kE4M3, {kPages, kPageSize, kMlaLatentDim});
+  }
+  TensorView hidden_view() {
+    return TensorView(hidden.data(), DType::kBF16, {tokens, config.hidden});
+  }
+};
+
+struct Compare {
+  double cosine = 0, max_abs = 0;
+};
+
+inline Compare compare(const std::vector<std::uint16_t>& out, const std::vector<double>& ref) {
+  double dot = 0, nn = 0, rr = 0;
+  Compare c;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double o = decode_bf16(out[i]);
+    dot += o * ref[i];
+    nn += o * o;
+    rr += ref[i] * ref[i];
+    c.max_abs = std::max(c.max_abs, std::abs(o - ref[i]));
+  }
+  c.cosine = dot / std::sqrt(nn * rr);
+  return c;
+}
+
+inline std::vector<double> widen(const std::vector<std::uint16_t>& bf16) {
+  std::vector<double> v(bf16.size());
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = decode_bf16(bf16[i]);
+  return v;
+}
+
+}  // namespace fp8mla
