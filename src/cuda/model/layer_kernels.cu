@@ -1,0 +1,127 @@
+#include "cuda/model/layer_kernels.hpp"
+
+#include <algorithm>
+
+#include "cuda/common/convert.cuh"
+#include "cuda/common/launch.cuh"
+#include "fp8mla/numerics.hpp"
+
+namespace fp8mla::cuda::model {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kNope = 128, kRope = 64, kQk = 192;
+
+// Eight bf16 values of one 16-byte word.
+__device__ __forceinline__ void unpack8(const uint4& w, float (&x)[8]) {
+  const auto* h = reinterpret_cast<const std::uint16_t*>(&w);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = decode_bf16(h[i]);
+}
+
+// One block per row: 16-byte loads, an f32 sum of squares reduced over the block.
+__global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
+  __shared__ float warp_sums[kThreads / 32];
+  __shared__ float inv_rms;
+  const std::int64_t row = blockIdx.x;
+  const uint4* x = reinterpret_cast<const uint4*>(p.x + row * p.x_stride);
+  const int words = p.width / 8;
+  pdl_wait();
+  float sum = 0.0f;
+  for (int w = threadIdx.x; w < words; w += kThreads) {
+    float v[8];
+    unpack8(x[w], v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum = fmaf(v[i], v[i], sum);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(~0u, sum, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int i = 0; i < kThreads / 32; ++i) total += warp_sums[i];
+    inv_rms = 1.0f / sqrtf(total / float(p.width) + p.eps);
+  }
+  __syncthreads();
+  const float inv = inv_rms;
+  const uint4* weight = reinterpret_cast<const uint4*>(p.weight);
+  uint4* y = reinterpret_cast<uint4*>(p.y + row * p.y_stride);
+  for (int w = threadIdx.x; w < words; w += kThreads) {
+    float v[8], g[8];
+    unpack8(x[w], v);
+    unpack8(weight[w], g);
+    uint4 out;
+    auto* h = reinterpret_cast<std::uint16_t*>(&out);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] = cvt_bf16(__fmul_rn(__fmul_rn(v[i], inv), g[i]));
+    y[w] = out;
+  }
+  pdl_launch_dependents();
+}
+
+// RoPE of an interleaved pair, as model::rope_bf16 computes it (products rounded before the fma).
+__device__ __forceinline__ void rope_pair(float a, float b, float c, float s, std::uint16_t& ya,
+                                          std::uint16_t& yb) {
+  ya = cvt_bf16(__fmaf_rn(a, c, -__fmul_rn(b, s)));
+  yb = cvt_bf16(__fmaf_rn(b, c, __fmul_rn(a, s)));
+}
+
+// One block per token.
+__global__ void __launch_bounds__(kThreads) rope_assemble_kernel(RopeAssembleParams p) {
+  __shared__ __align__(16) std::uint16_t k_pe[kRope];
+  const std::int64_t t = blockIdx.x;
+  pdl_wait();
+  const float* cs = p.positions != nullptr ? p.cos_sin + p.positions[t] * kRope : nullptr;
+  const std::uint16_t* pe = p.k_pe + t * p.k_pe_stride;
+  if (threadIdx.x < kRope / 2) {
+    const int i = threadIdx.x;
+    if (cs != nullptr) {
+      rope_pair(decode_bf16(pe[2 * i]), decode_bf16(pe[2 * i + 1]), cs[i], cs[kRope / 2 + i],
+                k_pe[2 * i], k_pe[2 * i + 1]);
+    } else {
+      k_pe[2 * i] = pe[2 * i];
+      k_pe[2 * i + 1] = pe[2 * i + 1];
+    }
+  }
+  __syncthreads();
+  if (p.k_pe_out != nullptr && threadIdx.x < kRope / 8) {
+    reinterpret_cast<uint4*>(p.k_pe_out + t * kRope)[threadIdx.x] =
+        reinterpret_cast<const uint4*>(k_pe)[threadIdx.x];
+  }
+  // K: 24 words per head, 16 of k_nope then 8 of k_pe.
+  constexpr int kWords = kQk / 8, kNopeWords = kNope / 8;
+  uint4* k_out = reinterpret_cast<uint4*>(p.k_out + t * p.heads * kQk);
+  for (std::int64_t u = threadIdx.x; u < p.heads * kWords; u += kThreads) {
+    const std::int64_t h = u / kWords;
+    const int w = int(u % kWords);
+    k_out[u] = w < kNopeWords
+                   ? reinterpret_cast<const uint4*>(p.k_nope + t * p.k_nope_token_stride +
+                                                    h * p.k_nope_head_stride)[w]
+                   : reinterpret_cast<const uint4*>(k_pe)[w - kNopeWords];
+  }
+  if (p.q_pe != nullptr && cs != nullptr) {
+    for (std::int64_t u = threadIdx.x; u < p.heads * (kRope / 2); u += kThreads) {
+      const std::int64_t h = u / (kRope / 2);
+      const int i = int(u % (kRope / 2));
+      std::uint16_t* q = p.q_pe + t * p.q_token_stride + h * p.q_head_stride + 2 * i;
+      rope_pair(decode_bf16(q[0]), decode_bf16(q[1]), cs[i], cs[kRope / 2 + i], q[0], q[1]);
+    }
+  }
+  pdl_launch_dependents();
+}
+
+}  // namespace
+
+void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
+  if (p.rows == 0) return;
+  launch("rms_norm", rms_norm_kernel, {dim3(unsigned(p.rows)), dim3(kThreads), 0, stream, true}, p);
+}
+
+void rope_assemble_bf16(const RopeAssembleParams& p, cudaStream_t stream) {
+  if (p.tokens == 0) return;
+  launch("rope_assemble_bf16", rope_assemble_kernel,
+         {dim3(unsigned(p.tokens)), dim3(kThreads), 0, stream, true}, p);
+}
+
+}  // namespace fp8mla::cuda::model
