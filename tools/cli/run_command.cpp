@@ -2,10 +2,13 @@
 // a cached prefix), through the FP8 path and the BF16 path, against the float64 reference on the
 // same inputs: a per-stage time table, throughput, and accuracy (max and mean abs error, cosine).
 //
-// This version runs the layer on the CPU (the tiny preset by default); the GPU layer is not in it
-// yet, which the report says when a GPU is present. Weights are generated from --seed, or read
-// from a safetensors file (--weights, --layer) with DeepSeek's tensor names.
+// On a GPU (the default when one is present) the layer runs on cuda:0 with the DeepSeek-V3 preset
+// and FP8 block-scaled weights: accuracy on a small batch (the float64 reference of a V3 layer is
+// slow on the host), time on a batch of about 7k new tokens after 10k cached ones. On the CPU the
+// tiny preset runs one batch for both. Weights are generated from --seed, or read from a
+// safetensors file (--weights, --layer) with DeepSeek's tensor names.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +27,9 @@
 #include "fp8mla/numerics.hpp"
 #include "fp8mla/runtime_info.hpp"
 #include "fp8mla/safetensors.hpp"
+#if defined(FP8MLA_WITH_CUDA)
+#include "gpu_layer.hpp"
+#endif
 
 namespace fp8mla::cli {
 namespace {
@@ -31,10 +37,11 @@ namespace {
 constexpr std::int64_t kPageSize = 64;
 
 struct RunOptions {
-  std::string preset = "tiny";
-  std::string weights;  // safetensors file; empty: generated
+  std::string device = "auto";  // auto, cpu or cuda
+  std::string preset;           // empty: deepseek-v3 on the GPU, tiny on the CPU
+  std::string weights;          // safetensors file; empty: generated
   int layer = 0;
-  std::string weight_format = "bf16";
+  std::string weight_format;  // empty: fp8 on the GPU, bf16 on the CPU
   std::uint64_t seed = 1;
   std::int64_t chunk_capacity = 0;
   std::string json;
@@ -81,138 +88,277 @@ class Progress {
   std::chrono::steady_clock::time_point start_;
 };
 
+using Lens = std::vector<std::pair<std::int64_t, std::int64_t>>;  // (prefix, extend) per sequence
+
+// A batch's inputs on the host: pages handed out in order, random hidden states and cached latent
+// rows (the prefixes' cache contents).
+struct BatchInputs {
+  Lens lens;
+  MlaBatch batch;
+  std::vector<std::uint16_t> hidden;
+  std::vector<std::uint8_t> cache;
+  std::int64_t tokens = 0, prefix_tokens = 0, pages = 0;
+  double attention_flop = 0;  // every extend query against its prefix and the keys up to it
+};
+
+BatchInputs make_inputs(const MlaConfig& config, const Lens& lens, std::uint64_t seed) {
+  BatchInputs in;
+  in.lens = lens;
+  std::int64_t next_slot = 0;
+  double pairs = 0;
+  for (auto [prefix, extend] : lens) {
+    MlaSequence s{prefix, extend, {}};
+    for (std::int64_t i = 0; i < prefix + extend; ++i) s.slots.push_back(next_slot + i);
+    next_slot += (prefix + extend + kPageSize - 1) / kPageSize * kPageSize;
+    in.prefix_tokens += prefix;
+    pairs += double(extend) * double(prefix) + 0.5 * double(extend) * double(extend + 1);
+    in.batch.sequences.push_back(std::move(s));
+  }
+  in.attention_flop = 2.0 * double(config.heads) * pairs * (kMlaQkDim + kMlaVDim);
+  in.tokens = in.batch.extend_tokens();
+  in.pages = std::max<std::int64_t>(next_slot / kPageSize, 1);
+  std::mt19937 rng{std::uint32_t(seed)};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  in.hidden.resize(std::size_t(in.tokens * config.hidden));
+  for (auto& h : in.hidden) h = encode_bf16(normal(rng));
+  in.cache.resize(std::size_t(in.pages * kPageSize * kMlaLatentDim));
+  for (auto& b : in.cache) b = encode_e4m3(normal(rng));
+  return in;
+}
+
+std::string describe(const BatchInputs& in, std::int64_t chunk_capacity) {
+  return concat(in.lens.size(), " sequences, ", in.tokens, " new tokens, ", in.prefix_tokens,
+                " cached prefix tokens; ",
+                chunk_capacity > 0 ? concat("prefix chunks of ", chunk_capacity, " keys")
+                : in.prefix_tokens > MlaPrefillOptions{}.one_shot_max_prefix
+                    ? concat("prefix chunks of ", MlaPrefillOptions{}.chunk_capacity, " keys")
+                    : std::string("one-shot prefix attention"));
+}
+
+struct Report {
+  std::string device, preset, weights;
+  std::vector<std::string> notes;  // how each projection runs
+  std::string accuracy_batch, timing_batch;
+  std::vector<PathResult> paths;  // FP8 path, BF16 path
+  PathResult between{"fp8 vs bf16"};
+  std::int64_t timing_tokens = 0;
+  double attention_flop = 0;  // of the timing batch
+};
+
+void print(const Report& r) {
+  std::printf("fp8mla run: one MLA layer prefill, preset %s, %s weights, on %s\n", r.preset.c_str(),
+              r.weights.c_str(), r.device.c_str());
+  for (const std::string& n : r.notes) std::printf("  %s\n", n.c_str());
+  if (r.accuracy_batch == r.timing_batch) {
+    std::printf("  batch: %s\n\n", r.timing_batch.c_str());
+  } else {
+    std::printf("  timed batch: %s\n  accuracy batch: %s\n\n", r.timing_batch.c_str(),
+                r.accuracy_batch.c_str());
+  }
+  std::printf("%-14s %12s %12s\n", "stage (ms)", "FP8 path", "BF16 path");
+  auto row = [&](const char* name, auto get) {
+    std::printf("%-14s %12.3f %12.3f\n", name, get(r.paths[0]), get(r.paths[1]));
+  };
+  row("projections", [](const PathResult& p) { return p.times.projections; });
+  row("prep", [](const PathResult& p) { return p.times.prep; });
+  row("prefix keys", [](const PathResult& p) { return p.times.prefix; });
+  row("attention", [](const PathResult& p) { return p.times.attention; });
+  row("merge", [](const PathResult& p) { return p.times.merge; });
+  row("o_proj", [](const PathResult& p) { return p.times.output; });
+  row("total", [](const PathResult& p) { return p.total_ms; });
+  std::printf("%-14s %12.0f %12.0f\n", "tokens/s",
+              double(r.timing_tokens) / (r.paths[0].total_ms * 1e-3),
+              double(r.timing_tokens) / (r.paths[1].total_ms * 1e-3));
+  std::printf("%-14s %12.4g %12.4g\n", "attn TFLOP/s",
+              r.attention_flop / (r.paths[0].times.attention * 1e-3) / 1e12,
+              r.attention_flop / (r.paths[1].times.attention * 1e-3) / 1e12);
+  std::printf("\n%-24s %12s %12s %12s\n", "accuracy", "max abs", "mean abs", "cosine");
+  for (const PathResult* p : {&r.paths[0], &r.paths[1], &r.between}) {
+    std::printf("%-24s %12.4g %12.4g %12.6f\n",
+                (p == &r.between ? p->name : p->name + " vs float64").c_str(), p->max_abs,
+                p->mean_abs, p->cosine);
+  }
+}
+
+void write_json(const Report& r, const std::string& path) {
+  std::ofstream f(path);
+  if (!f) throw Error(ErrorCategory::kIo, concat("--json: cannot open '", path, "' for writing"));
+  f << "{\n  \"preset\": \"" << r.preset << "\",\n  \"device\": \"" << r.device
+    << "\",\n  \"weights\": \"" << r.weights << "\",\n  \"timing_batch\": \"" << r.timing_batch
+    << "\",\n  \"accuracy_batch\": \"" << r.accuracy_batch
+    << "\",\n  \"tokens\": " << r.timing_tokens
+    << ",\n  \"attention_tflop\": " << r.attention_flop / 1e12 << ",\n  \"paths\": [\n";
+  for (std::size_t i = 0; i < r.paths.size(); ++i) {
+    const PathResult& p = r.paths[i];
+    f << "    {\"path\": \"" << p.name << "\", \"total_ms\": " << p.total_ms
+      << ", \"projections_ms\": " << p.times.projections << ", \"prep_ms\": " << p.times.prep
+      << ", \"prefix_ms\": " << p.times.prefix << ", \"attention_ms\": " << p.times.attention
+      << ", \"merge_ms\": " << p.times.merge << ", \"output_ms\": " << p.times.output
+      << ", \"max_abs\": " << p.max_abs << ", \"mean_abs\": " << p.mean_abs
+      << ", \"cosine\": " << p.cosine << "}" << (i + 1 < r.paths.size() ? ",\n" : "\n");
+  }
+  f << "  ],\n  \"fp8_vs_bf16\": {\"max_abs\": " << r.between.max_abs
+    << ", \"mean_abs\": " << r.between.mean_abs << ", \"cosine\": " << r.between.cosine << "}\n}\n";
+}
+
+MlaPrefillOptions prefill_options(const RunOptions& opt) {
+  MlaPrefillOptions o;
+  if (opt.chunk_capacity > 0) {  // chunked whatever the prefix length
+    o.one_shot_max_prefix = 0;
+    o.chunk_capacity = opt.chunk_capacity;
+  }
+  return o;
+}
+
+// Scores the two paths' outputs against the reference and against each other.
+void score_paths(const std::vector<std::vector<std::uint16_t>>& outputs,
+                 const std::vector<double>& ref, Report& r) {
+  for (std::size_t i = 0; i < 2; ++i) score(outputs[i], ref, r.paths[i]);
+  std::vector<double> bf16(outputs[1].size());
+  for (std::size_t i = 0; i < bf16.size(); ++i) bf16[i] = decode_bf16(outputs[1][i]);
+  score(outputs[0], bf16, r.between);
+}
+
+// The FP8 path through a backend with the prepare_prefill_qkv hook, the BF16 path without.
+void run_on_cpu(const MlaConfig& config, const MlaWeights& weights, const RunOptions& opt,
+                Report& r) {
+  const BatchInputs in = make_inputs(config, {{0, 128}, {384, 64}, {768, 32}, {0, 1}}, opt.seed);
+  r.device = "the CPU";
+  r.accuracy_batch = r.timing_batch = describe(in, opt.chunk_capacity);
+  r.timing_tokens = in.tokens;
+  r.attention_flop = in.attention_flop;
+  Progress progress(4);
+  progress.step("float64 reference");
+  std::vector<double> ref(in.hidden.size());
+  const TensorView hidden(const_cast<std::uint16_t*>(in.hidden.data()), DType::kBF16,
+                          {in.tokens, config.hidden});
+  std::vector<std::uint8_t> cache = in.cache;
+  const TensorView cache_view(cache.data(), DType::kE4M3, {in.pages, kPageSize, kMlaLatentDim});
+  mla_prefill_reference(config, weights, hidden, in.batch, cache_view, 1.0f, ref.data());
+  progress.step("preparing the layer");
+  MlaLayer layer(config, weights);
+  r.notes = layer.projection_notes();
+  std::vector<std::vector<std::uint16_t>> outputs;
+  for (const char* name : {"cpu", "cpu-bf16"}) {
+    const std::unique_ptr<AttentionBackend> backend = make_attention_backend(name);
+    const bool fp8 = backend->capabilities().prepare_prefill_qkv;
+    progress.step(fp8 ? "FP8 path" : "BF16 path");
+    cache = in.cache;
+    std::vector<std::uint16_t> out(in.hidden.size());
+    PathResult p;
+    p.name = fp8 ? "fp8" : "bf16";
+    const auto start = std::chrono::steady_clock::now();
+    layer.prefill(hidden, in.batch, cache_view, *backend, prefill_options(opt),
+                  TensorView(out.data(), DType::kBF16, {in.tokens, config.hidden}), {}, &p.times);
+    p.total_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    r.paths.push_back(p);
+    outputs.push_back(std::move(out));
+  }
+  score_paths(outputs, ref, r);
+}
+
+#if defined(FP8MLA_WITH_CUDA)
+// Accuracy on a small batch against the float64 reference; time (CUDA events per stage, the run
+// with the median total of five after a warm-up) on a large one.
+void run_on_gpu(const MlaConfig& config, const MlaWeights& weights, const RunOptions& opt,
+                Report& r) {
+  const std::unique_ptr<AttentionBackend> fp8 = make_attention_backend("fp8-hopper");
+  const std::unique_ptr<AttentionBackend> bf16 = make_attention_backend("bf16-hopper");
+  const std::vector<const AttentionBackend*> backends = {fp8.get(), bf16.get()};
+  const MlaPrefillOptions options = prefill_options(opt);
+  r.device = concat("cuda:0 (", cuda_devices().devices[0].name, ")");
+  Progress progress(6);
+
+  progress.step("accuracy batch: float64 reference");
+  const BatchInputs small = make_inputs(config, {{0, 96}, {512, 32}, {100, 17}, {0, 1}}, opt.seed);
+  r.accuracy_batch = describe(small, opt.chunk_capacity);
+  std::vector<double> ref(small.hidden.size());
+  std::vector<std::uint8_t> cache = small.cache;
+  mla_prefill_reference(
+      config, weights,
+      TensorView(const_cast<std::uint16_t*>(small.hidden.data()), DType::kBF16,
+                 {small.tokens, config.hidden}),
+      small.batch, TensorView(cache.data(), DType::kE4M3, {small.pages, kPageSize, kMlaLatentDim}),
+      1.0f, ref.data());
+  std::vector<std::vector<std::uint16_t>> outputs;
+  {
+    progress.step("accuracy batch: both paths");
+    GpuLayerHarness h(config, weights, small.batch, small.hidden, small.pages, kPageSize, options,
+                      backends);
+    r.notes = h.layer().projection_notes();
+    for (const AttentionBackend* b : backends) {
+      h.set_cache(small.cache);
+      h.prefill(*b);
+      outputs.push_back(h.out());
+    }
+  }
+  r.paths = {PathResult{"fp8"}, PathResult{"bf16"}};
+  score_paths(outputs, ref, r);
+
+  const BatchInputs large =
+      make_inputs(config, {{0, 4096}, {8192, 2048}, {2048, 1024}, {0, 1}}, opt.seed + 1);
+  r.timing_batch = describe(large, opt.chunk_capacity);
+  r.timing_tokens = large.tokens;
+  r.attention_flop = large.attention_flop;
+  GpuLayerHarness h(config, weights, large.batch, large.hidden, large.pages, kPageSize, options,
+                    backends);
+  h.set_cache(large.cache);
+  for (std::size_t i = 0; i < backends.size(); ++i) {
+    progress.step(i == 0 ? "timing the FP8 path" : "timing the BF16 path");
+    h.prefill(*backends[i]);  // warm-up
+    std::vector<MlaStageTimes> runs(5);
+    for (MlaStageTimes& t : runs) h.prefill(*backends[i], &t);
+    std::sort(runs.begin(), runs.end(),
+              [](const MlaStageTimes& a, const MlaStageTimes& b) { return a.total() < b.total(); });
+    r.paths[i].times = runs[runs.size() / 2];
+    r.paths[i].total_ms = r.paths[i].times.total();
+  }
+}
+#endif
+
 void run(const RunOptions& opt) {
-  const MlaConfig config = mla_preset(opt.preset);
+  const bool gpu_present = !cuda_devices().devices.empty();
+#if defined(FP8MLA_WITH_CUDA)
+  const bool gpu = opt.device == "cuda" || (opt.device == "auto" && gpu_present);
+#else
+  const bool gpu = false;
+  if (opt.device == "cuda") {
+    throw Error(ErrorCategory::kUnsupported, "--device cuda: this build has no CUDA");
+  }
+#endif
+  if (gpu && !gpu_present) {
+    throw Error(ErrorCategory::kUnsupported, concat("--device cuda: no usable CUDA device (",
+                                                    cuda_devices().unavailable_reason, ")"));
+  }
+  Report r;
+  const MlaConfig config = mla_preset(!opt.preset.empty() ? opt.preset
+                                      : gpu               ? "deepseek-v3"
+                                                          : "tiny");
+  r.preset = config.name;
+  const std::string format = !opt.weight_format.empty() ? opt.weight_format : gpu ? "fp8" : "bf16";
   std::optional<SafetensorsFile> file;
   MlaWeights weights;
   if (!opt.weights.empty()) {
     file.emplace(opt.weights);
     weights = load_mla_weights(*file, config, opt.layer);
+    r.weights = concat(opt.weights, " layer ", opt.layer);
   } else {
     weights = generate_mla_weights(
-        config, opt.weight_format == "fp8" ? WeightFormat::kFp8Block : WeightFormat::kBf16,
-        opt.seed);
+        config, format == "fp8" ? WeightFormat::kFp8Block : WeightFormat::kBf16, opt.seed);
+    r.weights = format + " generated";
   }
-  // The batch: new prompts and prompts continuing a cached prefix, pages handed out in order.
-  const std::vector<std::pair<std::int64_t, std::int64_t>> lens = {
-      {0, 128}, {384, 64}, {768, 32}, {0, 1}};
-  MlaBatch batch;
-  std::int64_t next_slot = 0, prefix_total = 0;
-  for (auto [prefix, extend] : lens) {
-    MlaSequence s{prefix, extend, {}};
-    for (std::int64_t i = 0; i < prefix + extend; ++i) s.slots.push_back(next_slot + i);
-    next_slot += (prefix + extend + kPageSize - 1) / kPageSize * kPageSize;
-    prefix_total += prefix;
-    batch.sequences.push_back(std::move(s));
+#if defined(FP8MLA_WITH_CUDA)
+  if (gpu) {
+    run_on_gpu(config, weights, opt, r);
+  } else {
+    run_on_cpu(config, weights, opt, r);
   }
-  const std::int64_t T = batch.extend_tokens(), pages = next_slot / kPageSize;
-  std::mt19937 rng(std::uint32_t(opt.seed));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<std::uint16_t> hidden(std::size_t(T * config.hidden));
-  for (auto& h : hidden) h = encode_bf16(normal(rng));
-  std::vector<std::uint8_t> cache(std::size_t(pages * kPageSize * kMlaLatentDim));
-  for (auto& b : cache) b = encode_e4m3(normal(rng));  // the cached prefixes' latent rows
-  const std::vector<std::uint8_t> cache_before = cache;
-  const TensorView hidden_view(hidden.data(), DType::kBF16, {T, config.hidden});
-  const TensorView cache_view(cache.data(), DType::kE4M3, {pages, kPageSize, kMlaLatentDim});
-
-  Progress progress(4);
-  progress.step("float64 reference");
-  std::vector<double> ref(hidden.size());
-  mla_prefill_reference(config, weights, hidden_view, batch, cache_view, 1.0f, ref.data());
-  progress.step("preparing the layer");
-  MlaLayer layer(config, weights);
-  std::vector<PathResult> results;
-  std::vector<std::vector<std::uint16_t>> outputs;
-  // The FP8 path through a backend with the prepare_prefill_qkv hook, the BF16 path without.
-  for (const char* backend_name : {"cpu", "cpu-bf16"}) {
-    const std::unique_ptr<AttentionBackend> backend = make_attention_backend(backend_name);
-    const bool fp8 = backend->capabilities().prepare_prefill_qkv;
-    progress.step(fp8 ? "FP8 path" : "BF16 path");
-    cache = cache_before;
-    MlaPrefillOptions o;
-    if (opt.chunk_capacity > 0) {  // chunked whatever the prefix length
-      o.one_shot_max_prefix = 0;
-      o.chunk_capacity = opt.chunk_capacity;
-    }
-    std::vector<std::uint16_t> out(hidden.size());
-    PathResult r;
-    r.name = fp8 ? "fp8" : "bf16";
-    const auto start = std::chrono::steady_clock::now();
-    layer.prefill(hidden_view, batch, cache_view, *backend, o,
-                  TensorView(out.data(), DType::kBF16, {T, config.hidden}), {}, &r.times);
-    r.total_ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    score(out, ref, r);
-    results.push_back(r);
-    outputs.push_back(std::move(out));
-  }
-  PathResult between{"fp8 vs bf16"};
-  std::vector<double> bf16(outputs[1].size());
-  for (std::size_t i = 0; i < bf16.size(); ++i) bf16[i] = decode_bf16(outputs[1][i]);
-  score(outputs[0], bf16, between);
-
-  // Attention work: every extend query against its prefix and the extend keys up to it.
-  double pairs = 0;
-  for (auto [prefix, extend] : lens)
-    pairs += double(extend) * double(prefix) + 0.5 * double(extend) * double(extend + 1);
-  const double attention_flop = 2.0 * double(config.heads) * pairs * (kMlaQkDim + kMlaVDim);
-
-  const CudaDevices devices = cuda_devices();
-  std::printf(
-      "fp8mla run: one MLA layer prefill, preset %s, %s weights, on the CPU\n", config.name.c_str(),
-      opt.weights.empty() ? (opt.weight_format + " generated").c_str() : opt.weights.c_str());
-  if (!devices.devices.empty()) {
-    std::printf("  (a GPU is present, %s; the GPU layer is not in this version)\n",
-                devices.devices[0].name.c_str());
-  }
-  std::printf("  batch: %zu sequences, %lld new tokens, %lld cached prefix tokens; %s\n\n",
-              lens.size(), static_cast<long long>(T), static_cast<long long>(prefix_total),
-              opt.chunk_capacity > 0
-                  ? ("prefix chunks of " + std::to_string(opt.chunk_capacity) + " keys").c_str()
-                  : "one-shot prefix attention");
-  std::printf("%-14s %12s %12s\n", "stage (ms)", "FP8 path", "BF16 path");
-  auto row = [&](const char* name, auto get) {
-    std::printf("%-14s %12.2f %12.2f\n", name, get(results[0]), get(results[1]));
-  };
-  row("projections", [](const PathResult& r) { return r.times.projections; });
-  row("prep", [](const PathResult& r) { return r.times.prep; });
-  row("prefix keys", [](const PathResult& r) { return r.times.prefix; });
-  row("attention", [](const PathResult& r) { return r.times.attention; });
-  row("merge", [](const PathResult& r) { return r.times.merge; });
-  row("o_proj", [](const PathResult& r) { return r.times.output; });
-  row("total", [](const PathResult& r) { return r.total_ms; });
-  row("tokens/s", [&](const PathResult& r) { return double(T) / (r.total_ms * 1e-3); });
-  std::printf("%-14s %12.4f %12.4f\n", "attn TFLOP/s",
-              attention_flop / (results[0].times.attention * 1e-3) / 1e12,
-              attention_flop / (results[1].times.attention * 1e-3) / 1e12);
-  std::printf("\n%-24s %12s %12s %12s\n", "accuracy", "max abs", "mean abs", "cosine");
-  for (const PathResult* r : {&results[0], &results[1], &between}) {
-    std::printf("%-24s %12.4g %12.4g %12.6f\n",
-                (r == &between ? r->name : r->name + " vs float64").c_str(), r->max_abs,
-                r->mean_abs, r->cosine);
-  }
-
-  if (!opt.json.empty()) {
-    std::ofstream f(opt.json);
-    if (!f)
-      throw Error(ErrorCategory::kIo, concat("--json: cannot open '", opt.json, "' for writing"));
-    f << "{\n  \"preset\": \"" << config.name << "\",\n  \"device\": \"cpu\",\n  \"tokens\": " << T
-      << ",\n  \"prefix_tokens\": " << prefix_total
-      << ",\n  \"chunk_capacity\": " << opt.chunk_capacity
-      << ",\n  \"attention_tflop\": " << attention_flop / 1e12 << ",\n  \"paths\": [\n";
-    for (std::size_t i = 0; i < results.size(); ++i) {
-      const PathResult& r = results[i];
-      f << "    {\"path\": \"" << r.name << "\", \"total_ms\": " << r.total_ms
-        << ", \"projections_ms\": " << r.times.projections << ", \"prep_ms\": " << r.times.prep
-        << ", \"prefix_ms\": " << r.times.prefix << ", \"attention_ms\": " << r.times.attention
-        << ", \"merge_ms\": " << r.times.merge << ", \"output_ms\": " << r.times.output
-        << ", \"max_abs\": " << r.max_abs << ", \"mean_abs\": " << r.mean_abs
-        << ", \"cosine\": " << r.cosine << "}" << (i + 1 < results.size() ? ",\n" : "\n");
-    }
-    f << "  ],\n  \"fp8_vs_bf16\": {\"max_abs\": " << between.max_abs
-      << ", \"mean_abs\": " << between.mean_abs << ", \"cosine\": " << between.cosine << "}\n}\n";
-  }
+#else
+  run_on_cpu(config, weights, opt, r);
+#endif
+  print(r);
+  if (!opt.json.empty()) write_json(r, opt.json);
 }
 
 }  // namespace
@@ -221,14 +367,18 @@ void add_run_command(CLI::App& app) {
   auto opt = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand(
       "run", "One MLA layer prefill: FP8 path vs BF16 path vs a float64 reference");
-  cmd->add_option("--preset", opt->preset, "deepseek-v2-lite, deepseek-v2, deepseek-v3 or tiny")
+  cmd->add_option("--device", opt->device, "auto (the GPU when present), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
+  cmd->add_option("--preset", opt->preset,
+                  "deepseek-v2-lite, deepseek-v2, deepseek-v3 or tiny (default: deepseek-v3 on the "
+                  "GPU, tiny on the CPU)");
   cmd->add_option("--weights", opt->weights, "safetensors file with DeepSeek's tensor names");
   cmd->add_option("--layer", opt->layer, "layer index in --weights")->check(CLI::NonNegativeNumber);
   cmd->add_option("--weight-format", opt->weight_format,
-                  "generated weights: bf16 or fp8 (128x128 blocks)")
-      ->check(CLI::IsMember({"bf16", "fp8"}))
-      ->capture_default_str();
+                  "generated weights: bf16 or fp8 (128x128 blocks; default fp8 on the GPU, "
+                  "bf16 on the CPU)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--seed", opt->seed, "seed of the generated weights and inputs");
   cmd->add_option("--chunk-capacity", opt->chunk_capacity,
                   "attend the prefixes in chunks of this many keys (0: the layer's default, "

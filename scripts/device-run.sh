@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Runs binaries built elsewhere (copied into BIN_DIR: the fp8mla tool and test executables) on a
+# Hopper machine that cannot build them: each test binary, compute-sanitizer memcheck on chosen
+# cases, `fp8mla run`, and the named benchmarks with their anchors; logs and JSON into OUT_DIR,
+# a summary table last.
+#   scripts/device-run.sh BIN_DIR OUT_DIR [--tests a,b] [--memcheck 'exe filter;exe filter']
+#                         [--bench layer,attention] [--anchors DIR]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=$1 out=$2
+shift 2
+tests="" memcheck="" benches="" anchors=.anchors
+while (($#)); do
+  case "$1" in
+    --tests) tests=$2; shift ;;
+    --memcheck) memcheck=$2; shift ;;
+    --bench) benches=$2; shift ;;
+    --anchors) anchors=$2; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+mkdir -p "$out"
+rows=()
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/gpu: /'
+
+IFS=, read -ra test_list <<<"$tests"
+for t in "${test_list[@]}"; do
+  start=$(date +%s)
+  "$bin/$t" >"$out/$t.log" 2>&1
+  status=$?
+  summary=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/$t.log" | tr -s ' ' | paste -sd';')
+  rows+=("test $t: $([[ $status == 0 ]] && echo ok || echo "FAILED($status)") $summary ($(($(date +%s) - start)) s)")
+  [[ $status == 0 ]] || grep -E '^\[  FAILED|Failure|Expected|actual|Which is' "$out/$t.log" | head -20
+done
+
+IFS=';' read -ra memcheck_list <<<"$memcheck"
+for c in "${memcheck_list[@]}"; do
+  read -r exe filter <<<"$c"
+  log="$out/memcheck-$exe.log"
+  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 99 "$bin/$exe" \
+    --gtest_filter="$filter" >"$log" 2>&1
+  status=$?
+  rows+=("memcheck $exe $filter: $([[ $status == 0 ]] && echo clean || echo "FAILED($status)")")
+  [[ $status == 0 ]] || tail -20 "$log"
+done
+
+if [[ -x $bin/fp8mla ]]; then
+  "$bin/fp8mla" run --json "$out/run.json" >"$out/run.log" 2>&1
+  status=$?
+  rows+=("fp8mla run: $([[ $status == 0 ]] && echo ok || echo "FAILED($status)")")
+  cat "$out/run.log"
+fi
+
+IFS=, read -ra bench_list <<<"$benches"
+for b in "${bench_list[@]}"; do
+  case "$b" in
+    layer)
+      "$bin/fp8mla" bench layer --json "$out/layer_cli.json" 2>&1 | tee "$out/layer_cli.log"
+      python3 bench/layer.py --anchors "$anchors" --json "$out/layer_py.json" 2>&1 |
+        tee "$out/layer_py.log"
+      python3 bench/layer.py --report --cli "$out/layer_cli.json" --py "$out/layer_py.json" \
+        --markdown "$out/RESULTS_layer.md" >/dev/null &&
+        rows+=("bench layer: $out/RESULTS_layer.md") || rows+=("bench layer: FAILED")
+      ;;
+    *) rows+=("bench $b: unknown") ;;
+  esac
+done
+
+echo
+printf '%s\n' "${rows[@]}"
