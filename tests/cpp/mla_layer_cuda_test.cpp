@@ -1,9 +1,9 @@
 // MlaLayer::prefill on cuda:0 against the float64 reference, both paths ("fp8-hopper" with the
 // FP8 hook, "bf16-hopper" without), one-shot and chunked prefix, bf16 and FP8-block weights, on
-// DeepSeek-V2-Lite (no query LoRA) and the tiny preset: the same accuracy bounds as the CPU
-// layer; the extend rows of the cache written and nothing else; a NaN-poisoned output fully
-// written. A shape cuBLASLt's FP8 block scaling declines runs dequantized, and says so. Workspace,
-// device and slot errors.
+// DeepSeek-V3, DeepSeek-V2-Lite (no query LoRA) and the tiny preset: the same accuracy bounds as
+// the CPU layer; the extend rows of the cache written and nothing else; a NaN-poisoned output
+// fully written. A shape cuBLASLt's FP8 block scaling declines runs dequantized, and says so.
+// Workspace, device and slot errors.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -157,7 +157,7 @@ TEST_P(MlaLayerCuda, PathsAndChunkingMatchTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Presets, MlaLayerCuda,
-    ::testing::Combine(::testing::Values("deepseek-v2-lite", "tiny"),
+    ::testing::Combine(::testing::Values("deepseek-v3", "deepseek-v2-lite", "tiny"),
                        ::testing::Values(WeightFormat::kBf16, WeightFormat::kFp8Block)),
     [](const auto& info) {
       std::string name = std::get<0>(info.param);
