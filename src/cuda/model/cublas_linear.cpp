@@ -370,8 +370,7 @@ void CublasLinear::run(const void* x, const float* x_scales, std::int64_t rows, 
     return;
   }
   // fp8, rows % 4 != 0: cuBLASLt reads B's scales with a row stride of N, so the first main_rows
-  // rows run on a repacked copy of their scales and the last ones as a 4-row GEMM. Its pad rows
-  // only feed pad columns of D, which are dropped, so they need no initialization.
+  // rows run on a repacked copy of their scales and the last ones as a 4-row GEMM.
   const auto groups = std::size_t(weight_.in / kGroup);
   const std::size_t scale_pitch = std::size_t(rows) * sizeof(float);
   if (main_rows > 0) {
@@ -385,6 +384,14 @@ void CublasLinear::run(const void* x, const float* x_scales, std::int64_t rows, 
   char* tail_x = ws + scratch.tail_x;
   auto* tail_scales = reinterpret_cast<float*>(ws + scratch.tail_scales);
   char* tail_y = ws + scratch.tail_y;
+  // The pad rows feed only dropped columns, but they are read: give them defined values.
+  const std::int64_t pad_rows = kTailRows - tail_rows;
+  check(cudaMemsetAsync(tail_x + tail_rows * weight_.in, 0, std::size_t(pad_rows * weight_.in),
+                        stream),
+        "cudaMemsetAsync(x tail pad)");
+  check(cudaMemset2DAsync(tail_scales + tail_rows, kTailRows * sizeof(float), 0,
+                          std::size_t(pad_rows) * sizeof(float), groups, stream),
+        "cudaMemset2DAsync(x tail scales pad)");
   check(cudaMemcpyAsync(tail_x, static_cast<const char*>(x) + main_rows * weight_.in,
                         std::size_t(tail_rows * weight_.in), cudaMemcpyDeviceToDevice, stream),
         "cudaMemcpyAsync(x tail)");
