@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import itertools
 import json
 import math
 import os
 import sys
+
+from anchors_loader import load_anchors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADS, DQK, DV = 128, 192, 128
@@ -32,19 +33,6 @@ SHAPES = [("1k", [1024]), ("4k", [4096]), ("8k", [8192]), ("16k", [16384]), ("16
 TARGETS = {("e4m3", True, "8k"): 1000.0, ("e4m3", False, "8k"): 1100.0,
            ("e4m3", True, "16x1k"): 650.0}
 BF16_RATIO_TARGET = 0.9  # the BF16 kernel against cuDNN BF16 on the same shapes
-
-
-def load_anchors(path):
-    candidates = [path] if path else []
-    candidates += [os.path.join(REPO, "..", "shared", "anchors"), os.path.join(REPO, ".anchors")]
-    for c in candidates:
-        f = c if c.endswith(".py") else os.path.join(c, "anchors.py")
-        if os.path.exists(f):
-            spec = importlib.util.spec_from_file_location("anchors", f)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-    raise SystemExit(f"anchors.py not found in {candidates}")
 
 
 def flops(lens, causal):
@@ -206,7 +194,7 @@ def main():
     args = ap.parse_args()
     import torch
     import fp8mla
-    anchors = load_anchors(args.anchors)
+    anchors, _ = load_anchors(args.anchors, "attention.py")
     chosen = [s for s in SHAPES if not args.shapes or s[0] in args.shapes.split(",")]
     rows = []
     for name, lens in chosen:

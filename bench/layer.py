@@ -19,29 +19,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import math
 import os
+
+from anchors_loader import load_anchors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HIDDEN, HEADS, Q_LORA, KV_LORA, ROPE, NOPE, DV = 7168, 128, 1536, 512, 64, 128, 128
 TOKENS = [2048, 8192, 32768]
 # DESIGN section 9 / the layer issue: the FP8 path against the BF16 path and eager PyTorch.
 TARGET_VS_BF16, TARGET_VS_EAGER = 1.5, 2.0
-
-
-def load_anchors(path):
-    candidates = [path] if path else []
-    candidates += [os.path.join(REPO, "..", "shared", "anchors"), os.path.join(REPO, ".anchors")]
-    for c in candidates:
-        f = c if c.endswith(".py") else os.path.join(c, "anchors.py")
-        if os.path.exists(f):
-            spec = importlib.util.spec_from_file_location("anchors", f)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-    raise SystemExit(f"anchors.py not found in {candidates}")
 
 
 class EagerMlaLayer:
@@ -134,7 +122,7 @@ class EagerMlaLayer:
 def run(args):
     import torch
 
-    anchors = load_anchors(args.anchors)
+    anchors, _ = load_anchors(args.anchors, "layer.py")
     dev = torch.device("cuda")
     layer = EagerMlaLayer(torch, dev)
     rows = []
@@ -221,6 +209,9 @@ def report(args):
                      f"{r['output_ms']:.2f} |")
     used = sorted({r.get("attention_backend", "") for r in py["rows"] if "ms" in r})
     lines += ["", f"Eager attention ran on: {', '.join(used)} (cuDNN where it takes the mask)."]
+    if args.analysis:
+        lines += ["", f"Analysis of this run: [{os.path.relpath(args.analysis, os.path.dirname(args.markdown))}]"
+                      f"({os.path.relpath(args.analysis, os.path.dirname(args.markdown))})."]
     errors = [r for r in py["rows"] if "error" in r]
     if errors:
         lines += ["", "Eager PyTorch failures (reported, not hidden):", ""]
@@ -241,6 +232,7 @@ def main():
     p.add_argument("--cli", help="JSON of fp8mla bench layer")
     p.add_argument("--py", help="JSON of this script's timing run")
     p.add_argument("--markdown", default=os.path.join(REPO, "bench", "RESULTS_layer.md"))
+    p.add_argument("--analysis", help="with --report: a written analysis of the run to link")
     args = p.parse_args()
     report(args) if args.report else run(args)
 

@@ -29,13 +29,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import itertools
 import json
 import math
 import os
 import sys
 import traceback
+
+from anchors_loader import load_anchors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,24 +54,6 @@ COS_SIN_ROW = ROPE * 4      # one f32 row of cos_sin
 OPS = ["rope_quant_neox", "rope_quant_interleaved", "kv_pack", "kv_cache_write", "kv_gather"]
 # The anchor of DESIGN section 9's ">= 1.6x torch.compile" target, per op.
 COMPILE_TARGET_ANCHOR = {"rope_quant_neox": "torch_compile", "kv_pack": "torch_compile"}
-
-
-def load_anchors(path):
-    """Imports anchors.py from `path` (the file or its folder), else from the usual places."""
-    candidates = []
-    if path:
-        candidates.append(path)
-    candidates += [os.path.join(REPO, "..", "shared", "anchors"), os.path.join(REPO, "bench"),
-                   os.path.join(REPO, "anchors"), REPO]
-    for c in candidates:
-        f = c if c.endswith(".py") else os.path.join(c, "anchors.py")
-        if os.path.isfile(f):
-            spec = importlib.util.spec_from_file_location("anchors", f)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["anchors"] = module
-            spec.loader.exec_module(module)
-            return module, os.path.abspath(f)
-    sys.exit(f"prep.py: anchors.py not found (tried {candidates}); pass --anchors PATH")
 
 
 # ---- Byte counts (the same as tools/cli/bench_prep.cpp) ----------------------------------------
@@ -467,7 +450,7 @@ def main():
     import triton
     if not torch.cuda.is_available():
         sys.exit("prep.py: needs a CUDA GPU")
-    anchors, anchors_path = load_anchors(args.anchors)
+    anchors, anchors_path = load_anchors(args.anchors, "prep.py")
     try:
         import fp8mla
         fp8mla_error = None

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import itertools
 import json
 import math
 import os
 import sys
 import traceback
+
+from anchors_loader import load_anchors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,24 +43,6 @@ OPS = ["per_tensor_static", "per_tensor_dynamic", "group128_f32", "group128_pack
 
 def round_up(x, to):
     return (x + to - 1) // to * to
-
-
-def load_anchors(path):
-    """Imports anchors.py from `path` (the file or its folder), else from the usual places."""
-    candidates = []
-    if path:
-        candidates.append(path)
-    candidates += [os.path.join(REPO, "..", "shared", "anchors"), os.path.join(REPO, "bench"),
-                   os.path.join(REPO, "anchors"), REPO]
-    for c in candidates:
-        f = c if c.endswith(".py") else os.path.join(c, "anchors.py")
-        if os.path.isfile(f):
-            spec = importlib.util.spec_from_file_location("anchors", f)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["anchors"] = module
-            spec.loader.exec_module(module)
-            return module, os.path.abspath(f)
-    sys.exit(f"quant.py: anchors.py not found (tried {candidates}); pass --anchors PATH")
 
 
 # ---- Shapes and byte counts (the same as tools/cli/bench_quant.cpp) ----------------------------
@@ -399,7 +382,7 @@ def main():
     import triton
     if not torch.cuda.is_available():
         sys.exit("quant.py: needs a CUDA GPU")
-    anchors, anchors_path = load_anchors(args.anchors)
+    anchors, anchors_path = load_anchors(args.anchors, "quant.py")
     try:
         import fp8mla
         fp8mla_error = None

@@ -471,6 +471,22 @@ void CudaMlaLayer::prefill(const MlaPrefillCall& call) {
     return TensorView(data, dtype, {n, H, width}, d);
   };
 
+  // The BF16 path's K = [k_nope | k_pe] per head, from a [n, H, 256] kv_b output and k_pe rows
+  // shared by the heads (RoPE'd when the caller adds positions).
+  const auto k_assembly = [&](const std::uint16_t* kv, std::int64_t n, const std::uint16_t* k_pe,
+                              std::int64_t k_pe_stride, std::uint16_t* k_out) {
+    cuda::model::RopeAssembleParams r;
+    r.tokens = n;
+    r.heads = H;
+    r.k_nope = kv;
+    r.k_nope_token_stride = H * 256;
+    r.k_nope_head_stride = 256;
+    r.k_pe = k_pe;
+    r.k_pe_stride = k_pe_stride;
+    r.k_out = k_out;
+    return r;
+  };
+
   // ---- prep: RoPE, FP8 Q/K/V (hook) or bf16 RoPE, latent cache write ----
   timer_.start(stream, &t.prep);
   LatentCacheWrite write;
@@ -504,15 +520,8 @@ void CudaMlaLayer::prefill(const MlaPrefillCall& call) {
     hook.v_out = v8_of(b.v8, T, v_pitch(T));
     backend.prepare_prefill_qkv(hook, call.stream);
   } else {
-    cuda::model::RopeAssembleParams r;
-    r.tokens = T;
-    r.heads = H;
-    r.k_nope = b.kv;
-    r.k_nope_token_stride = H * 256;
-    r.k_nope_head_stride = 256;
-    r.k_pe = b.kv_a + c_.kv_lora_rank;
-    r.k_pe_stride = kMlaLatentDim;
-    r.k_out = b.k16;
+    cuda::model::RopeAssembleParams r =
+        k_assembly(b.kv, T, b.kv_a + c_.kv_lora_rank, kMlaLatentDim, b.k16);
     r.k_pe_out = b.k_pe16;
     r.q_pe = b.q + kMlaNopeDim;
     r.q_token_stride = qw;
@@ -554,16 +563,8 @@ void CudaMlaLayer::prefill(const MlaPrefillCall& call) {
       backend.pack_prefix_chunk_kv(a, call.stream);
       return KeysValues{a.k_out, a.v_out, v_pitch(n)};
     }
-    cuda::model::RopeAssembleParams r;
-    r.tokens = n;
-    r.heads = H;
-    r.k_nope = b.prefix_kv;
-    r.k_nope_token_stride = H * 256;
-    r.k_nope_head_stride = 256;
-    r.k_pe = b.prefix_pe;
-    r.k_pe_stride = kMlaRopeDim;
-    r.k_out = b.prefix_k16;
-    cuda::model::rope_assemble_bf16(r, stream);
+    cuda::model::rope_assemble_bf16(
+        k_assembly(b.prefix_kv, n, b.prefix_pe, kMlaRopeDim, b.prefix_k16), stream);
     return KeysValues{rows_of(b.prefix_k16, adt, n, kMlaQkDim), v_of(b.prefix_kv, n), 0};
   };
   const TensorView q_view =

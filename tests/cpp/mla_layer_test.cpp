@@ -78,22 +78,7 @@ TEST_P(MlaLayerCpu, PathsAndChunkingMatchTheReference) {
         EXPECT_LE(c.max_abs, 2.0 * one_shot_error[p] + 1e-3);
       }
       // The cache: extend rows written, every other row byte-identical.
-      std::vector<bool> extend_row(std::size_t(kPages * kPageSize), false);
-      for (const MlaSequence& s : f.batch.sequences) {
-        for (std::int64_t i = s.prefix; i < s.prefix + s.extend; ++i)
-          extend_row[std::size_t(s.slots[std::size_t(i)])] = true;
-      }
-      std::int64_t changed_elsewhere = 0, unchanged_extend = 0;
-      for (std::int64_t r = 0; r < kPages * kPageSize; ++r) {
-        const bool same = std::equal(f.cache.begin() + r * kMlaLatentDim,
-                                     f.cache.begin() + (r + 1) * kMlaLatentDim,
-                                     cache_before.begin() + r * kMlaLatentDim);
-        if (extend_row[std::size_t(r)]) {
-          unchanged_extend += same;
-        } else {
-          changed_elsewhere += !same;
-        }
-      }
+      const auto [changed_elsewhere, unchanged_extend] = cache_rows_changed(f, cache_before);
       EXPECT_EQ(changed_elsewhere, 0);
       EXPECT_EQ(unchanged_extend, 0);
     }

@@ -88,4 +88,27 @@ inline std::vector<double> widen(const std::vector<std::uint16_t>& bf16) {
   return v;
 }
 
+// Rows of the cache a prefill changed: every extend token's slot must have changed and no other
+// row (prefix rows are only read). Returns {changed elsewhere, unchanged extend rows}.
+inline std::pair<std::int64_t, std::int64_t> cache_rows_changed(
+    const Fixture& f, const std::vector<std::uint8_t>& before) {
+  std::vector<bool> extend_row(std::size_t(kPages * kPageSize), false);
+  for (const MlaSequence& s : f.batch.sequences) {
+    for (std::int64_t i = s.prefix; i < s.prefix + s.extend; ++i)
+      extend_row[std::size_t(s.slots[std::size_t(i)])] = true;
+  }
+  std::int64_t changed_elsewhere = 0, unchanged_extend = 0;
+  for (std::int64_t r = 0; r < kPages * kPageSize; ++r) {
+    const bool same =
+        std::equal(f.cache.begin() + r * kMlaLatentDim, f.cache.begin() + (r + 1) * kMlaLatentDim,
+                   before.begin() + r * kMlaLatentDim);
+    if (extend_row[std::size_t(r)]) {
+      unchanged_extend += same;
+    } else {
+      changed_elsewhere += !same;
+    }
+  }
+  return {changed_elsewhere, unchanged_extend};
+}
+
 }  // namespace fp8mla
