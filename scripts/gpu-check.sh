@@ -42,20 +42,24 @@ done
 
 # compute-sanitizer on the CUDA tests, each binary with the cases that fit under instrumentation:
 # left out are the exhaustive 2^32 sweep and the 2^31-element cases (hours when instrumented) and
-# the test that makes a launch fail on purpose (the sanitizer reports that API error).
+# the test that makes a launch fail on purpose (the sanitizer reports that API error). A third
+# field limits the tools: racecheck reports hazards inside cuBLASLt's own kernels (the layer's
+# GEMMs), and initcheck runs the layer tests past the time limit.
 sanitize_cases=(
   "cuda_runtime_test -CudaRuntime.LaunchErrorBecomesFp8mlaError"
   "numerics_cuda_test -NumericsCuda.HardwareConversionsEqualSoftwareCodec"
   "quantize_cuda_test QuantizeCuda.*MatchesCpu:QuantizeCuda.PdlOnAndOffBitIdentical"
-  "mla_prep_cuda_test MlaKvCuda.WriteMatchesCpu:MlaKvCuda.GatherMatchesCpu:MlaKvCuda.*BadSlots*:MlaKvCuda.PackMatchesCpuForEveryTokenCount:MlaRopeCuda.MatrixEqualsCpu:MlaRopeCuda.BadPositionAndSlot"
+  "mla_prep_cuda_test MlaKvCuda.WriteMatchesCpu:MlaKvCuda.GatherMatchesCpu:MlaKvCuda.*BadSlots*:MlaKvCuda.PackMatchesCpuForEveryTokenCount:MlaRopeCuda.MatrixEqualsCpu:MlaRopeCuda.BadPositionAndSlot:MlaKvCuda.VQuantize*"
   "merge_states_cuda_test *"
+  "mla_model_cuda_test *tiny*:MlaLayerCudaArgs.*:CublasLinearCuda.ChangingRowCounts* memcheck,synccheck"
 )
 sanitizer_rows=()
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck initcheck synccheck; do
     for case in "${sanitize_cases[@]}"; do
-      read -r exe filter <<<"$case"
+      read -r exe filter tools <<<"$case"
       [[ -x "$dir/tests/$exe" ]] || continue
+      [[ -z $tools || ",$tools," == *",$tool,"* ]] || continue
       [[ $sanitize == all || ",$sanitize," == *",$exe,"* ]] || continue
       log="$out/sanitizer-$tool-$exe.log"
       timeout "${SANITIZER_TIMEOUT:-300}" compute-sanitizer --tool "$tool" --error-exitcode 99 \
