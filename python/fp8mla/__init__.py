@@ -28,7 +28,8 @@ the arithmetic). The latent cache is e4m3 [num_pages, page_size, 576] = [kv_c 51
     mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_flag=None)
         -> (kv_c_out, k_pe_out)
     mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
-                             v_out=None) -> (k_out, v_out)
+                             v_out=None, v_layout="token_major") -> (k_out, v_out)
+    mla_v_quantize_fp8(v, *, v_scale_inv=1.0, v_out=None, v_layout="token_major") -> v_out
 
 Every op also takes `stream=` (an int cudaStream_t handle); by default CUDA torch tensors use
 torch.cuda.current_stream().
@@ -55,6 +56,7 @@ __all__ = [
     "mla_kv_gather",
     "mla_kv_pack_quantize_fp8",
     "mla_rope_quantize_fp8",
+    "mla_v_quantize_fp8",
     "quantize_fp8",
     "quantize_fp8_dynamic",
     "quantize_fp8_per_token_group",
@@ -173,6 +175,13 @@ class _Generic:
         _C.mla_kv_pack_quantize_fp8(k_nope, k_pe, v, float(k_scale_inv), float(v_scale_inv),
                                     k_out, v_out, v_layout, stream or 0)
         return k_out, v_out
+
+    @staticmethod
+    def mla_v_quantize_fp8(v, *, v_scale_inv=1.0, v_out=None, v_layout="token_major",
+                           stream=None):
+        _Generic._need("mla_v_quantize_fp8", v_out=v_out)
+        _C.mla_v_quantize_fp8(v, float(v_scale_inv), v_out, v_layout, stream or 0)
+        return v_out
 
     @staticmethod
     def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
@@ -342,6 +351,16 @@ def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.
     return _frontend(k_nope).mla_kv_pack_quantize_fp8(
         k_nope, k_pe, v, k_scale_inv=k_scale_inv, v_scale_inv=v_scale_inv, k_out=k_out,
         v_out=v_out, v_layout=v_layout, stream=stream)
+
+
+def mla_v_quantize_fp8(v, *, v_scale_inv=1.0, v_out=None, v_layout="token_major", stream=None):
+    """V alone, for a backend whose K comes from mla_rope_quantize_fp8: v_out [n, H, 128] =
+    e4m3(v * v_scale_inv), the V half of mla_kv_pack_quantize_fp8 (same bytes, same checks). v
+    [n, H, 128] bf16/f16 may be strided (contiguous last dim). v_layout as for
+    mla_kv_pack_quantize_fp8 ("transposed": a [n, H, 128] view of [H, 128, pitch] memory,
+    pitch a multiple of 16 when allocated here). Returns v_out."""
+    return _frontend(v).mla_v_quantize_fp8(v, v_scale_inv=v_scale_inv, v_out=v_out,
+                                           v_layout=v_layout, stream=stream)
 
 
 def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,

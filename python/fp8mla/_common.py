@@ -123,8 +123,8 @@ def gather_rows(shape) -> int:
     return shape[0] if len(shape) >= 1 else 1
 
 
-# Layouts of the packed V (mla_kv_pack_quantize_fp8): "transposed" is [H][128][pitch] memory seen as
-# [n, H, 128], the layout FP8 prefill_attention reads on Hopper.
+# Layouts of the e4m3 V (mla_kv_pack_quantize_fp8, mla_v_quantize_fp8): "transposed" is
+# [H][128][pitch] memory seen as [n, H, 128], the layout FP8 prefill_attention reads on Hopper.
 V_LAYOUTS = ("token_major", "transposed")
 
 

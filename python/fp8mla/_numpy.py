@@ -185,21 +185,35 @@ def mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_fl
     return kv_c_out, k_pe_out
 
 
+def _v_out(v, v_layout):
+    """A new e4m3 V output like v [n, H, 128] in `v_layout` ("transposed": a [n, H, 128] view of
+    [H, 128, pitch] memory)."""
+    if v_layout == "transposed":
+        n, heads, dim = v.shape
+        return np.empty((heads, dim, transposed_pitch(n)),
+                        dtype=_STORAGE["e4m3"])[:, :, :n].transpose(2, 0, 1)
+    return np.empty(v.shape, dtype=_STORAGE["e4m3"])
+
+
 def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
                              v_out=None, v_layout="token_major", stream=None):
     check_choice("mla_kv_pack_quantize_fp8", "v_layout", v_layout, V_LAYOUTS)
     if k_out is None:
         k_out = np.empty(out_shape(k_nope.shape, MLA["qk"]), dtype=_STORAGE["e4m3"])
-    if v_out is None and v_layout == "transposed":
-        n, heads, dim = v.shape
-        v_out = np.empty((heads, dim, transposed_pitch(n)),
-                         dtype=_STORAGE["e4m3"])[:, :, :n].transpose(2, 0, 1)
-    elif v_out is None:
-        v_out = np.empty(v.shape, dtype=_STORAGE["e4m3"])
+    if v_out is None:
+        v_out = _v_out(v, v_layout)
     _C.mla_kv_pack_quantize_fp8(arg(k_nope), arg(k_pe), arg(v), float(k_scale_inv),
                                 float(v_scale_inv), arg(k_out, "e4m3"), arg(v_out, "e4m3"),
                                 v_layout, stream or 0)
     return k_out, v_out
+
+
+def mla_v_quantize_fp8(v, *, v_scale_inv=1.0, v_out=None, v_layout="token_major", stream=None):
+    check_choice("mla_v_quantize_fp8", "v_layout", v_layout, V_LAYOUTS)
+    if v_out is None:
+        v_out = _v_out(v, v_layout)
+    _C.mla_v_quantize_fp8(arg(v), float(v_scale_inv), arg(v_out, "e4m3"), v_layout, stream or 0)
+    return v_out
 
 
 def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,

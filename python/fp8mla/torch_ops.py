@@ -16,7 +16,8 @@ Custom ops (they write into their caller-allocated outputs and return nothing):
         stream)                                  (mutates cache, error_flag)
     torch.ops.fp8mla.mla_kv_gather(cache, slots, scale, kv_c_out, k_pe_out, error_flag?, stream)
     torch.ops.fp8mla.mla_kv_pack_quantize_fp8(k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out,
-        v_out, stream)
+        v_out, v_layout, stream)                 (mutates k_out, v_out)
+    torch.ops.fp8mla.mla_v_quantize_fp8(v, v_scale_inv, v_out, v_layout, stream)  (mutates v_out)
 `stream` 0 means torch's current stream on x's device. The functions of this module allocate the
 outputs (torch.empty on x's device) and call these ops; fp8mla.quantize_* call them for torch
 tensors.
@@ -330,6 +331,20 @@ def _(k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out, v_out, v_layout, stream)
     return None
 
 
+@_custom_op("fp8mla::mla_v_quantize_fp8", mutates_args=("v_out",))
+def _mla_v_quantize_fp8(
+    v: torch.Tensor, v_scale_inv: float, v_out: torch.Tensor, v_layout: str, stream: int
+) -> None:
+    with _on_device(v):
+        _C.mla_v_quantize_fp8(_arg(v), v_scale_inv, _arg(v_out, "e4m3"), v_layout,
+                              _stream(v, stream))
+
+
+@_mla_v_quantize_fp8.register_fake
+def _(v, v_scale_inv, v_out, v_layout, stream):
+    return None
+
+
 @_custom_op("fp8mla::prefill_attention", mutates_args=("out", "lse"))
 def _prefill_attention(
     q: torch.Tensor,
@@ -490,21 +505,35 @@ def mla_kv_gather(cache, slots, scale, *, kv_c_out=None, k_pe_out=None, error_fl
     return kv_c_out, k_pe_out
 
 
+def _v_out(v, v_layout):
+    """A new e4m3 V output like v [n, H, 128] on v's device in `v_layout` ("transposed": a
+    [n, H, 128] view of [H, 128, pitch] memory)."""
+    if v_layout == "transposed":
+        n, heads, dim = v.shape
+        return torch.empty((heads, dim, transposed_pitch(n)), dtype=torch.float8_e4m3fn,
+                           device=v.device)[:, :, :n].permute(2, 0, 1)
+    return torch.empty(tuple(v.shape), dtype=torch.float8_e4m3fn, device=v.device)
+
+
 def mla_kv_pack_quantize_fp8(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0, k_out=None,
                              v_out=None, v_layout="token_major", stream=None):
     check_choice("mla_kv_pack_quantize_fp8", "v_layout", v_layout, V_LAYOUTS)
     if k_out is None:
         k_out = torch.empty(out_shape(k_nope.shape, MLA["qk"]), dtype=torch.float8_e4m3fn,
                             device=k_nope.device)
-    if v_out is None and v_layout == "transposed":
-        n, heads, dim = v.shape
-        v_out = torch.empty((heads, dim, transposed_pitch(n)), dtype=torch.float8_e4m3fn,
-                            device=v.device)[:, :, :n].permute(2, 0, 1)
-    elif v_out is None:
-        v_out = torch.empty(tuple(v.shape), dtype=torch.float8_e4m3fn, device=v.device)
+    if v_out is None:
+        v_out = _v_out(v, v_layout)
     _run("mla_kv_pack_quantize_fp8", k_nope, k_pe, v, float(k_scale_inv), float(v_scale_inv),
          k_out, v_out, v_layout, stream or 0)
     return k_out, v_out
+
+
+def mla_v_quantize_fp8(v, *, v_scale_inv=1.0, v_out=None, v_layout="token_major", stream=None):
+    check_choice("mla_v_quantize_fp8", "v_layout", v_layout, V_LAYOUTS)
+    if v_out is None:
+        v_out = _v_out(v, v_layout)
+    _run("mla_v_quantize_fp8", v, float(v_scale_inv), v_out, v_layout, stream or 0)
+    return v_out
 
 
 def prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,

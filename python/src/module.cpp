@@ -484,13 +484,12 @@ void mla_kv_gather(nb::handle cache, nb::handle slots, float scale, nb::handle k
   fp8mla::mla_kv_gather(c, s, scale, kv, pe, flag, to_stream(stream));
 }
 
-fp8mla::VLayout parse_v_layout(const std::string& layout) {
+fp8mla::VLayout parse_v_layout(std::string_view op, const std::string& layout) {
   if (layout == "token_major") return fp8mla::VLayout::kTokenMajor;
   if (layout == "transposed") return fp8mla::VLayout::kTransposed;
-  throw Error(ErrorCategory::kInvalidArgument,
-              fp8mla::concat("mla_kv_pack_quantize_fp8: expected v_layout 'token_major' or "
-                             "'transposed', got '",
-                             layout, "'"));
+  throw Error(
+      ErrorCategory::kInvalidArgument,
+      fp8mla::concat(op, ": expected v_layout 'token_major' or 'transposed', got '", layout, "'"));
 }
 
 void mla_kv_pack_quantize_fp8(nb::handle k_nope, nb::handle k_pe, nb::handle v, float k_scale_inv,
@@ -505,9 +504,19 @@ void mla_kv_pack_quantize_fp8(nb::handle k_nope, nb::handle k_pe, nb::handle v, 
   a.v_scale_inv = v_scale_inv;
   a.k_out = args.output(k_out, "k_out");
   a.v_out = args.output(v_out, "v_out");
-  a.v_layout = parse_v_layout(v_layout);
+  a.v_layout = parse_v_layout("mla_kv_pack_quantize_fp8", v_layout);
   nb::gil_scoped_release release;
   fp8mla::mla_kv_pack_quantize_fp8(a, to_stream(stream));
+}
+
+void mla_v_quantize_fp8(nb::handle v, float v_scale_inv, nb::handle v_out,
+                        const std::string& v_layout, std::uintptr_t stream) {
+  Args args("mla_v_quantize_fp8");
+  const TensorView x = args.input(v, "v");
+  const TensorView o = args.output(v_out, "v_out");
+  const fp8mla::VLayout layout = parse_v_layout("mla_v_quantize_fp8", v_layout);
+  nb::gil_scoped_release release;
+  fp8mla::mla_v_quantize_fp8(x, o, v_scale_inv, layout, to_stream(stream));
 }
 
 // ---- Attention (fp8mla/attention.hpp) -------------------------------------------------------
@@ -636,5 +645,7 @@ NB_MODULE(_C, m) {
         nb::arg("stream") = 0);
   m.def("mla_kv_pack_quantize_fp8", &mla_kv_pack_quantize_fp8, nb::arg("k_nope"), nb::arg("k_pe"),
         nb::arg("v"), nb::arg("k_scale_inv"), nb::arg("v_scale_inv"), nb::arg("k_out"),
+        nb::arg("v_out"), nb::arg("v_layout") = "token_major", nb::arg("stream") = 0);
+  m.def("mla_v_quantize_fp8", &mla_v_quantize_fp8, nb::arg("v"), nb::arg("v_scale_inv"),
         nb::arg("v_out"), nb::arg("v_layout") = "token_major", nb::arg("stream") = 0);
 }

@@ -413,8 +413,52 @@ def test_kv_pack_caller_outputs_and_errors():
         fp8mla.mla_kv_pack_quantize_fp8(k_nope, k_pe, v, k_out=np.zeros((4, 2, 192), BF16))
 
 
+# ---- mla_v_quantize_fp8 ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", IN_DTYPES, ids=IDS)
+@pytest.mark.parametrize("v_layout", ["token_major", "transposed"])
+@pytest.mark.parametrize("heads", [1, 16])
+@pytest.mark.parametrize("n", [0, 1, 5, 64, 130])
+def test_v_quantize_matches_pack(dtype, v_layout, heads, n):
+    kv = rand((n, heads, 256), dtype, seed=n + heads, scale=100.0)  # strided v, as in kv_b_proj's
+    v = kv[..., 128:]
+    k_pe = rand((n, 64), dtype, seed=n + 1)
+    _, v_pack = fp8mla.mla_kv_pack_quantize_fp8(kv[..., :128], k_pe, v, k_scale_inv=0.5,
+                                                v_scale_inv=3.0, v_layout=v_layout)
+    v_out = fp8mla.mla_v_quantize_fp8(v, v_scale_inv=3.0, v_layout=v_layout)
+    assert v_out.dtype == E4M3 and v_out.shape == (n, heads, 128)
+    if v_layout == "transposed" and n > 1:
+        assert v_out.strides[0] == 1 and v_out.base.shape[2] % 16 == 0  # [H][128][pitch] memory
+    np.testing.assert_array_equal(u8(v_out), u8(v_pack))
+    np.testing.assert_array_equal(u8(v_out), ref.quantize(v, 3.0))
+
+
+def test_v_quantize_caller_output_and_errors():
+    v = rand((5, 2, 128), BF16, seed=30)
+    storage = np.zeros((2, 128, 32), np.uint8)  # transposed, pitch 32, as raw bytes
+    v_out = storage[:, :, :5].transpose(2, 0, 1)
+    assert fp8mla.mla_v_quantize_fp8(v, v_out=v_out, v_layout="transposed") is v_out
+    np.testing.assert_array_equal(u8(v_out), ref.quantize(v, 1.0))
+    assert not storage[:, :, 5:].any()  # the pitch padding stays untouched
+
+    bad_dtype = r"mla_v_quantize_fp8: `v` dtype: expected one of \{bf16, f16\}, got f32"
+    with pytest.raises(fp8mla.InvalidArgumentError, match=bad_dtype):
+        fp8mla.mla_v_quantize_fp8(v.astype(np.float32))
+    with pytest.raises(fp8mla.InvalidArgumentError, match="mla_v_quantize_fp8: `v_out` dtype"):
+        fp8mla.mla_v_quantize_fp8(v, v_out=np.zeros((5, 2, 128), BF16))
+    with pytest.raises(fp8mla.InvalidArgumentError, match="mla_v_quantize_fp8: expected v_layout"):
+        fp8mla.mla_v_quantize_fp8(v, v_layout="head_major")
+    with pytest.raises(fp8mla.InvalidArgumentError, match=r"`v_out` \(kTransposed\)"):
+        fp8mla.mla_v_quantize_fp8(v, v_out=np.zeros((5, 2, 128), E4M3), v_layout="transposed")
+    with pytest.raises(fp8mla.InvalidArgumentError, match="`v_out`: expected 5 tokens like `v`"):
+        fp8mla.mla_v_quantize_fp8(v, v_out=np.zeros((4, 2, 128), E4M3))
+
+
 def test_generic_arrays_need_outputs():
     with pytest.raises(TypeError, match="pass kv_c_out, k_pe_out explicitly"):
         fp8mla.mla_kv_gather([[0]], [0], 1.0)
     with pytest.raises(TypeError, match="pass k_out, v_out explicitly"):
         fp8mla.mla_kv_pack_quantize_fp8([0], [0], [0])
+    with pytest.raises(TypeError, match="pass v_out explicitly"):
+        fp8mla.mla_v_quantize_fp8([0])

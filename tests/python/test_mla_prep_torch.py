@@ -21,7 +21,7 @@ needs_gpu = pytest.mark.skipif(
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]
 YARN = {"factor": 40, "original_max_position_embeddings": 4096, "type": "yarn"}
 OPS = ["make_cos_sin_cache", "mla_rope_quantize_fp8", "mla_kv_cache_write", "mla_kv_gather",
-       "mla_kv_pack_quantize_fp8"]
+       "mla_kv_pack_quantize_fp8", "mla_v_quantize_fp8"]
 
 
 def rand(shape, dtype=torch.bfloat16, seed=0, device="cpu", scale=1.0):
@@ -88,6 +88,7 @@ def test_custom_ops_registered_with_mutations():
         "mla_kv_cache_write": {"cache", "error_flag"},
         "mla_kv_gather": {"kv_c_out", "k_pe_out", "error_flag"},
         "mla_kv_pack_quantize_fp8": {"k_out", "v_out"},
+        "mla_v_quantize_fp8": {"v_out"},
     }
     for name, expected in mutated.items():
         schema = getattr(torch.ops.fp8mla, name).default._schema
@@ -129,7 +130,10 @@ def test_opcheck_all_ops():
     pk = torch.empty(5, 2, 192, dtype=torch.uint8)
     pv = torch.empty(5, 2, 128, dtype=torch.uint8)
     opcheck(torch.ops.fp8mla.mla_kv_pack_quantize_fp8.default,
-            (inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 2.0, pk, pv, 0))
+            (inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 2.0, pk, pv, "token_major", 0))
+    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], 2.0, pv, "token_major", 0))
+    pv_t = torch.empty(2, 128, 16, dtype=torch.uint8)[:, :, :5].permute(2, 0, 1)
+    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], 2.0, pv_t, "transposed", 0))
 
 
 # ---- CPU torch tensors ---------------------------------------------------------------------------
@@ -206,6 +210,22 @@ def test_kv_ops_torch_cpu():
     np.testing.assert_array_equal(as_bytes(v_out), v_exp)
 
 
+@pytest.mark.parametrize("v_layout", ["token_major", "transposed"])
+@pytest.mark.parametrize("n,heads", [(0, 16), (5, 1), (130, 16)])
+def test_v_quantize_torch_cpu(v_layout, n, heads):
+    inp = rope_inputs(n, heads, seed=30)
+    v_out = fp8mla.mla_v_quantize_fp8(inp["v"], v_scale_inv=0.25, v_layout=v_layout)
+    assert v_out.dtype == torch.float8_e4m3fn and v_out.shape == (n, heads, 128)
+    if v_layout == "transposed" and n > 1:
+        assert v_out.stride(0) == 1
+    _, v_pack = fp8mla.mla_kv_pack_quantize_fp8(inp["k_nope"], inp["k_pe"], inp["v"],
+                                                v_scale_inv=0.25, v_layout=v_layout)
+    assert_same(v_out, v_pack)
+    np.testing.assert_array_equal(as_bytes(v_out), ref.quantize(to_numpy(inp["v"]), 0.25))
+    with pytest.raises(fp8mla.InvalidArgumentError, match="`v` dtype"):
+        fp8mla.mla_v_quantize_fp8(inp["v"].float(), v_layout=v_layout)
+
+
 def test_torch_errors_and_flags():
     inp = rope_inputs(4, 2, seed=9, max_pos=8)
     cos_sin = fp8mla.make_cos_sin_cache(8, device="cpu")
@@ -232,13 +252,14 @@ def test_torch_errors_and_flags():
 
 def prep_step(inp, cos_sin, cache, slots, prefix, prefix_pe):
     """What a prepare_prefill_qkv hook does: RoPE + FP8 Q/K with the cache write, then the K/V
-    pack of a prefix chunk."""
+    pack of a prefix chunk (and V alone, transposed, as a backend with its own K does)."""
     q, k = fp8mla.mla_rope_quantize_fp8(
         *rope_args(inp, cos_sin), q_scale_inv=0.5, kv_c=inp["kv_c"], cache=cache,
         slot_mapping=slots, cache_scale_inv=0.25)
     pk, pv = fp8mla.mla_kv_pack_quantize_fp8(prefix[..., :128], prefix_pe, prefix[..., 128:],
                                              v_scale_inv=2.0)
-    return q, k, pk, pv
+    return q, k, pk, pv, fp8mla.mla_v_quantize_fp8(prefix[..., 128:], v_scale_inv=2.0,
+                                                   v_layout="transposed")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -324,6 +345,10 @@ def test_gpu_kv_ops_match_cpu(page_size):
                     fp8mla.mla_kv_pack_quantize_fp8(inp["k_nope"], inp["k_pe"], inp["v"],
                                                     k_scale_inv=0.5, v_scale_inv=8.0)):
         assert_same(g, c)
+    for v_layout in ("token_major", "transposed"):
+        assert_same(fp8mla.mla_v_quantize_fp8(inp["v"].cuda(), v_scale_inv=8.0,
+                                              v_layout=v_layout).cpu(),
+                    fp8mla.mla_v_quantize_fp8(inp["v"], v_scale_inv=8.0, v_layout=v_layout))
 
 
 @needs_gpu
