@@ -15,13 +15,14 @@ std::int64_t MlaBatch::extend_tokens() const {
   return n;
 }
 
-MlaBatchPlan plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
-                            const MlaPrefillOptions& options) {
-  MlaBatchPlan p;
+void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
+                    const MlaPrefillOptions& options, MlaBatchPlan& p) {
   p.sequences = std::int64_t(batch.sequences.size());
-  p.cu_q.push_back(0);
-  p.cu_k_one_shot.push_back(0);
-  std::vector<std::int64_t> prefix_lens;
+  for (auto* v : {&p.positions, &p.slots, &p.prefix_lens, &p.prefix_rows, &p.chunk_first_row})
+    v->clear();
+  p.cu_q.assign(1, 0);
+  p.cu_k_one_shot.assign(1, 0);
+  p.max_q = p.max_k_one_shot = 0;
   for (std::int64_t b = 0; b < p.sequences; ++b) {
     const MlaSequence& s = batch.sequences[std::size_t(b)];
     if (s.prefix < 0 || s.extend < 0 || std::int64_t(s.slots.size()) != s.prefix + s.extend ||
@@ -41,19 +42,20 @@ MlaBatchPlan plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
     p.cu_k_one_shot.push_back(p.cu_k_one_shot.back() + std::int32_t(s.prefix + s.extend));
     p.max_q = std::max(p.max_q, std::int32_t(s.extend));
     p.max_k_one_shot = std::max(p.max_k_one_shot, std::int32_t(s.prefix + s.extend));
-    prefix_lens.push_back(s.prefix);
+    p.prefix_lens.push_back(s.prefix);
   }
   p.tokens = p.cu_q.back();
   p.chunked = std::int64_t(p.prefix_rows.size()) > options.one_shot_max_prefix;
-  if (p.chunked) {
-    p.chunks = plan_prefix_chunks(prefix_lens, options.chunk_capacity);
-    std::int64_t row = 0;
-    for (const PrefixChunk& c : p.chunks) {
-      p.chunk_first_row.push_back(row);
-      row += c.keys();
-    }
+  if (!p.chunked) {
+    p.chunks.clear();
+    return;
   }
-  return p;
+  plan_prefix_chunks(p.prefix_lens, options.chunk_capacity, p.chunks);
+  std::int64_t row = 0;
+  for (const PrefixChunk& c : p.chunks) {
+    p.chunk_first_row.push_back(row);
+    row += c.keys();
+  }
 }
 
 MlaPath choose_mla_path(const AttentionBackend& backend, const TensorView& cache, Device device) {
@@ -138,9 +140,10 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
   require(cache.dtype() == DType::kE4M3 && cache.ndim() == 3 && cache.size(2) == kMlaLatentDim,
           concat("expected `cache` e4m3 [pages, page_size, ", kMlaLatentDim, "], got ",
                  cache.describe()));
-  const MlaBatchPlan plan = plan_mla_batch(c, batch, options);
+  plan_mla_batch(c, batch, options, impl_->plan);
   const MlaPath path = choose_mla_path(backend, cache, device_);
-  impl_->prefill({hidden, plan, cache, backend, options, out, workspace, path, times, stream});
+  impl_->prefill(
+      {hidden, impl_->plan, cache, backend, options, out, workspace, path, times, stream});
 }
 
 }  // namespace fp8mla

@@ -21,6 +21,7 @@ struct MlaBatchPlan {
   std::vector<std::int64_t> positions, slots;  // [T]: position and cache slot of each extend token
   std::vector<std::int32_t> cu_q;              // [B + 1]: query offsets, also the extend keys'
   std::int32_t max_q = 0;
+  std::vector<std::int64_t> prefix_lens;  // [B]
   std::vector<std::int64_t> prefix_rows;  // cache slots of every prefix token, in sequence order
   bool chunked = false;                   // more prefix keys than one_shot_max_prefix
   // One-shot: each sequence's keys are its prefix, then its extend tokens.
@@ -31,9 +32,10 @@ struct MlaBatchPlan {
   std::vector<std::int64_t> chunk_first_row;
 };
 
-// Checks the batch against `config` (lengths, slot counts, positions) and plans it.
-MlaBatchPlan plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
-                            const MlaPrefillOptions& options);
+// Checks the batch against `config` (lengths, slot counts, positions) and plans it into `plan`,
+// whose vectors keep their capacity from one batch to the next.
+void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
+                    const MlaPrefillOptions& options, MlaBatchPlan& plan);
 
 // The path `backend` runs (its hook decides) and the check that it serves it on `device` with
 // the cache's page size.
@@ -60,6 +62,7 @@ struct MlaPrefillCall {
 class MlaLayer::Impl {
  public:
   virtual ~Impl() = default;
+  MlaBatchPlan plan;  // of the current prefill, reused so that planning allocates nothing
   virtual const std::vector<std::string>& projection_notes() const = 0;
   virtual std::size_t workspace_bytes(const MlaWorkspaceLimits& limits,
                                       const MlaPrefillOptions& options, MlaPath path) const = 0;

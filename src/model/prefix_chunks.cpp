@@ -7,8 +7,8 @@
 
 namespace fp8mla {
 
-std::vector<PrefixChunk> plan_prefix_chunks(std::span<const std::int64_t> prefix_lens,
-                                            std::int64_t capacity) {
+void plan_prefix_chunks(std::span<const std::int64_t> prefix_lens, std::int64_t capacity,
+                        std::vector<PrefixChunk>& chunks) {
   if (capacity < 1 || capacity > INT32_MAX) {
     throw Error(ErrorCategory::kInvalidArgument,
                 concat("plan_prefix_chunks: expected a capacity in [1, 2^31 - 1], got ", capacity));
@@ -21,7 +21,7 @@ std::vector<PrefixChunk> plan_prefix_chunks(std::span<const std::int64_t> prefix
                          prefix_lens[b], "; expected >= 0"));
     }
   }
-  std::vector<PrefixChunk> chunks;
+  std::size_t used = 0;
   std::size_t seq = 0;
   std::int64_t taken = 0;  // prefix tokens of `seq` already in earlier chunks
   auto skip_done = [&] {
@@ -32,9 +32,11 @@ std::vector<PrefixChunk> plan_prefix_chunks(std::span<const std::int64_t> prefix
   };
   skip_done();
   while (seq < batch) {
-    PrefixChunk chunk;
+    if (used == chunks.size()) chunks.emplace_back();
+    PrefixChunk& chunk = chunks[used++];
     chunk.cu_seqlens_k.assign(batch + 1, 0);
     chunk.first_token.assign(batch, 0);
+    chunk.max_seqlen_k = 0;
     std::int64_t room = capacity;
     for (std::size_t b = 0; b < batch; ++b) {
       std::int64_t n = 0;
@@ -48,9 +50,8 @@ std::vector<PrefixChunk> plan_prefix_chunks(std::span<const std::int64_t> prefix
       chunk.cu_seqlens_k[b + 1] = chunk.cu_seqlens_k[b] + std::int32_t(n);
       chunk.max_seqlen_k = std::max(chunk.max_seqlen_k, std::int32_t(n));
     }
-    chunks.push_back(std::move(chunk));
   }
-  return chunks;
+  chunks.resize(used);
 }
 
 }  // namespace fp8mla

@@ -17,10 +17,11 @@ struct PrefixChunk {
   std::int64_t keys() const { return cu_seqlens_k.back(); }
 };
 
-// Fills chunks greedily in sequence order, so every chunk but the last holds exactly `capacity`
-// keys and a long prefix spans several chunks. Prefix lengths must be >= 0 and capacity >= 1
-// (ErrorCategory::kInvalidArgument otherwise); no prefix gives no chunk.
-std::vector<PrefixChunk> plan_prefix_chunks(std::span<const std::int64_t> prefix_lens,
-                                            std::int64_t capacity);
+// Fills `chunks` greedily in sequence order, so every chunk but the last holds exactly `capacity`
+// keys and a long prefix spans several chunks; no prefix gives no chunk. The chunks' vectors are
+// reused (a layer plans every batch into the same ones). Prefix lengths must be >= 0 and capacity
+// >= 1 (ErrorCategory::kInvalidArgument otherwise).
+void plan_prefix_chunks(std::span<const std::int64_t> prefix_lens, std::int64_t capacity,
+                        std::vector<PrefixChunk>& chunks);
 
 }  // namespace fp8mla

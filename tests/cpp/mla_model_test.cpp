@@ -242,10 +242,20 @@ TEST(MlaWeights, WrongShapeDtypeOrMixedFormatsAreClearErrors) {
 // ---- Chunked prefix plan ----------------------------------------------------------------------
 
 // Every prefix token in exactly one chunk, in order; chunks full but the last; no chunk over the
-// capacity; sequences without keys in a chunk have an empty run.
-void expect_plan(const std::vector<std::int64_t>& lens, std::int64_t capacity) {
+// capacity; sequences without keys in a chunk have an empty run. `chunks` holds an earlier plan,
+// which planning reuses: the result must equal a plan into a fresh vector.
+void expect_plan(const std::vector<std::int64_t>& lens, std::int64_t capacity,
+                 std::vector<PrefixChunk>& chunks) {
   SCOPED_TRACE(::testing::Message() << "capacity " << capacity);
-  const std::vector<PrefixChunk> chunks = plan_prefix_chunks(lens, capacity);
+  plan_prefix_chunks(lens, capacity, chunks);
+  std::vector<PrefixChunk> fresh;
+  plan_prefix_chunks(lens, capacity, fresh);
+  ASSERT_EQ(chunks.size(), fresh.size());
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    EXPECT_EQ(chunks[c].cu_seqlens_k, fresh[c].cu_seqlens_k);
+    EXPECT_EQ(chunks[c].first_token, fresh[c].first_token);
+    EXPECT_EQ(chunks[c].max_seqlen_k, fresh[c].max_seqlen_k);
+  }
   std::int64_t total = 0;
   for (std::int64_t n : lens) total += n;
   ASSERT_EQ(std::int64_t(chunks.size()), (total + capacity - 1) / capacity);
@@ -272,13 +282,14 @@ void expect_plan(const std::vector<std::int64_t>& lens, std::int64_t capacity) {
 
 TEST(PrefixChunks, CoverEveryTokenOnceWithinCapacity) {
   const std::vector<std::int64_t> lens = {0, 5, 1000, 0, 1, 4096, 0};
+  std::vector<PrefixChunk> chunks;  // one vector through every plan, as a layer reuses it
   for (std::int64_t capacity : {1, 3, 64, 999, 1000, 1001, 5102, 100000})
-    expect_plan(lens, capacity);
-  expect_plan({0, 0}, 16);
-  expect_plan({}, 16);
-  expect_plan({7}, 7);
+    expect_plan(lens, capacity, chunks);
+  expect_plan({0, 0}, 16, chunks);
+  expect_plan({}, 16, chunks);
+  expect_plan({7}, 7, chunks);
   // A chunk where the first sequences have no keys: the 1000-token prefix ends mid-chunk.
-  const std::vector<PrefixChunk> chunks = plan_prefix_chunks(lens, 600);
+  plan_prefix_chunks(lens, 600, chunks);
   EXPECT_EQ(chunks[1].cu_seqlens_k[1], 0);  // sequences 0 and 1 have nothing in chunk 1
   EXPECT_EQ(chunks[1].cu_seqlens_k[2], 0);
   EXPECT_EQ(chunks[1].first_token[2], 595);
@@ -286,10 +297,11 @@ TEST(PrefixChunks, CoverEveryTokenOnceWithinCapacity) {
 
 TEST(PrefixChunks, BadArgumentsAreClearErrors) {
   const std::vector<std::int64_t> lens = {3, -1};
-  expect_error([&] { plan_prefix_chunks(lens, 8); }, ErrorCategory::kInvalidArgument,
+  std::vector<PrefixChunk> chunks;
+  expect_error([&] { plan_prefix_chunks(lens, 8, chunks); }, ErrorCategory::kInvalidArgument,
                {"prefix length of sequence 1 is -1"});
   const std::vector<std::int64_t> ok = {3};
-  expect_error([&] { plan_prefix_chunks(ok, 0); }, ErrorCategory::kInvalidArgument,
+  expect_error([&] { plan_prefix_chunks(ok, 0, chunks); }, ErrorCategory::kInvalidArgument,
                {"expected a capacity in [1, 2^31 - 1], got 0"});
 }
 
