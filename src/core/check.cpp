@@ -67,7 +67,13 @@ void ArgChecker::contiguous_last_dim(const TensorView& t, std::string_view name)
 }
 
 RowLayout ArgChecker::rows(const TensorView& t, std::string_view name) const {
-  return fold_rows(t, concat(op_, ": `", name, "`"));
+  // A foldable view formats nothing; one that is not is folded again under its name, for the
+  // error that says which argument it is.
+  try {
+    return fold_rows(t, {});
+  } catch (const Error&) {
+    return fold_rows(t, concat(op_, ": `", name, "`"));
+  }
 }
 
 }  // namespace fp8mla

@@ -3,11 +3,13 @@
 //   "quantize_fp8: `out` dtype: expected one of {e4m3fn, e5m2}, got bf16"
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <initializer_list>
 #include <source_location>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "fp8mla/error.hpp"
 #include "fp8mla/tensor_view.hpp"
@@ -36,6 +38,16 @@ class ArgChecker {
   RowLayout rows(const TensorView& t, std::string_view name) const;
   // A free-form requirement: throws `category` with "<op>: <message>" when `ok` is false.
   void require(bool ok, ErrorCategory category, std::string_view message) const;
+  // The same with a formatted message: make_message(), e.g. `[&] { return concat(...); }`, runs
+  // only when `ok` is false, so a passing check allocates nothing.
+  template <typename MakeMessage>
+  requires std::invocable<MakeMessage&> &&
+      std::convertible_to<std::invoke_result_t<MakeMessage&>, std::string_view>
+  void require(bool ok, ErrorCategory category, MakeMessage&& make_message) const {
+    if (!ok) [[unlikely]] {
+      fail(category, make_message());
+    }
+  }
 
  private:
   [[noreturn]] void fail(ErrorCategory category, std::string_view message) const;

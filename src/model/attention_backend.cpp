@@ -1,7 +1,6 @@
 #include "fp8mla/attention_backend.hpp"
 
 #include <algorithm>
-#include <optional>
 
 #include "fp8mla/error.hpp"
 #include "fp8mla/quantize.hpp"
@@ -10,25 +9,33 @@
 namespace fp8mla {
 namespace {
 
+// The visible CUDA devices, queried once: backends are checked on every prefill.
+const CudaDevices& visible_devices() {
+  static const CudaDevices devices = cuda_devices();
+  return devices;
+}
+
 // The visible CUDA device `device` is, if any.
-std::optional<CudaDeviceInfo> cuda_device_info(Device device) {
-  for (const CudaDeviceInfo& d : cuda_devices().devices) {
-    if (d.ordinal == device.index) return d;
+const CudaDeviceInfo* cuda_device_info(Device device) {
+  for (const CudaDeviceInfo& d : visible_devices().devices) {
+    if (d.ordinal == device.index) return &d;
   }
-  return std::nullopt;
+  return nullptr;
 }
 
 std::string device_text(Device device) {
   if (!device.is_cuda()) return "cpu";
-  const std::optional<CudaDeviceInfo> d = cuda_device_info(device);
+  const CudaDeviceInfo* d = cuda_device_info(device);
   return d ? concat(to_string(device), " (", d->name, ", sm_", d->arch, ")")
-           : concat(to_string(device), " (not visible: ", cuda_devices().unavailable_reason, ")");
+           : concat(to_string(device), " (not visible: ", visible_devices().unavailable_reason,
+                    ")");
 }
 
+// "cpu", "sm_90a" (Hopper kernels use the arch-specific features), "sm_XX" or "unknown".
 std::string architecture_of(Device device) {
   if (!device.is_cuda()) return "cpu";
-  const std::optional<CudaDeviceInfo> d = cuda_device_info(device);
-  return d ? concat("sm_", d->arch, d->arch == 90 ? "a" : "") : "unknown";
+  const CudaDeviceInfo* d = cuda_device_info(device);
+  return d ? "sm_" + std::to_string(d->arch) + (d->arch == 90 ? "a" : "") : "unknown";
 }
 
 template <typename T>

@@ -114,32 +114,45 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
                        const TensorView& out, const TensorView& workspace, MlaStageTimes* times,
                        CudaStream stream) {
   const MlaConfig& c = config_;
-  const auto require = [](bool ok, const std::string& what) {
-    if (!ok) throw Error(ErrorCategory::kInvalidArgument, concat("MlaLayer::prefill: ", what));
+  // The message is built only when the check fails.
+  const auto require = [](bool ok, auto&& what) {
+    if (!ok) throw Error(ErrorCategory::kInvalidArgument, concat("MlaLayer::prefill: ", what()));
   };
   for (const auto& [t, name] : {std::pair{&hidden, "hidden"}, {&cache, "cache"}, {&out, "out"}}) {
-    require(t->device() == device_, concat("expected `", name, "` on the layer's device ",
-                                           to_string(device_), ", got ", t->describe()));
+    require(t->device() == device_, [&] {
+      return concat("expected `", name, "` on the layer's device ", to_string(device_), ", got ",
+                    t->describe());
+    });
   }
   require(options.one_shot_max_prefix >= 0 && options.chunk_capacity >= 1 &&
               options.cache_scale_inv > 0 && options.fp8.q_scale_inv > 0 &&
               options.fp8.k_scale_inv > 0 && options.fp8.v_scale_inv > 0,
-          concat("expected options one_shot_max_prefix >= 0, chunk_capacity >= 1 and scales > 0; "
-                 "got ",
-                 options.one_shot_max_prefix, ", ", options.chunk_capacity, ", cache_scale_inv ",
-                 options.cache_scale_inv, ", fp8 scale_inv q/k/v ", options.fp8.q_scale_inv, "/",
-                 options.fp8.k_scale_inv, "/", options.fp8.v_scale_inv));
+          [&] {
+            return concat(
+                "expected options one_shot_max_prefix >= 0, chunk_capacity >= 1 and scales > 0; "
+                "got ",
+                options.one_shot_max_prefix, ", ", options.chunk_capacity, ", cache_scale_inv ",
+                options.cache_scale_inv, ", fp8 scale_inv q/k/v ", options.fp8.q_scale_inv, "/",
+                options.fp8.k_scale_inv, "/", options.fp8.v_scale_inv);
+          });
   const std::int64_t T = batch.extend_tokens();
   require(hidden.dtype() == DType::kBF16 && hidden.ndim() == 2 && hidden.size(0) == T &&
               hidden.size(1) == c.hidden && hidden.is_contiguous(),
-          concat("expected `hidden` contiguous bf16 [", T, ", ", c.hidden, "] (T = the batch's ",
-                 "extend tokens), got ", hidden.describe()));
+          [&] {
+            return concat("expected `hidden` contiguous bf16 [", T, ", ", c.hidden,
+                          "] (T = the batch's ", "extend tokens), got ", hidden.describe());
+          });
   require(out.dtype() == DType::kBF16 && out.ndim() == 2 && out.size(0) == T &&
               out.size(1) == c.hidden && out.is_contiguous(),
-          concat("expected `out` contiguous bf16 [", T, ", ", c.hidden, "], got ", out.describe()));
+          [&] {
+            return concat("expected `out` contiguous bf16 [", T, ", ", c.hidden, "], got ",
+                          out.describe());
+          });
   require(cache.dtype() == DType::kE4M3 && cache.ndim() == 3 && cache.size(2) == kMlaLatentDim,
-          concat("expected `cache` e4m3 [pages, page_size, ", kMlaLatentDim, "], got ",
-                 cache.describe()));
+          [&] {
+            return concat("expected `cache` e4m3 [pages, page_size, ", kMlaLatentDim, "], got ",
+                          cache.describe());
+          });
   plan_mla_batch(c, batch, options, impl_->plan);
   const MlaPath path = choose_mla_path(backend, cache, device_);
   impl_->prefill(

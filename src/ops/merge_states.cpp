@@ -46,10 +46,11 @@ void check_alias(const ArgChecker& check, const TensorView& out, std::string_vie
   if (out.empty() || out.data() != in.data()) return;
   bool same = out.ndim() == in.ndim();
   for (int d = 0; same && d < out.ndim(); ++d) same = out.stride(d) == in.stride(d);
-  check.require(same, ErrorCategory::kInvalidArgument,
-                concat("`", out_name, "` aliases `", in_name,
-                       "` with different strides; an aliased output must be the same view, got ",
-                       out.describe(), " and ", in.describe()));
+  check.require(same, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", out_name, "` aliases `", in_name,
+                  "` with different strides; an aliased output must be the same view, got ",
+                  out.describe(), " and ", in.describe());
+  });
 }
 
 void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView& lse_a,
@@ -72,19 +73,23 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
       check, o_a.device(),
       {{&lse_a, "lse_a"}, {&o_b, "o_b"}, {&lse_b, "lse_b"}, {&out, "out"}, {&out_lse, "out_lse"}});
   check.require(disjoint(p.tokens, p.out.token_stride, p.heads, p.out.head_stride, p.dim),
-                ErrorCategory::kInvalidArgument,
-                concat("`out`: expected strides that keep every row apart, got ", out.describe()));
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("`out`: expected strides that keep every row apart, got ",
+                                out.describe());
+                });
   check.require(disjoint(p.tokens, p.out_lse.token_stride, p.heads, p.out_lse.head_stride, 1),
-                ErrorCategory::kInvalidArgument,
-                concat("`out_lse`: expected strides that keep every element apart, got ",
-                       out_lse.describe()));
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("`out_lse`: expected strides that keep every element apart, got ",
+                                out_lse.describe());
+                });
   check_alias(check, out, "out", o_a, "o_a");
   check_alias(check, out, "out", o_b, "o_b");
   check_alias(check, out_lse, "out_lse", lse_a, "lse_a");
   check_alias(check, out_lse, "out_lse", lse_b, "lse_b");
   if (p.tokens == 0 || p.heads == 0) return;
-  check.require(p.dim > 0, ErrorCategory::kInvalidArgument,
-                concat("`o_a`: expected a head dim of at least 1, got ", o_a.describe()));
+  check.require(p.dim > 0, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`o_a`: expected a head dim of at least 1, got ", o_a.describe());
+  });
   dispatch(
       o_a.device(), [&] { cpu::merge_attention_states(p); },
       [&](auto) { cuda::merge_attention_states(p, stream); });

@@ -14,8 +14,9 @@ namespace {
 // [tokens, heads, dim] with a contiguous last dim, naturally aligned.
 TokenHeads per_head(const ArgChecker& check, const TensorView& t, std::string_view name,
                     std::int64_t dim) {
-  check.require(t.ndim() == 3 && t.size(2) == dim, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected [tokens, heads, ", dim, "], got ", t.describe()));
+  check.require(t.ndim() == 3 && t.size(2) == dim, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected [tokens, heads, ", dim, "], got ", t.describe());
+  });
   check.contiguous_last_dim(t, name);
   check.aligned(t, name, dtype_size(t.dtype()));
   return {t.data(), t.dtype(), t.size(0), t.size(1), dim, t.stride(0), t.stride(1)};
@@ -25,9 +26,10 @@ TokenHeads per_head(const ArgChecker& check, const TensorView& t, std::string_vi
 TokenHeads shared_rows(const ArgChecker& check, const TensorView& t, std::string_view name,
                        std::int64_t dim) {
   const bool shape_ok = (t.ndim() == 2 || (t.ndim() == 3 && t.size(1) == 1)) && t.size(-1) == dim;
-  check.require(shape_ok, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected [tokens, ", dim, "] or [tokens, 1, ", dim, "], got ",
-                       t.describe()));
+  check.require(shape_ok, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected [tokens, ", dim, "] or [tokens, 1, ", dim, "], got ",
+                  t.describe());
+  });
   check.contiguous_last_dim(t, name);
   check.aligned(t, name, dtype_size(t.dtype()));
   return {t.data(), t.dtype(), t.size(0), 1, dim, t.stride(0), 0};
@@ -36,9 +38,10 @@ TokenHeads shared_rows(const ArgChecker& check, const TensorView& t, std::string
 void same_count(const ArgChecker& check, std::int64_t got, std::int64_t expected,
                 std::string_view what, std::string_view name, std::string_view like,
                 const TensorView& t) {
-  check.require(got == expected, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected ", expected, " ", what, " like `", like, "`, got ",
-                       t.describe()));
+  check.require(got == expected, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected ", expected, " ", what, " like `", like, "`, got ",
+                  t.describe());
+  });
 }
 
 // The V half of mla_kv_pack_quantize_fp8 (also all of mla_v_quantize_fp8): v [n, H, 128] bf16/f16
@@ -49,23 +52,27 @@ void v_params(const ArgChecker& check, const TensorView& v, const TensorView& v_
               const TensorView* like, std::string_view like_name, MlaKvPackParams& p) {
   check.dtype(v, "v", {DType::kBF16, DType::kF16});
   check.dtype(v_out, "v_out", {DType::kE4M3});
-  check.require(layout == VLayout::kTokenMajor || layout == VLayout::kTransposed,
-                ErrorCategory::kInvalidArgument,
-                concat("`v_layout`: expected kTokenMajor or kTransposed, got ", int(layout)));
+  check.require(
+      layout == VLayout::kTokenMajor || layout == VLayout::kTransposed,
+      ErrorCategory::kInvalidArgument,
+      [&] { return concat("`v_layout`: expected kTokenMajor or kTransposed, got ", int(layout)); });
   p.v = per_head(check, v, "v", kMlaVDim);
   p.v_transposed = layout == VLayout::kTransposed;
   if (p.v_transposed) {
     const TensorView& o = v_out;
     const bool shape_ok = o.ndim() == 3 && o.size(2) == kMlaVDim;
-    check.require(shape_ok, ErrorCategory::kInvalidArgument,
-                  concat("`v_out`: expected [tokens, heads, ", kMlaVDim, "], got ", o.describe()));
+    check.require(shape_ok, ErrorCategory::kInvalidArgument, [&] {
+      return concat("`v_out`: expected [tokens, heads, ", kMlaVDim, "], got ", o.describe());
+    });
     // [H][128][>= n] memory: no two elements share a byte.
     const bool layout_ok = (o.size(0) <= 1 || o.stride(0) == 1) && o.stride(2) >= o.size(0) &&
                            (o.size(1) <= 1 || o.stride(1) >= kMlaVDim * o.stride(2));
-    check.require(layout_ok, ErrorCategory::kInvalidArgument,
-                  concat("`v_out` (kTransposed): expected token stride 1, dim stride >= tokens and "
-                         "head stride >= 128 x dim stride, got ",
-                         o.describe()));
+    check.require(layout_ok, ErrorCategory::kInvalidArgument, [&] {
+      return concat(
+          "`v_out` (kTransposed): expected token stride 1, dim stride >= tokens and "
+          "head stride >= 128 x dim stride, got ",
+          o.describe());
+    });
     p.v_out = {o.data(), o.dtype(), o.size(0), o.size(1), kMlaVDim, 1, o.stride(1)};
     p.v_out_dim_stride = o.stride(2);
   } else {
@@ -88,24 +95,30 @@ LatentCacheParams latent_cache(const ArgChecker& check, const TensorView& cache,
   check.dtype(cache, "cache", {DType::kE4M3});
   check.dtype(slots, slots_name, {DType::kI32, DType::kI64});
   check.ndim(cache, "cache", 3);
-  check.require(cache.size(2) == kMlaLatentDim, ErrorCategory::kInvalidArgument,
-                concat("`cache`: expected the latent width ", kMlaLatentDim, " (", kMlaKvLoraRank,
-                       " kv_c + ", kMlaRopeDim, " k_pe) as the last dim, got ", cache.describe()));
-  check.require(cache.size(1) >= 1 && cache.size(1) <= 128, ErrorCategory::kUnsupported,
-                concat("`cache`: expected a page size (dim 1) from 1 to 128, got ", cache.size(1),
-                       " (", cache.describe(), ")"));
+  check.require(cache.size(2) == kMlaLatentDim, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`cache`: expected the latent width ", kMlaLatentDim, " (", kMlaKvLoraRank,
+                  " kv_c + ", kMlaRopeDim, " k_pe) as the last dim, got ", cache.describe());
+  });
+  check.require(cache.size(1) >= 1 && cache.size(1) <= 128, ErrorCategory::kUnsupported, [&] {
+    return concat("`cache`: expected a page size (dim 1) from 1 to 128, got ", cache.size(1), " (",
+                  cache.describe(), ")");
+  });
   check.contiguous_last_dim(cache, "cache");
-  check.require(slots.ndim() == 1 && slots.size(0) == tokens, ErrorCategory::kInvalidArgument,
-                concat("`", slots_name, "`: expected [", tokens, "] (one slot per token of `",
-                       tokens_from, "`), got ", slots.describe()));
-  check.require(slots.stride(0) == 1 || tokens <= 1, ErrorCategory::kInvalidArgument,
-                concat("`", slots_name, "`: expected a contiguous tensor, got ", slots.describe()));
+  check.require(slots.ndim() == 1 && slots.size(0) == tokens, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", slots_name, "`: expected [", tokens, "] (one slot per token of `",
+                  tokens_from, "`), got ", slots.describe());
+  });
+  check.require(slots.stride(0) == 1 || tokens <= 1, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", slots_name, "`: expected a contiguous tensor, got ", slots.describe());
+  });
   const bool has_flag = error_flag.data() != nullptr;
   if (has_flag) {
     check.dtype(error_flag, "error_flag", {DType::kI32});
-    check.require(
-        error_flag.numel() == 1 && error_flag.ndim() <= 1, ErrorCategory::kInvalidArgument,
-        concat("`error_flag`: expected one i32 of shape [] or [1], got ", error_flag.describe()));
+    check.require(error_flag.numel() == 1 && error_flag.ndim() <= 1,
+                  ErrorCategory::kInvalidArgument, [&] {
+                    return concat("`error_flag`: expected one i32 of shape [] or [1], got ",
+                                  error_flag.describe());
+                  });
   }
   check_devices(check, device, {{&cache, "cache"}, {&slots, slots_name}});
   if (has_flag) check_devices(check, device, {{&error_flag, "error_flag"}});
@@ -132,8 +145,10 @@ void mla_kv_cache_write(const TensorView& kv_c, const TensorView& k_pe,
   MlaKvCacheWriteParams p;
   check.dtype(kv_c, "kv_c", {DType::kBF16, DType::kF16});
   check.dtype(k_pe, "k_pe", {kv_c.dtype()});
-  check.require(kv_c.ndim() == 2 && kv_c.size(1) == kMlaKvLoraRank, ErrorCategory::kInvalidArgument,
-                concat("`kv_c`: expected [tokens, ", kMlaKvLoraRank, "], got ", kv_c.describe()));
+  check.require(
+      kv_c.ndim() == 2 && kv_c.size(1) == kMlaKvLoraRank, ErrorCategory::kInvalidArgument, [&] {
+        return concat("`kv_c`: expected [tokens, ", kMlaKvLoraRank, "], got ", kv_c.describe());
+      });
   p.kv_c = shared_rows(check, kv_c, "kv_c", kMlaKvLoraRank);
   p.k_pe = shared_rows(check, k_pe, "k_pe", kMlaRopeDim);
   const std::int64_t tokens = p.kv_c.tokens;
@@ -155,9 +170,11 @@ void mla_kv_gather(const TensorView& cache, const TensorView& slots, float scale
   MlaKvGatherParams p;
   check.dtype(kv_c_out, "kv_c_out", {DType::kBF16});
   check.dtype(k_pe_out, "k_pe_out", {DType::kBF16});
-  check.require(
-      kv_c_out.ndim() == 2 && kv_c_out.size(1) == kMlaKvLoraRank, ErrorCategory::kInvalidArgument,
-      concat("`kv_c_out`: expected [tokens, ", kMlaKvLoraRank, "], got ", kv_c_out.describe()));
+  check.require(kv_c_out.ndim() == 2 && kv_c_out.size(1) == kMlaKvLoraRank,
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("`kv_c_out`: expected [tokens, ", kMlaKvLoraRank, "], got ",
+                                kv_c_out.describe());
+                });
   p.kv_c_out = shared_rows(check, kv_c_out, "kv_c_out", kMlaKvLoraRank);
   p.k_pe_out = shared_rows(check, k_pe_out, "k_pe_out", kMlaRopeDim);
   const std::int64_t tokens = p.kv_c_out.tokens;

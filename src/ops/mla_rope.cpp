@@ -52,19 +52,22 @@ std::vector<double> inverse_frequencies(const RopeConfig& config, double& magnit
 }
 
 void check_config(const ArgChecker& check, const RopeConfig& config) {
-  check.require(config.rope_dim > 0 && config.rope_dim % 2 == 0, ErrorCategory::kInvalidArgument,
-                concat("expected an even, positive rope_dim, got ", config.rope_dim));
+  check.require(
+      config.rope_dim > 0 && config.rope_dim % 2 == 0, ErrorCategory::kInvalidArgument,
+      [&] { return concat("expected an even, positive rope_dim, got ", config.rope_dim); });
   check.require(config.theta > 1.0 && std::isfinite(config.theta), ErrorCategory::kInvalidArgument,
-                concat("expected a finite theta > 1, got ", config.theta));
+                [&] { return concat("expected a finite theta > 1, got ", config.theta); });
   if (!config.yarn) return;
   const YarnScaling& y = *config.yarn;
   check.require(y.factor > 0.0 && std::isfinite(y.factor), ErrorCategory::kInvalidArgument,
-                concat("yarn: expected a finite factor > 0, got ", y.factor));
-  check.require(y.original_max_position > 0, ErrorCategory::kInvalidArgument,
-                concat("yarn: expected original_max_position > 0, got ", y.original_max_position));
-  check.require(y.beta_fast > 0.0 && y.beta_slow > 0.0, ErrorCategory::kInvalidArgument,
-                concat("yarn: expected beta_fast and beta_slow > 0, got ", y.beta_fast, " and ",
-                       y.beta_slow));
+                [&] { return concat("yarn: expected a finite factor > 0, got ", y.factor); });
+  check.require(y.original_max_position > 0, ErrorCategory::kInvalidArgument, [&] {
+    return concat("yarn: expected original_max_position > 0, got ", y.original_max_position);
+  });
+  check.require(y.beta_fast > 0.0 && y.beta_slow > 0.0, ErrorCategory::kInvalidArgument, [&] {
+    return concat("yarn: expected beta_fast and beta_slow > 0, got ", y.beta_fast, " and ",
+                  y.beta_slow);
+  });
 }
 
 // A [T, heads, dim] view (or [T, dim] when `shared`, also accepted as [T, 1, dim]) with a
@@ -77,11 +80,12 @@ TokenHeads token_heads(const ArgChecker& check, const TensorView& t, std::string
       shared ? (t.ndim() == 2 && t.size(0) == tokens && t.size(1) == dim) ||
                    (t.ndim() == 3 && t.size(0) == tokens && t.size(1) == 1 && t.size(2) == dim)
              : t.ndim() == 3 && t.size(0) == tokens && t.size(1) == heads && t.size(2) == dim;
-  check.require(shape_ok, ErrorCategory::kInvalidArgument,
-                shared ? concat("`", name, "`: expected [T, ", dim, "] or [T, 1, ", dim,
-                                "] with T = ", tokens, ", got ", t.describe())
-                       : concat("`", name, "`: expected [T, H, ", dim, "] = [", tokens, ", ", heads,
-                                ", ", dim, "], got ", t.describe()));
+  check.require(shape_ok, ErrorCategory::kInvalidArgument, [&] {
+    return shared ? concat("`", name, "`: expected [T, ", dim, "] or [T, 1, ", dim,
+                           "] with T = ", tokens, ", got ", t.describe())
+                  : concat("`", name, "`: expected [T, H, ", dim, "] = [", tokens, ", ", heads,
+                           ", ", dim, "], got ", t.describe());
+  });
   check.contiguous_last_dim(t, name);
   check.aligned(t, name, int(dtype_size(dtype)));
   TokenHeads th;
@@ -99,10 +103,11 @@ TokenHeads token_heads(const ArgChecker& check, const TensorView& t, std::string
 const void* index_vector(const ArgChecker& check, const TensorView& t, std::string_view name,
                          std::int64_t tokens) {
   check.dtype(t, name, {DType::kI32, DType::kI64});
-  check.require(
-      t.ndim() == 1 && t.size(0) == tokens && (tokens <= 1 || t.stride(0) == 1),
-      ErrorCategory::kInvalidArgument,
-      concat("`", name, "`: expected a contiguous [T] = [", tokens, "], got ", t.describe()));
+  check.require(t.ndim() == 1 && t.size(0) == tokens && (tokens <= 1 || t.stride(0) == 1),
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("`", name, "`: expected a contiguous [T] = [", tokens, "], got ",
+                                t.describe());
+                });
   check.aligned(t, name, int(dtype_size(t.dtype())));
   return t.data();
 }
@@ -152,14 +157,16 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
   MlaRopeQuantizeParams p;
 
   check.dtype(args.q_nope, "q_nope", {DType::kBF16, DType::kF16});
-  check.require(
-      args.q_nope.ndim() == 3 && args.q_nope.size(2) == kMlaNopeDim,
-      ErrorCategory::kInvalidArgument,
-      concat("`q_nope`: expected [T, H, ", kMlaNopeDim, "], got ", args.q_nope.describe()));
+  check.require(args.q_nope.ndim() == 3 && args.q_nope.size(2) == kMlaNopeDim,
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("`q_nope`: expected [T, H, ", kMlaNopeDim, "], got ",
+                                args.q_nope.describe());
+                });
   const DType in = args.q_nope.dtype();
   const std::int64_t tokens = args.q_nope.size(0), heads = args.q_nope.size(1);
-  check.require(heads >= 1, ErrorCategory::kInvalidArgument,
-                concat("`q_nope`: expected at least one head, got ", args.q_nope.describe()));
+  check.require(heads >= 1, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`q_nope`: expected at least one head, got ", args.q_nope.describe());
+  });
   p.tokens = tokens;
   p.heads = heads;
   p.q_nope = token_heads(check, args.q_nope, "q_nope", in, tokens, heads, kMlaNopeDim, false);
@@ -175,9 +182,10 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
   const TensorView& cs = args.cos_sin;
   check.dtype(cs, "cos_sin", {DType::kF32});
   check.require(cs.ndim() == 2 && cs.size(1) == kMlaRopeDim && cs.stride(1) == 1,
-                ErrorCategory::kInvalidArgument,
-                concat("`cos_sin`: expected [max_pos, ", kMlaRopeDim,
-                       "] with contiguous rows (make_cos_sin_cache), got ", cs.describe()));
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("`cos_sin`: expected [max_pos, ", kMlaRopeDim,
+                                "] with contiguous rows (make_cos_sin_cache), got ", cs.describe());
+                });
   check.aligned(cs, "cos_sin", 4);
   p.cos_sin = cs.data_as<const float>();
   p.max_pos = cs.size(0);
@@ -199,18 +207,21 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
   if (args.cache_write) {
     const LatentCacheWrite& w = *args.cache_write;
     p.cache_write = true;
-    check.require(
-        args.kv_c.data() != nullptr || tokens == 0, ErrorCategory::kInvalidArgument,
-        concat("`kv_c`: required with cache_write (bf16/f16 [T, ", kMlaKvLoraRank, "]), got none"));
+    check.require(args.kv_c.data() != nullptr || tokens == 0, ErrorCategory::kInvalidArgument, [&] {
+      return concat("`kv_c`: required with cache_write (bf16/f16 [T, ", kMlaKvLoraRank,
+                    "]), got none");
+    });
     p.kv_c = token_heads(check, args.kv_c, "kv_c", in, tokens, 1, kMlaKvLoraRank, true);
     const TensorView& c = w.cache;
     check.dtype(c, "cache", {DType::kE4M3});
     check.require(c.ndim() == 3 && c.size(2) == kMlaLatentDim && c.stride(2) == 1,
-                  ErrorCategory::kInvalidArgument,
-                  concat("`cache`: expected [num_pages, page_size, ", kMlaLatentDim,
-                         "] with contiguous rows, got ", c.describe()));
-    check.require(c.size(1) >= 1 && c.size(1) <= 128, ErrorCategory::kUnsupported,
-                  concat("`cache`: expected a page size from 1 to 128, got ", c.describe()));
+                  ErrorCategory::kInvalidArgument, [&] {
+                    return concat("`cache`: expected [num_pages, page_size, ", kMlaLatentDim,
+                                  "] with contiguous rows, got ", c.describe());
+                  });
+    check.require(c.size(1) >= 1 && c.size(1) <= 128, ErrorCategory::kUnsupported, [&] {
+      return concat("`cache`: expected a page size from 1 to 128, got ", c.describe());
+    });
     p.cache.cache = c.data_as<std::uint8_t>();
     p.cache.num_pages = c.size(0);
     p.cache.page_size = c.size(1);
@@ -224,9 +235,10 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
     if (w.error_flag.data() != nullptr) {
       check.dtype(w.error_flag, "error_flag", {DType::kI32});
       check.require(w.error_flag.numel() == 1 && w.error_flag.ndim() <= 1,
-                    ErrorCategory::kInvalidArgument,
-                    concat("`error_flag`: expected one i32 of shape [] or [1], got ",
-                           w.error_flag.describe()));
+                    ErrorCategory::kInvalidArgument, [&] {
+                      return concat("`error_flag`: expected one i32 of shape [] or [1], got ",
+                                    w.error_flag.describe());
+                    });
       check.aligned(w.error_flag, "error_flag", 4);
       check_devices(check, device, {{&w.error_flag, "error_flag"}});
       p.cache.error_flag = w.error_flag.data_as<std::int32_t>();

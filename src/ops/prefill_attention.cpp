@@ -1,12 +1,12 @@
 // Argument checks of prefill_attention (fp8mla/attention.hpp), then the CPU reference or the
 // Hopper kernel (src/cuda/attention), whose TMA loads add alignment and layout requirements.
-#include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
-#include <vector>
+#include <utility>
 
 #include "core/check.hpp"
 #include "fp8mla/attention.hpp"
@@ -20,13 +20,15 @@ namespace {
 const float* scalar_f32(const ArgChecker& check, const TensorView& t, std::string_view name,
                         Device device) {
   check.require(t.data() != nullptr, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected one f32 for FP8 inputs, got none"));
+                [&] { return concat("`", name, "`: expected one f32 for FP8 inputs, got none"); });
   check.dtype(t, name, {DType::kF32});
-  check.require(t.numel() == 1 && t.ndim() <= 1, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected one f32 of shape [] or [1], got ", t.describe()));
-  check.require(t.device() == device, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected a tensor on ", to_string(device),
-                       ", the device of `q`, got ", t.describe()));
+  check.require(t.numel() == 1 && t.ndim() <= 1, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected one f32 of shape [] or [1], got ", t.describe());
+  });
+  check.require(t.device() == device, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected a tensor on ", to_string(device),
+                  ", the device of `q`, got ", t.describe());
+  });
   check.aligned(t, name, 4);
   return t.data_as<const float>();
 }
@@ -37,31 +39,38 @@ void check_shape(const ArgChecker& check, const TensorView& t, std::string_view 
   bool same = t.ndim() == int(shape.size());
   int d = 0;
   for (auto it = shape.begin(); same && it != shape.end(); ++it, ++d) same = t.size(d) == *it;
-  if (same) return;
-  std::string expected;
-  for (std::int64_t s : shape) expected += concat(expected.empty() ? "" : ", ", s);
-  check.require(false, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected [", expected, "] (", what, "), got ", t.describe()));
+  check.require(same, ErrorCategory::kInvalidArgument, [&] {
+    std::string expected;
+    for (std::int64_t s : shape) expected += concat(expected.empty() ? "" : ", ", s);
+    return concat("`", name, "`: expected [", expected, "] (", what, "), got ", t.describe());
+  });
 }
 
 // No two elements of `t` share memory: ordered by stride, each dim of size > 1 has a positive
 // stride at least the span of the dims before it.
 void check_no_overlap(const ArgChecker& check, const TensorView& t, std::string_view name) {
   if (t.empty()) return;
-  std::vector<std::pair<std::int64_t, std::int64_t>> dims;  // (stride, size)
+  // (stride, size) of the dims of size > 1, in increasing order (insertion sort: at most kMaxDims).
+  std::array<std::pair<std::int64_t, std::int64_t>, kMaxDims> dims;
+  int n = 0;
   for (int d = 0; d < t.ndim(); ++d) {
-    if (t.size(d) > 1) dims.emplace_back(t.stride(d), t.size(d));
+    if (t.size(d) <= 1) continue;
+    const std::pair<std::int64_t, std::int64_t> dim{t.stride(d), t.size(d)};
+    int i = n++;
+    for (; i > 0 && dim < dims[i - 1]; --i) dims[i] = dims[i - 1];
+    dims[i] = dim;
   }
-  std::sort(dims.begin(), dims.end());
   bool ok = true;
   std::int64_t span = 1;  // elements covered by the dims so far
-  for (const auto& [stride, size] : dims) {
+  for (int i = 0; i < n; ++i) {
+    const auto& [stride, size] = dims[i];
     ok = ok && stride > 0 && stride >= span;
     span = stride * (size - 1) + span;
   }
-  check.require(
-      ok, ErrorCategory::kInvalidArgument,
-      concat("`", name, "`: expected strides that keep every element apart, got ", t.describe()));
+  check.require(ok, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected strides that keep every element apart, got ",
+                  t.describe());
+  });
 }
 
 // q, k, out: 3 dims, contiguous last dim, aligned to their element size.
@@ -76,10 +85,12 @@ bool check_v_layout(const ArgChecker& check, const TensorView& v) {
   check.ndim(v, "v", 3);
   check.aligned(v, "v", int(dtype_size(v.dtype())));
   const bool transposed = v.stride(0) == 1 && v.size(2) > 1;
-  check.require(v.stride(2) == 1 || transposed, ErrorCategory::kInvalidArgument,
-                concat("`v`: expected a contiguous last dim (token-major) or contiguous tokens "
-                       "(transposed, [H, Dv, Tk] memory), got ",
-                       v.describe()));
+  check.require(v.stride(2) == 1 || transposed, ErrorCategory::kInvalidArgument, [&] {
+    return concat(
+        "`v`: expected a contiguous last dim (token-major) or contiguous tokens "
+        "(transposed, [H, Dv, Tk] memory), got ",
+        v.describe());
+  });
   return transposed;
 }
 
@@ -90,9 +101,10 @@ void check_tma_operand(const ArgChecker& check, const TensorView& t, std::string
   check.aligned(t, name, 16);
   for (int d : dims) {
     const std::int64_t bytes = t.stride(d) * std::int64_t(dtype_size(t.dtype()));
-    check.require(t.size(d) <= 1 || bytes % 16 == 0, ErrorCategory::kInvalidArgument,
-                  concat("`", name, "`: the CUDA kernel needs the stride of dim ", d,
-                         " to be a multiple of 16 bytes, got ", t.describe()));
+    check.require(t.size(d) <= 1 || bytes % 16 == 0, ErrorCategory::kInvalidArgument, [&] {
+      return concat("`", name, "`: the CUDA kernel needs the stride of dim ", d,
+                    " to be a multiple of 16 bytes, got ", t.describe());
+    });
   }
 }
 
@@ -103,16 +115,20 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
   check_tma_operand(check, args.k, "k", {0, 1});
   if (fp8) {
     // FP8 wgmma reads both operands K-major, so P V needs V with the keys contiguous.
-    check.require(v_transposed, ErrorCategory::kInvalidArgument,
-                  concat("`v`: the CUDA kernel needs e4m3 V transposed (contiguous tokens, e.g. "
-                         "mla_kv_pack_quantize_fp8 with VLayout::kTransposed), got ",
-                         args.v.describe()));
+    check.require(v_transposed, ErrorCategory::kInvalidArgument, [&] {
+      return concat(
+          "`v`: the CUDA kernel needs e4m3 V transposed (contiguous tokens, e.g. "
+          "mla_kv_pack_quantize_fp8 with VLayout::kTransposed), got ",
+          args.v.describe());
+    });
     check_tma_operand(check, args.v, "v", {1, 2});
   } else {
-    check.require(!v_transposed, ErrorCategory::kInvalidArgument,
-                  concat("`v`: the CUDA kernel needs bf16 V token-major (contiguous last dim), "
-                         "got ",
-                         args.v.describe()));
+    check.require(!v_transposed, ErrorCategory::kInvalidArgument, [&] {
+      return concat(
+          "`v`: the CUDA kernel needs bf16 V token-major (contiguous last dim), "
+          "got ",
+          args.v.describe());
+    });
     check_tma_operand(check, args.v, "v", {0, 1});
   }
   // The grid is sized by max_seqlen_q and the host cannot read cu_seqlens: catch the bounds that
@@ -120,32 +136,37 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
   const std::int64_t batch = args.cu_seqlens_q.size(0) - 1;
   check.require(std::int64_t(args.max_seqlen_q) * batch >= args.q.size(0) &&
                     std::int64_t(args.max_seqlen_k) * batch >= args.k.size(0),
-                ErrorCategory::kInvalidArgument,
-                concat("max_seqlen_q (", args.max_seqlen_q, ") and max_seqlen_k (",
-                       args.max_seqlen_k, ") cannot bound ", batch, " sequences of ",
-                       args.q.size(0), " queries and ", args.k.size(0), " keys in all"));
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("max_seqlen_q (", args.max_seqlen_q, ") and max_seqlen_k (",
+                                args.max_seqlen_k, ") cannot bound ", batch, " sequences of ",
+                                args.q.size(0), " queries and ", args.k.size(0), " keys in all");
+                });
   // The kernel takes each row's max on unscaled scores (scale folded into the exponent).
-  check.require(args.softmax_scale > 0.0f, ErrorCategory::kInvalidArgument,
-                concat("the CUDA kernel needs softmax_scale > 0, got ", args.softmax_scale));
+  check.require(args.softmax_scale > 0.0f, ErrorCategory::kInvalidArgument, [&] {
+    return concat("the CUDA kernel needs softmax_scale > 0, got ", args.softmax_scale);
+  });
   // The epilogue stores pairs of bf16.
   check.aligned(args.out, "out", 4);
   for (int d : {0, 1}) {
     check.require(args.out.size(d) <= 1 || args.out.stride(d) % 2 == 0,
-                  ErrorCategory::kInvalidArgument,
-                  concat("`out`: the CUDA kernel needs even token and head strides, got ",
-                         args.out.describe()));
+                  ErrorCategory::kInvalidArgument, [&] {
+                    return concat("`out`: the CUDA kernel needs even token and head strides, got ",
+                                  args.out.describe());
+                  });
   }
   check.require(args.cu_seqlens_q.size(0) - 1 <= 65535 && args.q.size(1) <= 65535,
-                ErrorCategory::kInvalidArgument,
-                concat("the CUDA kernel takes at most 65535 sequences and heads, got ",
-                       args.cu_seqlens_q.size(0) - 1, " and ", args.q.size(1)));
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("the CUDA kernel takes at most 65535 sequences and heads, got ",
+                                args.cu_seqlens_q.size(0) - 1, " and ", args.q.size(1));
+                });
 }
 
 void check_cu_seqlens(const ArgChecker& check, const TensorView& t, std::string_view name) {
   check.dtype(t, name, {DType::kI32});
   check.ndim(t, name, 1);
-  check.require(t.size(0) >= 1, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected [batch + 1] with batch >= 0, got ", t.describe()));
+  check.require(t.size(0) >= 1, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected [batch + 1] with batch >= 0, got ", t.describe());
+  });
   check.contiguous_last_dim(t, name);
   check.aligned(t, name, 4);
 }
@@ -155,20 +176,23 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
                              std::int64_t total, int max_seqlen, std::string_view name,
                              std::string_view max_name, std::string_view tokens_of) {
   check.require(cu[0] == 0, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected 0 first, got ", cu[0]));
+                [&] { return concat("`", name, "`: expected 0 first, got ", cu[0]); });
   for (std::int64_t b = 0; b < batch; ++b) {
-    check.require(cu[b + 1] >= cu[b], ErrorCategory::kInvalidArgument,
-                  concat("`", name, "`: expected non-decreasing offsets, got ", cu[b], " then ",
-                         cu[b + 1], " at index ", b + 1));
+    check.require(cu[b + 1] >= cu[b], ErrorCategory::kInvalidArgument, [&] {
+      return concat("`", name, "`: expected non-decreasing offsets, got ", cu[b], " then ",
+                    cu[b + 1], " at index ", b + 1);
+    });
   }
-  check.require(cu[batch] == total, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected ", total, " (the tokens of `", tokens_of,
-                       "`) last, got ", cu[batch]));
+  check.require(cu[batch] == total, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected ", total, " (the tokens of `", tokens_of, "`) last, got ",
+                  cu[batch]);
+  });
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t len = std::int64_t(cu[b + 1]) - cu[b];
-    check.require(len <= max_seqlen, ErrorCategory::kInvalidArgument,
-                  concat("`", max_name, "` (", max_seqlen, ") is smaller than the length ", len,
-                         " of sequence ", b, " in `", name, "`"));
+    check.require(len <= max_seqlen, ErrorCategory::kInvalidArgument, [&] {
+      return concat("`", max_name, "` (", max_seqlen, ") is smaller than the length ", len,
+                    " of sequence ", b, " in `", name, "`");
+    });
   }
 }
 
@@ -198,12 +222,14 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
 
   // dtypes
   check.dtype(q, "q", {DType::kE4M3, DType::kBF16});
-  check.require(k.dtype() == q.dtype(), ErrorCategory::kInvalidArgument,
-                concat("`k` dtype: expected ", dtype_name(q.dtype()), " (the dtype of `q`), got ",
-                       dtype_name(k.dtype())));
-  check.require(v.dtype() == q.dtype(), ErrorCategory::kInvalidArgument,
-                concat("`v` dtype: expected ", dtype_name(q.dtype()), " (the dtype of `q`), got ",
-                       dtype_name(v.dtype())));
+  check.require(k.dtype() == q.dtype(), ErrorCategory::kInvalidArgument, [&] {
+    return concat("`k` dtype: expected ", dtype_name(q.dtype()), " (the dtype of `q`), got ",
+                  dtype_name(k.dtype()));
+  });
+  check.require(v.dtype() == q.dtype(), ErrorCategory::kInvalidArgument, [&] {
+    return concat("`v` dtype: expected ", dtype_name(q.dtype()), " (the dtype of `q`), got ",
+                  dtype_name(v.dtype()));
+  });
   check.dtype(out, "out", {DType::kBF16});
   if (has_lse) check.dtype(args.lse, "lse", {DType::kF32});
 
@@ -213,15 +239,18 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   const bool v_transposed = check_v_layout(check, v);
   const std::int64_t tq = q.size(0), heads = q.size(1), dqk = q.size(2);
   const std::int64_t tk = k.size(0), dv = v.size(2);
-  check.require(dqk == 192 || dqk == 128 || dqk == 64, ErrorCategory::kUnsupported,
-                concat("`q`: expected a head dim of 192, 128 or 64, got ", q.describe()));
+  check.require(dqk == 192 || dqk == 128 || dqk == 64, ErrorCategory::kUnsupported, [&] {
+    return concat("`q`: expected a head dim of 192, 128 or 64, got ", q.describe());
+  });
   check_shape(check, k, "k", {tk, heads, dqk}, "[Tk, H, Dqk] with H and Dqk of `q`");
-  check.require(dv == 128 || dv == 64, ErrorCategory::kUnsupported,
-                concat("`v`: expected a head dim of 128 or 64, got ", v.describe()));
+  check.require(dv == 128 || dv == 64, ErrorCategory::kUnsupported, [&] {
+    return concat("`v`: expected a head dim of 128 or 64, got ", v.describe());
+  });
   check_shape(check, v, "v", {tk, heads, dv}, "[Tk, H, Dv] with Tk of `k` and H of `q`");
-  check.require(tq <= INT32_MAX && tk <= INT32_MAX, ErrorCategory::kInvalidArgument,
-                concat("expected at most 2^31 - 1 tokens (i32 cu_seqlens), got q ", q.describe(),
-                       ", k ", k.describe()));
+  check.require(tq <= INT32_MAX && tk <= INT32_MAX, ErrorCategory::kInvalidArgument, [&] {
+    return concat("expected at most 2^31 - 1 tokens (i32 cu_seqlens), got q ", q.describe(), ", k ",
+                  k.describe());
+  });
   check_token_head_dim(check, out, "out");
   check_shape(check, out, "out", {tq, heads, dv}, "[Tq, H, Dv]");
   check_no_overlap(check, out, "out");
@@ -233,14 +262,18 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   check_cu_seqlens(check, args.cu_seqlens_q, "cu_seqlens_q");
   check_cu_seqlens(check, args.cu_seqlens_k, "cu_seqlens_k");
   check.require(args.cu_seqlens_q.size(0) == args.cu_seqlens_k.size(0),
-                ErrorCategory::kInvalidArgument,
-                concat("`cu_seqlens_k`: expected the length of `cu_seqlens_q` (",
-                       args.cu_seqlens_q.size(0), "), got ", args.cu_seqlens_k.describe()));
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("`cu_seqlens_k`: expected the length of `cu_seqlens_q` (",
+                                args.cu_seqlens_q.size(0), "), got ", args.cu_seqlens_k.describe());
+                });
   check.require(args.max_seqlen_q >= 0 && args.max_seqlen_k >= 0, ErrorCategory::kInvalidArgument,
-                concat("expected max_seqlen_q and max_seqlen_k >= 0, got ", args.max_seqlen_q,
-                       " and ", args.max_seqlen_k));
-  check.require(std::isfinite(args.softmax_scale), ErrorCategory::kInvalidArgument,
-                concat("expected a finite softmax_scale, got ", args.softmax_scale));
+                [&] {
+                  return concat("expected max_seqlen_q and max_seqlen_k >= 0, got ",
+                                args.max_seqlen_q, " and ", args.max_seqlen_k);
+                });
+  check.require(std::isfinite(args.softmax_scale), ErrorCategory::kInvalidArgument, [&] {
+    return concat("expected a finite softmax_scale, got ", args.softmax_scale);
+  });
 
   // devices
   const Device device = q.device();

@@ -21,17 +21,19 @@ Rows rows_of(const ArgChecker& check, const TensorView& t, std::string_view name
 void check_same_shape(const ArgChecker& check, const TensorView& input, const TensorView& out) {
   bool same = input.ndim() == out.ndim();
   for (int d = 0; same && d < input.ndim(); ++d) same = input.size(d) == out.size(d);
-  check.require(same, ErrorCategory::kInvalidArgument,
-                concat("`out`: expected the shape of `input` (", input.describe(), "), got ",
-                       out.describe()));
+  check.require(same, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`out`: expected the shape of `input` (", input.describe(), "), got ",
+                  out.describe());
+  });
 }
 
 // A single f32 (shape [] or [1]) on `device`.
 const float* scalar_f32(const ArgChecker& check, const TensorView& t, std::string_view name,
                         Device device) {
   check.dtype(t, name, {DType::kF32});
-  check.require(t.numel() == 1 && t.ndim() <= 1, ErrorCategory::kInvalidArgument,
-                concat("`", name, "`: expected one f32 of shape [] or [1], got ", t.describe()));
+  check.require(t.numel() == 1 && t.ndim() <= 1, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected one f32 of shape [] or [1], got ", t.describe());
+  });
   check.device(t, name, device);
   check.aligned(t, name, 4);
   return t.data_as<const float>();
@@ -95,12 +97,13 @@ void quantize_fp8_per_token_group(const TensorView& input, const TensorView& out
   QuantizeGroupParams p;
   std::tie(p.input, p.out) = fp8_rows(check, input, out, {DType::kE4M3});
   check.require(options.group_size == 64 || options.group_size == 128, ErrorCategory::kUnsupported,
-                concat("expected group_size 64 or 128, got ", options.group_size));
-  check.require(p.input.cols % options.group_size == 0, ErrorCategory::kInvalidArgument,
-                concat("`input`: expected the last dim to be a multiple of group_size ",
-                       options.group_size, ", got ", input.describe()));
+                [&] { return concat("expected group_size 64 or 128, got ", options.group_size); });
+  check.require(p.input.cols % options.group_size == 0, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`input`: expected the last dim to be a multiple of group_size ",
+                  options.group_size, ", got ", input.describe());
+  });
   check.require(options.eps > 0.0f, ErrorCategory::kInvalidArgument,
-                concat("expected eps > 0, got ", options.eps));
+                [&] { return concat("expected eps > 0, got ", options.eps); });
   p.group_size = options.group_size;
   p.eps = options.eps;
 
@@ -112,10 +115,11 @@ void quantize_fp8_per_token_group(const TensorView& input, const TensorView& out
   const bool packed = scales.dtype() == DType::kI32;
   const std::int64_t scale_cols = packed ? (groups + 3) / 4 : groups;
   check.require(scales.size(0) == p.input.rows && scales.size(1) == scale_cols,
-                ErrorCategory::kInvalidArgument,
-                concat("`scales`: expected [", p.input.rows, ", ", scale_cols, "] (",
-                       packed ? "packed UE8M0 words for " : "", groups, " groups of ", p.group_size,
-                       " per row), got ", scales.describe()));
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("`scales`: expected [", p.input.rows, ", ", scale_cols, "] (",
+                                packed ? "packed UE8M0 words for " : "", groups, " groups of ",
+                                p.group_size, " per row), got ", scales.describe());
+                });
   // Distinct scales must not share memory: one dim's stride spans the whole other dim.
   const std::int64_t s0 = scales.stride(0), s1 = scales.stride(1);
   const std::int64_t n0 = scales.size(0), n1 = scales.size(1);
@@ -123,9 +127,10 @@ void quantize_fp8_per_token_group(const TensorView& input, const TensorView& out
       n0 == 0 || n1 == 0 ||  // an empty tensor has nothing to overlap
       (n0 == 1 || n1 == 1 ? (n0 == 1 || s0 > 0) && (n1 == 1 || s1 > 0)
                           : (s1 > 0 && s0 >= s1 * n1) || (s0 > 0 && s1 >= s0 * n0));
-  check.require(
-      disjoint, ErrorCategory::kInvalidArgument,
-      concat("`scales`: expected strides that keep every scale apart, got ", scales.describe()));
+  check.require(disjoint, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`scales`: expected strides that keep every scale apart, got ",
+                  scales.describe());
+  });
   p.scales = scales.data();
   p.scale_row_stride = s0;
   p.scale_col_stride = s1;
@@ -150,16 +155,20 @@ void quantize_nvfp4(const TensorView& input, const TensorView& out, const Tensor
   check_devices(check, input.device(), {{&out, "out"}, {&block_scales, "block_scales"}});
   check.aligned(input, "input", dtype_size(input.dtype()));
   p.input = rows_of(check, input, "input");
-  check.require(p.input.cols % 16 == 0, ErrorCategory::kInvalidArgument,
-                concat("`input`: expected the last dim to be a multiple of 16 (the NVFP4 block), "
-                       "got ",
-                       input.describe()));
+  check.require(p.input.cols % 16 == 0, ErrorCategory::kInvalidArgument, [&] {
+    return concat(
+        "`input`: expected the last dim to be a multiple of 16 (the NVFP4 block), "
+        "got ",
+        input.describe());
+  });
   bool out_shape = out.ndim() == input.ndim() && out.size(-1) * 2 == p.input.cols;
   for (int d = 0; out_shape && d + 1 < input.ndim(); ++d) out_shape = out.size(d) == input.size(d);
-  check.require(out_shape, ErrorCategory::kInvalidArgument,
-                concat("`out`: expected the shape of `input` with the last dim halved (two fp4 "
-                       "values per byte), input ",
-                       input.describe(), ", got ", out.describe()));
+  check.require(out_shape, ErrorCategory::kInvalidArgument, [&] {
+    return concat(
+        "`out`: expected the shape of `input` with the last dim halved (two fp4 "
+        "values per byte), input ",
+        input.describe(), ", got ", out.describe());
+  });
   p.out = rows_of(check, out, "out");
   p.global_scale = scalar_f32(check, global_scale, "global_scale", input.device());
   p.layout = layout;
@@ -169,9 +178,10 @@ void quantize_nvfp4(const TensorView& input, const TensorView& out, const Tensor
   if (layout == Nvfp4ScaleLayout::kLinear) {
     check.require(
         block_scales.ndim() == 2 && block_scales.size(0) == m && block_scales.size(1) == k_blocks,
-        ErrorCategory::kInvalidArgument,
-        concat("`block_scales` (linear layout): expected [", m, ", ", k_blocks, "], got ",
-               block_scales.describe()));
+        ErrorCategory::kInvalidArgument, [&] {
+          return concat("`block_scales` (linear layout): expected [", m, ", ", k_blocks, "], got ",
+                        block_scales.describe());
+        });
     p.scale_row_stride = check.rows(block_scales, "block_scales").row_stride;
   } else {
     const std::int64_t m_tiles = (m + 127) / 128, k_tiles = (k_blocks + 3) / 4;
@@ -181,9 +191,11 @@ void quantize_nvfp4(const TensorView& input, const TensorView& out, const Tensor
     const bool as_2d = block_scales.ndim() == 2 && block_scales.size(0) == m_tiles * 128 &&
                        block_scales.size(1) == k_tiles * 4;
     check.require((as_5d || as_2d) && block_scales.is_contiguous(), ErrorCategory::kInvalidArgument,
-                  concat("`block_scales` (128x4 swizzled layout): expected contiguous [", m_tiles,
-                         ", ", k_tiles, ", 32, 4, 4] or [", m_tiles * 128, ", ", k_tiles * 4,
-                         "], got ", block_scales.describe()));
+                  [&] {
+                    return concat("`block_scales` (128x4 swizzled layout): expected contiguous [",
+                                  m_tiles, ", ", k_tiles, ", 32, 4, 4] or [", m_tiles * 128, ", ",
+                                  k_tiles * 4, "], got ", block_scales.describe());
+                  });
   }
   if (m == 0) return;
   dispatch(
