@@ -1,7 +1,7 @@
 // MlaLayer on a CUDA device: the projections through cuBLASLt (cuda/model/cublas_linear), RMSNorm
 // and the BF16 path's RoPE through the layer's kernels (cuda/model/layer_kernels), everything else
 // through fp8mla's ops and the attention backend, in the CPU layer's order. Device memory comes
-// from the caller's workspace, carved per call by the same walk that sizes it.
+// from the caller's workspace (model/mla_workspace).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "cuda/common/runtime.hpp"
+#include "cuda/common/stage_timer.hpp"
 #include "cuda/model/cublas_linear.hpp"
 #include "cuda/model/layer_kernels.hpp"
 #include "fp8mla/attention.hpp"
@@ -19,6 +20,7 @@
 #include "fp8mla/quantize.hpp"
 #include "model/cpu_math.hpp"
 #include "model/mla_layer_impl.hpp"
+#include "model/mla_workspace.hpp"
 
 namespace fp8mla {
 namespace {
@@ -29,16 +31,6 @@ using cuda::model::LinearFormat;
 
 // Rows a projection plan accepts (the prefix keys of one attention call pass kv_b too).
 constexpr std::int64_t kMaxGemmRows = std::int64_t(1) << 20;
-constexpr std::size_t kAlign = 256;
-
-std::int64_t round_up(std::int64_t x, std::int64_t m) {
-  return (x + m - 1) / m * m;
-}
-
-// Bytes between the dims of a transposed e4m3 V of n tokens: TMA wants 16-byte steps.
-std::int64_t v_pitch(std::int64_t n) {
-  return round_up(std::max<std::int64_t>(n, 1), 16);
-}
 
 // Device memory the layer owns (its weights).
 class DeviceBuffer {
@@ -113,172 +105,6 @@ struct Projection {
   }
 };
 
-// The batch sizes the workspace is carved for: from a batch, or from MlaWorkspaceLimits (every
-// buffer grows with each of them, so limits that bound a batch give a workspace that holds it).
-struct WorkSizes {
-  std::int64_t tokens = 0, sequences = 0;
-  std::int64_t prefix_rows = 0;      // all prefix tokens of the batch
-  std::int64_t one_shot_prefix = 0;  // prefix keys attended one-shot
-  std::int64_t chunk_keys = 0;       // keys of the largest prefix chunk
-  std::int64_t chunks = 0;
-  bool fp8 = false;
-  std::int64_t prefix_keys() const { return std::max(one_shot_prefix, chunk_keys); }
-};
-
-// Hands out 256-byte aligned pieces of the workspace; with a null base it only counts bytes.
-class Carver {
- public:
-  explicit Carver(std::byte* base) : base_(base) {}
-  template <typename T>
-  T* take(std::int64_t count) {
-    offset_ = round_up(std::int64_t(offset_), kAlign);
-    T* p = base_ != nullptr ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
-    offset_ += std::size_t(std::max<std::int64_t>(count, 0)) * sizeof(T);
-    return p;
-  }
-  std::size_t bytes() const { return offset_; }
-
- private:
-  std::byte* base_;
-  std::size_t offset_ = 0;
-};
-
-// The workspace's pieces. Names say what each holds; u8 ones hold e4m3.
-struct Buffers {
-  // Batch metadata, one host-to-device copy: [meta_begin, meta_end).
-  std::byte *meta_begin, *meta_end;
-  std::int64_t *positions, *slots, *prefix_rows;
-  std::int32_t *cu_q, *cu_k_one_shot, *chunk_cu_k;
-  float* descales;  // q, k, v
-  // GEMM inputs quantized per 128-group, and their column-major scales.
-  std::uint8_t* gemm_x;
-  float* gemm_x_scales;
-  std::uint16_t *q_a, *q_a_norm, *kv_a, *kv_c, *q, *kv;  // projections of the extend tokens
-  std::uint8_t *q8, *k8, *v8;                            // FP8 path: Q, K, V transposed
-  std::uint16_t *k16, *k_pe16;                           // BF16 path: K, the RoPE'd k_pe
-  std::uint16_t *prefix_c, *prefix_pe, *prefix_kv;       // prefix keys: latent rows, kv_b
-  std::uint8_t *prefix_k8, *prefix_v8;
-  std::uint16_t* prefix_k16;
-  std::uint8_t *one_shot_k, *one_shot_v;  // each sequence's prefix then extend keys
-  std::uint16_t* attn;                    // [T, H, 128]
-  float* lse;
-  std::uint16_t* chunk_out;
-  float* chunk_lse;
-  std::byte* cublas;
-  std::size_t cublas_bytes;
-};
-
-Buffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
-  const std::int64_t T = s.tokens, B = s.sequences, H = c.heads, P = s.prefix_keys();
-  const std::int64_t one_shot = s.one_shot_prefix > 0 ? s.one_shot_prefix + T : 0;
-  const int eb = s.fp8 ? 1 : 2;
-  Buffers b{};
-  b.positions = w.take<std::int64_t>(T);
-  b.meta_begin = reinterpret_cast<std::byte*>(b.positions);
-  b.slots = w.take<std::int64_t>(T);
-  b.prefix_rows = w.take<std::int64_t>(s.prefix_rows);
-  b.cu_q = w.take<std::int32_t>(B + 1);
-  b.cu_k_one_shot = w.take<std::int32_t>(B + 1);
-  b.chunk_cu_k = w.take<std::int32_t>(s.chunks * (B + 1));
-  b.descales = w.take<float>(3);
-  b.meta_end = reinterpret_cast<std::byte*>(w.take<std::byte>(0));
-  const std::int64_t gemm_rows = std::max(T, P);
-  const std::int64_t widest_in = std::max({c.hidden, c.q_lora_rank, c.kv_lora_rank, c.o_width()});
-  b.gemm_x = w.take<std::uint8_t>(gemm_rows * widest_in);
-  b.gemm_x_scales = w.take<float>(gemm_rows * (widest_in / kWeightBlock));
-  b.q_a = w.take<std::uint16_t>(T * c.q_lora_rank);
-  b.q_a_norm = w.take<std::uint16_t>(T * c.q_lora_rank);
-  b.kv_a = w.take<std::uint16_t>(T * kMlaLatentDim);
-  b.kv_c = w.take<std::uint16_t>(T * c.kv_lora_rank);
-  b.q = w.take<std::uint16_t>(T * c.q_width());
-  b.kv = w.take<std::uint16_t>(T * c.kv_b_width());
-  if (s.fp8) {
-    b.q8 = w.take<std::uint8_t>(T * H * kMlaQkDim);
-    b.k8 = w.take<std::uint8_t>(T * H * kMlaQkDim);
-    b.v8 = w.take<std::uint8_t>(H * kMlaVDim * v_pitch(T));
-  } else {
-    b.k16 = w.take<std::uint16_t>(T * H * kMlaQkDim);
-    b.k_pe16 = w.take<std::uint16_t>(T * kMlaRopeDim);
-  }
-  b.prefix_c = w.take<std::uint16_t>(P * c.kv_lora_rank);
-  b.prefix_pe = w.take<std::uint16_t>(P * kMlaRopeDim);
-  b.prefix_kv = w.take<std::uint16_t>(P * c.kv_b_width());
-  if (s.fp8) {
-    b.prefix_k8 = w.take<std::uint8_t>(P * H * kMlaQkDim);
-    b.prefix_v8 = w.take<std::uint8_t>(P > 0 ? H * kMlaVDim * v_pitch(P) : 0);
-    b.one_shot_k = w.take<std::uint8_t>(one_shot * H * kMlaQkDim);
-    b.one_shot_v = w.take<std::uint8_t>(one_shot > 0 ? H * kMlaVDim * v_pitch(one_shot) : 0);
-  } else {
-    b.prefix_k16 = w.take<std::uint16_t>(P * H * kMlaQkDim);
-    b.one_shot_k = w.take<std::uint8_t>(one_shot * H * kMlaQkDim * eb);
-    b.one_shot_v = w.take<std::uint8_t>(one_shot * H * kMlaVDim * eb);
-  }
-  b.attn = w.take<std::uint16_t>(T * H * kMlaVDim);
-  b.lse = w.take<float>(T * H);
-  b.chunk_out = w.take<std::uint16_t>(s.chunks > 0 ? T * H * kMlaVDim : 0);
-  b.chunk_lse = w.take<float>(s.chunks > 0 ? T * H : 0);
-  // cuBLASLt's workspace, and room for the widest fp8 GEMM's scratch at these row counts.
-  std::size_t scratch = 0;
-  const auto need = [&](std::int64_t out, std::int64_t in, std::int64_t rows) {
-    const cuda::model::LinearWeight fp8{LinearFormat::kFp8Block, nullptr, nullptr, out, in};
-    scratch = std::max(scratch, cuda::model::linear_scratch_bytes(fp8, rows));
-  };
-  need(c.q_lora_rank, c.hidden, T);
-  need(c.q_width(), c.q_lora_rank > 0 ? c.q_lora_rank : c.hidden, T);
-  need(kMlaLatentDim, c.hidden, T);
-  need(c.kv_b_width(), c.kv_lora_rank, T);
-  need(c.kv_b_width(), c.kv_lora_rank, P);
-  need(c.hidden, c.o_width(), T);
-  b.cublas_bytes = cuda::model::kLinearWorkspaceBytes + scratch;
-  b.cublas = w.take<std::byte>(std::int64_t(b.cublas_bytes));
-  return b;
-}
-
-// CUDA events around the stages of a prefill, read once it is done (only when times are asked
-// for: reading them waits for the GPU).
-class StageTimer {
- public:
-  ~StageTimer() {
-    for (cudaEvent_t e : events_) cudaEventDestroy(e);
-  }
-  void start(cudaStream_t stream, double* stage) {
-    if (!enabled_) return;
-    record(stream);
-    stages_.push_back(stage);
-  }
-  void stop(cudaStream_t stream) {
-    if (enabled_) record(stream);
-  }
-  void begin(bool enabled) {
-    enabled_ = enabled;
-    used_ = 0;
-    stages_.clear();
-  }
-  void finish() {
-    if (!enabled_ || used_ == 0) return;
-    check(cudaEventSynchronize(events_[used_ - 1]), "cudaEventSynchronize(MlaLayer stage timer)");
-    for (std::size_t i = 0; i < stages_.size(); ++i) {
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]), "cudaEventElapsedTime");
-      *stages_[i] += ms;
-    }
-  }
-
- private:
-  void record(cudaStream_t stream) {
-    if (used_ == events_.size()) {
-      cudaEvent_t e;
-      check(cudaEventCreate(&e), "cudaEventCreate(MlaLayer stage timer)");
-      events_.push_back(e);
-    }
-    check(cudaEventRecord(events_[used_++], stream), "cudaEventRecord(MlaLayer stage timer)");
-  }
-  bool enabled_ = false;
-  std::vector<cudaEvent_t> events_;
-  std::size_t used_ = 0;
-  std::vector<double*> stages_;
-};
-
 class CudaMlaLayer final : public MlaLayer::Impl {
  public:
   CudaMlaLayer(const MlaConfig& config, const MlaWeights& weights, Device device)
@@ -312,19 +138,7 @@ class CudaMlaLayer final : public MlaLayer::Impl {
 
   std::size_t workspace_bytes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& options,
                               MlaPath path) const override {
-    WorkSizes s;
-    s.tokens = limits.max_tokens;
-    s.sequences = limits.max_sequences;
-    s.prefix_rows = limits.max_prefix_tokens;
-    s.one_shot_prefix = std::min(limits.max_prefix_tokens, options.one_shot_max_prefix);
-    if (limits.max_prefix_tokens > options.one_shot_max_prefix) {
-      s.chunk_keys = std::min(limits.max_prefix_tokens, options.chunk_capacity);
-      s.chunks = (limits.max_prefix_tokens + options.chunk_capacity - 1) / options.chunk_capacity;
-    }
-    s.fp8 = path.fp8;
-    Carver counter(nullptr);
-    carve(counter, c_, s);
-    return counter.bytes();
+    return mla_workspace_bytes(c_, work_sizes(limits, options, path.fp8));
   }
 
   void prefill(const MlaPrefillCall& call) override;
@@ -332,7 +146,7 @@ class CudaMlaLayer final : public MlaLayer::Impl {
  private:
   // y = x W^T for `rows` rows of x (bf16, contiguous); FP8 projections quantize x first.
   void project(Projection& p, const std::uint16_t* x, std::int64_t rows, std::uint16_t* y,
-               const Buffers& b, cudaStream_t stream) {
+               const MlaBuffers& b, cudaStream_t stream) {
     if (rows == 0) return;
     if (!p.fp8) {
       p.gemm->run(x, nullptr, rows, y, b.cublas, b.cublas_bytes, stream);
@@ -361,7 +175,7 @@ class CudaMlaLayer final : public MlaLayer::Impl {
   DeviceBuffer q_a_norm_, kv_a_norm_, cos_sin_;
   std::vector<std::string> notes_;
   std::vector<std::byte> staging_;  // host image of the batch metadata
-  StageTimer timer_;
+  cuda::StageTimer timer_;
 };
 
 void CudaMlaLayer::prefill(const MlaPrefillCall& call) {
@@ -392,29 +206,20 @@ void CudaMlaLayer::prefill(const MlaPrefillCall& call) {
     if (call.times != nullptr) *call.times = {};
     return;
   }
-  WorkSizes s;
-  s.tokens = T;
-  s.sequences = B;
-  s.prefix_rows = std::int64_t(plan.prefix_rows.size());
-  s.one_shot_prefix = plan.chunked ? 0 : s.prefix_rows;
-  for (const PrefixChunk& chunk : plan.chunks) s.chunk_keys = std::max(s.chunk_keys, chunk.keys());
-  s.chunks = std::int64_t(plan.chunks.size());
-  s.fp8 = fp8;
+  const WorkSizes s = work_sizes(plan, fp8);
   const TensorView& ws = call.workspace;
-  Carver counter(nullptr);
-  carve(counter, c_, s);
+  const std::size_t needed = mla_workspace_bytes(c_, s);
   const std::size_t ws_bytes = std::size_t(ws.numel()) * std::size_t(dtype_size(ws.dtype()));
-  if (ws.ndim() != 1 || ws.stride(0) != 1 || ws.device() != d || ws_bytes < counter.bytes() ||
-      reinterpret_cast<std::uintptr_t>(ws.data()) % kAlign != 0) {
-    throw Error(ErrorCategory::kInvalidArgument,
-                concat("MlaLayer::prefill: expected `workspace` 1-d contiguous, >= ",
-                       counter.bytes(), " bytes on ", to_string(d),
-                       ", 256-byte aligned (what this batch needs: ", T, " tokens, ", B,
-                       " sequences, ", s.prefix_rows, " prefix tokens); got ", ws.describe()));
+  if (ws.ndim() != 1 || ws.stride(0) != 1 || ws.device() != d || ws_bytes < needed ||
+      reinterpret_cast<std::uintptr_t>(ws.data()) % kMlaWorkspaceAlign != 0) {
+    throw Error(
+        ErrorCategory::kInvalidArgument,
+        concat("MlaLayer::prefill: expected `workspace` 1-d contiguous, >= ", needed, " bytes on ",
+               to_string(d), ", 256-byte aligned (what this batch needs: ", T, " tokens, ", B,
+               " sequences, ", s.prefix_rows, " prefix tokens); got ", ws.describe()));
   }
   check(cudaSetDevice(d.index), "cudaSetDevice(MlaLayer)");
-  Carver carver(static_cast<std::byte*>(ws.data()));
-  const Buffers b = carve(carver, c_, s);
+  const MlaBuffers b = carve_mla_workspace(static_cast<std::byte*>(ws.data()), c_, s);
 
   // ---- the batch's metadata: one copy from the host ----
   staging_.assign(std::size_t(b.meta_end - b.meta_begin), std::byte{0});
