@@ -8,6 +8,7 @@
 #include <cstring>
 #include <optional>
 
+#include "cuda/common/device_buffer.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda/common/stage_timer.hpp"
 #include "cuda/model/cublas_linear.hpp"
@@ -26,39 +27,12 @@ namespace fp8mla {
 namespace {
 
 using cuda::check;
+using cuda::DeviceBuffer;
 using cuda::model::CublasLinear;
 using cuda::model::LinearFormat;
 
 // Rows a projection plan accepts (the prefix keys of one attention call pass kv_b too).
 constexpr std::int64_t kMaxGemmRows = std::int64_t(1) << 20;
-
-// Device memory the layer owns (its weights).
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const void* host, std::size_t bytes) : bytes_(bytes) {
-    check(cudaMalloc(&data_, std::max<std::size_t>(bytes, 1)), "cudaMalloc(MlaLayer weights)");
-    check(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy(MlaLayer weights)");
-  }
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  DeviceBuffer(DeviceBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), bytes_(o.bytes_) {}
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(data_, o.data_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-
- private:
-  void* data_ = nullptr;
-  std::size_t bytes_ = 0;
-};
 
 // A projection on the device: e4m3 + block scales through the FP8 GEMM where cuBLASLt takes the
 // shape, bf16 otherwise (e4m3 weights then dequantized here, once).
@@ -73,8 +47,8 @@ struct Projection {
       : out(p.weight.size(0)), in(p.weight.size(1)) {
     const std::string shape = concat(name, " [", out, ", ", in, "]: ");
     if (p.weight.dtype() == DType::kE4M3) {
-      weight = DeviceBuffer(p.weight.data(), std::size_t(out * in));
-      scale = DeviceBuffer(p.scale_inv.data(), std::size_t(p.scale_inv.numel()) * sizeof(float));
+      weight = DeviceBuffer(p.weight.data(), out * in);
+      scale = DeviceBuffer(p.scale_inv.data(), p.scale_inv.numel() * 4);
       try {
         gemm = std::make_unique<CublasLinear>(
             handle,
@@ -98,7 +72,7 @@ struct Projection {
     } else {
       std::memcpy(bf16.data(), p.weight.data(), bf16.size() * 2);
     }
-    weight = DeviceBuffer(bf16.data(), bf16.size() * 2);
+    weight = DeviceBuffer(bf16.data(), std::int64_t(bf16.size()) * 2);
     gemm = std::make_unique<CublasLinear>(
         handle, cuda::model::LinearWeight{LinearFormat::kBf16, weight.as<void>(), nullptr, out, in},
         kMaxGemmRows);
@@ -118,18 +92,18 @@ class CudaMlaLayer final : public MlaLayer::Impl {
     if (c_.q_lora_rank > 0) {
       add(q_a_, "q_a_proj", weights.q_a_proj);
       add(q_b_, "q_b_proj", weights.q_b_proj);
-      q_a_norm_ = DeviceBuffer(weights.q_a_layernorm.data(), std::size_t(c_.q_lora_rank) * 2);
+      q_a_norm_ = DeviceBuffer(weights.q_a_layernorm.data(), c_.q_lora_rank * 2);
     } else {
       add(q_b_, "q_proj", weights.q_proj);
     }
     add(kv_a_, "kv_a_proj_with_mqa", weights.kv_a_proj_with_mqa);
     add(kv_b_, "kv_b_proj", weights.kv_b_proj);
     add(o_, "o_proj", weights.o_proj);
-    kv_a_norm_ = DeviceBuffer(weights.kv_a_layernorm.data(), std::size_t(c_.kv_lora_rank) * 2);
+    kv_a_norm_ = DeviceBuffer(weights.kv_a_layernorm.data(), c_.kv_lora_rank * 2);
     std::vector<float> cos_sin(std::size_t(c_.max_position * kMlaRopeDim));
     make_cos_sin_cache(TensorView(cos_sin.data(), DType::kF32, {c_.max_position, kMlaRopeDim}),
                        c_.rope);
-    cos_sin_ = DeviceBuffer(cos_sin.data(), cos_sin.size() * sizeof(float));
+    cos_sin_ = DeviceBuffer(cos_sin.data(), std::int64_t(cos_sin.size()) * 4);
     // Every attention variant either path can ask for, checked and set up now, not mid-request.
     warm_up_attention(AttentionNeeds{{DType::kE4M3, DType::kBF16}});
   }
@@ -222,7 +196,8 @@ void CudaMlaLayer::prefill(const MlaPrefillCall& call) {
   const MlaBuffers b = carve_mla_workspace(static_cast<std::byte*>(ws.data()), c_, s);
 
   // ---- the batch's metadata: one copy from the host ----
-  staging_.assign(std::size_t(b.meta_end - b.meta_begin), std::byte{0});
+  // Every piece is written below; the alignment gaps between them are never read.
+  staging_.resize(std::size_t(b.meta_end - b.meta_begin));
   const auto stage = [&](void* device_at, const void* host, std::size_t bytes) {
     if (bytes > 0)
       std::memcpy(staging_.data() + (static_cast<std::byte*>(device_at) - b.meta_begin), host,

@@ -95,41 +95,22 @@ TEST_P(MlaLayerCuda, PathsAndChunkingMatchTheReference) {
   MlaLayer layer(f.config, w, Device::cuda(0));
   for (const std::string& note : layer.projection_notes())
     std::printf("[ layer    ] %s\n", note.c_str());
-  MlaPrefillOptions widest;    // chunks of 64 keys need the most prefix buffers... and one-shot the
-  widest.chunk_capacity = 64;  // one-shot ones: size the workspace for both
-  DeviceBatch d(f, layer, widest);
-  const auto min_cosine = [&](bool fp8_path) {
-    return fp8_path && format == WeightFormat::kFp8Block ? 0.998 : 0.999;
-  };
-  std::vector<std::uint16_t> one_shot[2];
-  double one_shot_error[2] = {0, 0};
+  // A workspace for both modes: one-shot up to the default 8192 prefix keys, chunks of 64 above.
+  MlaPrefillOptions sizing;
+  sizing.chunk_capacity = 64;
+  DeviceBatch d(f, layer, sizing);
+  LayerAccuracy accuracy(format, ref);
   for (const char* name : {"fp8-hopper", "bf16-hopper"}) {
     const std::unique_ptr<AttentionBackend> backend = make_attention_backend(name);
-    const int p = backend->capabilities().prepare_prefill_qkv ? 0 : 1;
+    const bool fp8 = backend->capabilities().prepare_prefill_qkv;
     for (std::int64_t capacity : {0, 64, 1000}) {
       SCOPED_TRACE(::testing::Message() << name << " capacity " << capacity);
       f.cache = cache_before;
-      MlaPrefillOptions o;
-      o.one_shot_max_prefix = capacity == 0 ? 1 << 30 : 0;  // capacity 0: one-shot
-      o.chunk_capacity = std::max<std::int64_t>(capacity, 1);
-      const std::vector<std::uint16_t> out = d.run(layer, *backend, o);
-      const Compare c = compare(out, ref);
-      std::printf("[ layer    ] %s %s capacity %lld: cosine %.6f, max abs %.3g\n", preset, name,
-                  static_cast<long long>(capacity), c.cosine, c.max_abs);
-      EXPECT_GE(c.cosine, min_cosine(p == 0));
-      if (capacity == 0) {
-        one_shot[p] = out;
-        one_shot_error[p] = c.max_abs;
-      } else {
-        EXPECT_LE(c.max_abs, 2.0 * one_shot_error[p] + 1e-3);
-      }
-      // The cache: extend rows written, every other row byte-identical.
-      const auto [changed_elsewhere, unchanged_extend] = cache_rows_changed(f, cache_before);
-      EXPECT_EQ(changed_elsewhere, 0);
-      EXPECT_EQ(unchanged_extend, 0);
+      const std::vector<std::uint16_t> out = d.run(layer, *backend, prefix_mode(capacity));
+      accuracy.check(std::string(preset) + " " + name, fp8, capacity, out, f, cache_before);
     }
   }
-  EXPECT_GE(compare(one_shot[0], widen(one_shot[1])).cosine, min_cosine(true));
+  accuracy.check_paths_agree();
 
   // The CPU layer on the same inputs: the same model within the same bounds of each other.
   f.cache = cache_before;
@@ -137,7 +118,7 @@ TEST_P(MlaLayerCuda, PathsAndChunkingMatchTheReference) {
   std::vector<std::uint16_t> cpu_out(f.hidden.size());
   cpu.prefill(f.hidden_view(), f.batch, f.cache_view(), *make_attention_backend("cpu-bf16"), {},
               TensorView(cpu_out.data(), DType::kBF16, {f.tokens, f.config.hidden}));
-  EXPECT_GE(compare(one_shot[1], widen(cpu_out)).cosine, 0.999);
+  EXPECT_GE(compare(accuracy.one_shot(false), widen(cpu_out)).cosine, 0.999);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,7 +1,7 @@
 // MlaLayer::prefill on the CPU (tiny preset) against the float64 reference: the FP8 and BF16
 // attention paths (the "cpu" and "cpu-bf16" backends), one-shot and chunked prefix (chunks where
 // some sequences have no keys), bf16 and FP8-block weights. Cosine >= 0.999 against the reference
-// (0.998 for the FP8 path with FP8-block weights, see below);
+// (0.998 for the FP8 path with FP8-block weights, see LayerAccuracy);
 // chunked within 2x the one-shot error; the extend tokens' latent rows written to their slots and
 // nothing else; every output element written; clear errors for a bad batch.
 #include <gtest/gtest.h>
@@ -46,45 +46,19 @@ TEST_P(MlaLayerCpu, PathsAndChunkingMatchTheReference) {
   std::vector<double> ref(f.hidden.size());
   mla_prefill_reference(f.config, w, f.hidden_view(), f.batch, f.cache_view(), 1.0f, ref.data());
   MlaLayer layer(f.config, w);
-  // e4m3 weights quantize each projection's input to e4m3 per 128-group (DeepSeek's recipe); the
-  // FP8 path rounds the attention inputs to e4m3 on top of that, two e4m3 roundings deep, where
-  // 0.999 is out of reach (0.9989 measured here). Every other combination keeps 0.999.
-  const auto min_cosine = [&](bool fp8_path) {
-    return fp8_path && GetParam() == WeightFormat::kFp8Block ? 0.998 : 0.999;
-  };
-  std::vector<std::uint16_t> one_shot[2];
-  double one_shot_error[2] = {0, 0};
+  LayerAccuracy accuracy(GetParam(), ref);
   // "cpu" has the FP8 hook (the FP8 path); "cpu-bf16" has not (the BF16 path).
   for (const char* name : {"cpu", "cpu-bf16"}) {
     const std::unique_ptr<AttentionBackend> backend = make_attention_backend(name);
-    const int p = backend->capabilities().prepare_prefill_qkv ? 0 : 1;
+    const bool fp8 = backend->capabilities().prepare_prefill_qkv;
     for (std::int64_t capacity : {0, 64, 100, 1000}) {
-      SCOPED_TRACE(::testing::Message() << (p == 0 ? "fp8" : "bf16") << " capacity " << capacity);
+      SCOPED_TRACE(::testing::Message() << name << " capacity " << capacity);
       f.cache = cache_before;
-      MlaPrefillOptions o;
-      o.one_shot_max_prefix = capacity == 0 ? 1 << 30 : 0;  // capacity 0: one-shot
-      o.chunk_capacity = std::max<std::int64_t>(capacity, 1);
-      const std::vector<std::uint16_t> out = run(layer, f, *backend, o);
-      const Compare c = compare(out, ref);
-      std::printf("[ layer    ] %s capacity %lld: cosine %.6f, max abs %.3g\n",
-                  p == 0 ? "fp8" : "bf16", static_cast<long long>(capacity), c.cosine, c.max_abs);
-      EXPECT_GE(c.cosine, min_cosine(p == 0));
-      if (capacity == 0) {
-        one_shot[p] = out;
-        one_shot_error[p] = c.max_abs;
-      } else {
-        // Chunks quantize their keys with their own scales: the same answer within the error
-        // rule (at most 2x the one-shot error against the reference, plus bf16 rounding).
-        EXPECT_LE(c.max_abs, 2.0 * one_shot_error[p] + 1e-3);
-      }
-      // The cache: extend rows written, every other row byte-identical.
-      const auto [changed_elsewhere, unchanged_extend] = cache_rows_changed(f, cache_before);
-      EXPECT_EQ(changed_elsewhere, 0);
-      EXPECT_EQ(unchanged_extend, 0);
+      const std::vector<std::uint16_t> out = run(layer, f, *backend, prefix_mode(capacity));
+      accuracy.check(fp8 ? "fp8" : "bf16", fp8, capacity, out, f, cache_before);
     }
   }
-  // FP8 and BF16 paths agree closely with each other too.
-  EXPECT_GE(compare(one_shot[0], widen(one_shot[1])).cosine, min_cosine(true));
+  accuracy.check_paths_agree();
 }
 
 INSTANTIATE_TEST_SUITE_P(Weights, MlaLayerCpu,

@@ -1,17 +1,22 @@
 // The MLA layer tests' batch fixture (shared by the CPU and CUDA layer tests): sequences with
 // their prefix/extend lengths on shuffled whole pages of a random FP8 cache, random hidden states;
-// and the comparison of an output with the float64 reference.
+// the comparison of an output with the float64 reference, and the checks both tests make on it.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "fp8mla/mla_layer.hpp"
+#include "fp8mla/mla_weights.hpp"
 #include "fp8mla/numerics.hpp"
 
 namespace fp8mla {
@@ -110,5 +115,63 @@ inline std::pair<std::int64_t, std::int64_t> cache_rows_changed(
   }
   return {changed_elsewhere, unchanged_extend};
 }
+
+// Options for one prefix mode: capacity 0 attends every prefix one-shot, another capacity chunks
+// every prefix (whatever its length) into chunks of that many keys.
+inline MlaPrefillOptions prefix_mode(std::int64_t capacity) {
+  MlaPrefillOptions o;
+  o.one_shot_max_prefix = capacity == 0 ? 1 << 30 : 0;
+  o.chunk_capacity = std::max<std::int64_t>(capacity, 1);
+  return o;
+}
+
+// The checks of each layer output against the float64 reference, for the two paths (FP8: index
+// 0, BF16: 1), one-shot first, then chunked: cosine; chunked within 2x the one-shot error (the
+// error rule); the extend rows of the cache written and no other row.
+//
+// e4m3 weights quantize each projection's input to e4m3 per 128-group (DeepSeek's recipe); the
+// FP8 path rounds the attention inputs to e4m3 on top of that, two e4m3 roundings deep, where
+// 0.999 is out of reach (0.9984-0.9989 measured). Every other combination keeps 0.999.
+class LayerAccuracy {
+ public:
+  LayerAccuracy(WeightFormat format, const std::vector<double>& ref) : format_(format), ref_(ref) {}
+
+  double min_cosine(bool fp8_path) const {
+    return fp8_path && format_ == WeightFormat::kFp8Block ? 0.998 : 0.999;
+  }
+
+  void check(const std::string& label, bool fp8_path, std::int64_t capacity,
+             const std::vector<std::uint16_t>& out, const Fixture& f,
+             const std::vector<std::uint8_t>& cache_before) {
+    const int p = fp8_path ? 0 : 1;
+    const Compare c = compare(out, ref_);
+    std::printf("[ layer    ] %s capacity %lld: cosine %.6f, max abs %.3g\n", label.c_str(),
+                static_cast<long long>(capacity), c.cosine, c.max_abs);
+    EXPECT_GE(c.cosine, min_cosine(fp8_path));
+    if (capacity == 0) {
+      one_shot_[p] = out;
+      one_shot_error_[p] = c.max_abs;
+    } else {
+      EXPECT_LE(c.max_abs, 2.0 * one_shot_error_[p] + 1e-3);
+    }
+    const auto [changed_elsewhere, unchanged_extend] = cache_rows_changed(f, cache_before);
+    EXPECT_EQ(changed_elsewhere, 0);
+    EXPECT_EQ(unchanged_extend, 0);
+  }
+
+  // The two paths' one-shot outputs agree with each other as closely as with the reference.
+  void check_paths_agree() const {
+    EXPECT_GE(compare(one_shot_[0], widen(one_shot_[1])).cosine, min_cosine(true));
+  }
+  const std::vector<std::uint16_t>& one_shot(bool fp8_path) const {
+    return one_shot_[fp8_path ? 0 : 1];
+  }
+
+ private:
+  WeightFormat format_;
+  const std::vector<double>& ref_;
+  std::vector<std::uint16_t> one_shot_[2];
+  double one_shot_error_[2] = {0, 0};
+};
 
 }  // namespace fp8mla

@@ -21,40 +21,14 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/common/device_buffer.hpp"
 #include "cuda/common/runtime.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/numerics.hpp"
 
 namespace fp8mla::cli {
 
-// Owning cudaMalloc allocation.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::int64_t bytes) : bytes_(bytes) {
-    if (bytes > 0) cuda::check(cudaMalloc(&data_, std::size_t(bytes)), "cudaMalloc");
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& other) noexcept { swap(other); }
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
-    DeviceBuffer(std::move(other)).swap(*this);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (data_ != nullptr) cudaFree(data_);
-  }
-  void swap(DeviceBuffer& other) noexcept {
-    std::swap(data_, other.data_);
-    std::swap(bytes_, other.bytes_);
-  }
-  std::byte* data() const { return static_cast<std::byte*>(data_); }
-  std::int64_t bytes() const { return bytes_; }
-
- private:
-  void* data_ = nullptr;
-  std::int64_t bytes_ = 0;
-};
+using cuda::DeviceBuffer;
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t to) {
   return (x + to - 1) / to * to;
