@@ -112,11 +112,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       sm90::fence_registers(o);  // P V is complete too: o may be scaled again
       release(smem.v_empty(prev.index));
       release(smem.k_empty(st.index));
-      const bool promote = restarts_o(it + 1) && Traits::kPromoteTiles > 0;
       if constexpr (Traits::kPromoteTiles > 0) {
-        if (promote) partial.add(o);
+        if (restarts_o(it + 1)) partial.add(o);
       }
-      softmax_of(it, /*rescale_o=*/!promote);
+      // O is rescaled even right after a promotion (the next P V overwrites it): a branch here
+      // would split the softmax and keep ptxas from interleaving the rescale with the exp2s.
+      softmax_of(it, /*rescale_o=*/true);
     }
     // Last turn: P V of the last tile.
     const Stage prev = stage_of<Traits>(w.n_blocks - 1);

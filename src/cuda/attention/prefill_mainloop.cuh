@@ -223,16 +223,21 @@ __device__ __forceinline__ void issue_pv(const SharedStorage<Traits>& smem, int 
 
 // O's f32 partial sums (e4m3, see PrefillTraits::kPromoteTiles): partial = partial * pending + o
 // at each promotion, where `pending` is the product of the softmax corrections since the last one
-// (per row half); the final O is partial * pending + o.
+// (per row half); the final O is partial * pending + o. Each thread's slots are its own (no
+// barrier), zeroed once so that every promotion is the same branch-free read-modify-write.
 template <typename Traits>
 struct OutputPartial {
-  float4* slots;  // this thread's float4 i is slots[i * 128]
-  bool valid;
+  std::uint32_t slots;  // shared address of this thread's float4 0; float4 j is 2 KiB further
   float pending[2];
 
+  static constexpr std::uint32_t kSlotStride = 128 * sizeof(float4);
+
   __device__ void init(const SharedStorage<Traits>& smem, int cw) {
-    slots = smem.o_partial(cw) + threadIdx.x % 128;
-    valid = false;
+    slots = sm90::smem_address(smem.o_partial(cw) + threadIdx.x % 128);
+#pragma unroll
+    for (int j = 0; j < Traits::kORegs / 4; ++j) {
+      sm90::st_shared_f4(slots + j * kSlotStride, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
+    }
     pending[0] = pending[1] = 1.0f;
   }
   __device__ void rescale(const float (&correction)[2]) {
@@ -241,7 +246,7 @@ struct OutputPartial {
   }
   // o[4j + 2h + e] is row half h: float4 j holds (h0, h0, h1, h1).
   __device__ float4 combined(int j, const float (&o)[Traits::kORegs]) const {
-    float4 v = valid ? slots[j * 128] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 v = sm90::ld_shared_f4(slots + j * kSlotStride);
     v.x = fmaf(v.x, pending[0], o[4 * j]);
     v.y = fmaf(v.y, pending[0], o[4 * j + 1]);
     v.z = fmaf(v.z, pending[1], o[4 * j + 2]);
@@ -250,8 +255,9 @@ struct OutputPartial {
   }
   __device__ void add(const float (&o)[Traits::kORegs]) {
 #pragma unroll
-    for (int j = 0; j < Traits::kORegs / 4; ++j) slots[j * 128] = combined(j, o);
-    valid = true;
+    for (int j = 0; j < Traits::kORegs / 4; ++j) {
+      sm90::st_shared_f4(slots + j * kSlotStride, combined(j, o));
+    }
     pending[0] = pending[1] = 1.0f;
   }
   __device__ void fold_into(float (&o)[Traits::kORegs]) const {

@@ -107,34 +107,48 @@ struct OnlineSoftmax {
 };
 
 // P (accumulator layout, 64 f32) to the A-operand registers of the P V wgmma, one [4] per
-// k-step. bf16 (k16): the layouts agree, a pair of columns per register. e4m3 (k32): a k-step
-// wants columns 4c..4c+3 and 16+4c..16+4c+3 of its 32 in a thread, while the accumulator gives
-// 2c, 2c+1, 8+2c, 9+2c, ...; two shuffles within the quad and a byte permute fix each register.
+// k-step. bf16 (k16): the layouts agree, a pair of columns per register. e4m3 (k32): register
+// 2 * half + h of a k-step wants columns 16 * half + 4c .. + 3 of row half h, while the
+// accumulator gives lane c of the quad columns {2c, 2c + 1} of each 8-column block. So lane c's
+// four columns come from two lanes of its quad, two bytes each. Every shuffle carries the pairs
+// for both 16-column halves at once (four useful bytes): in shuffle A even lanes offer their pairs
+// of the first block of each half and odd lanes those of the second, in shuffle B the other way
+// round; a byte permute per register then puts the four columns in order.
 template <typename Traits>
 __device__ __forceinline__ void p_to_operand(
     const float (&s)[64], std::uint32_t (&a)[Traits::kBlockN / Traits::kMmaK][4]) {
   if constexpr (Traits::kFp8) {
     const int c = threadIdx.x % 4;
     const int quad = (threadIdx.x % 32) & ~3;
-    const int src0 = quad | ((2 * c) & 3);
-    const int src1 = quad | ((2 * c + 1) & 3);
-    const std::uint32_t select = c < 2 ? 0x5410 : 0x7632;
+    const bool odd = c & 1;
+    // Lane c reads, in A, lane (c >> 1) | (c & 1) << 1 and, in B, that lane's neighbour: lane 0
+    // gets its columns 0-1 from itself (A) and 2-3 from lane 1 (B); lane 2 gets columns 8-9 from
+    // lane 0's second block (B) and 10-11 from lane 1's (A), so lanes 2 and 3 take B's bytes first.
+    const int src_a = quad | (c >> 1) | ((c & 1) << 1);
+    const int src_b = src_a ^ 1;
+    const std::uint32_t offer_a = odd ? 0x7632 : 0x5410;
+    const std::uint32_t offer_b = odd ? 0x5410 : 0x7632;
+    const std::uint32_t take_lo = c < 2 ? 0x5410 : 0x1054;
+    const std::uint32_t take_hi = c < 2 ? 0x7632 : 0x3276;
 #pragma unroll
     for (int ks = 0; ks < Traits::kBlockN / 32; ++ks) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        // half 0: blocks 4ks, 4ks + 1; half 1: blocks 4ks + 2, 4ks + 3 (row half h).
+        std::uint32_t pairs[2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          // Blocks 4ks + 2half and 4ks + 2half + 1, row half h: columns {2c, 2c+1, 8+2c, 9+2c}
-          // (+16 for half 1) of the k-step.
           const int j = 4 * ks + 2 * half;
-          const std::uint32_t packed =
+          pairs[half] =
               std::uint32_t(cvt_e4m3x2(s[4 * j + 2 * h], s[4 * j + 2 * h + 1])) |
               (std::uint32_t(cvt_e4m3x2(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h])) << 16);
-          const std::uint32_t v0 = __shfl_sync(0xffffffff, packed, src0);
-          const std::uint32_t v1 = __shfl_sync(0xffffffff, packed, src1);
-          a[ks][2 * half + h] = __byte_perm(v0, v1, select);
         }
+        const std::uint32_t va =
+            __shfl_sync(0xffffffff, __byte_perm(pairs[0], pairs[1], offer_a), src_a);
+        const std::uint32_t vb =
+            __shfl_sync(0xffffffff, __byte_perm(pairs[0], pairs[1], offer_b), src_b);
+        a[ks][h] = __byte_perm(va, vb, take_lo);
+        a[ks][2 + h] = __byte_perm(va, vb, take_hi);
       }
     }
   } else {

@@ -24,6 +24,20 @@ __device__ __forceinline__ std::uint32_t smem_address(const void* ptr) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
+// 16-byte shared-memory load and store by shared-window address (a generic pointer into shared
+// memory would compile to the slower generic LD/ST).
+__device__ __forceinline__ float4 ld_shared_f4(std::uint32_t address) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(address));
+  return v;
+}
+__device__ __forceinline__ void st_shared_f4(std::uint32_t address, float4 v) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(address), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w));
+}
+
 // Matrix descriptor of a swizzled shared-memory operand (PTX ISA "Matrix Descriptor Format").
 //  K-major: rows of swizzle_bytes, 8-row groups `group_stride` bytes apart (leading offset unused).
 //  MN-major: 8 K-rows of swizzle_bytes form an atom; `leading` bytes between atoms along MN,
