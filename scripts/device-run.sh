@@ -5,6 +5,7 @@
 # a summary table last.
 #   scripts/device-run.sh BIN_DIR OUT_DIR [--tests a,b] [--memcheck 'exe filter;exe filter']
 #                         [--bench layer,attention] [--anchors DIR]
+# --bench attention also pip-installs the Python package with CUDA (CUTLASS must be in .deps).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=$1 out=$2
@@ -62,6 +63,18 @@ for b in "${bench_list[@]}"; do
       python3 bench/layer.py --report --cli "$out/layer_cli.json" --py "$out/layer_py.json" \
         --markdown "$out/RESULTS_layer.md" >/dev/null &&
         rows+=("bench layer: $out/RESULTS_layer.md") || rows+=("bench layer: FAILED")
+      ;;
+    attention)
+      "$bin/fp8mla" bench attention --json "$out/attention_cli.json" 2>&1 |
+        tee "$out/attention_cli.log"
+      # The Python benchmark needs fp8mla's torch ops built with CUDA (CUTLASS from .deps).
+      PIP_BREAK_SYSTEM_PACKAGES=1 FP8MLA_CUDA=ON python3 -m pip install --no-build-isolation \
+        --no-deps -q . >"$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; rows+=("pip: FAILED"); }
+      cp bench/RESULTS_attention.md "$out/RESULTS_attention.md"
+      python3 bench/attention.py --anchors "$anchors" --json "$out/attention_py.json" \
+        --markdown "$out/RESULTS_attention.md" --plot "$out/attention.png" 2>&1 |
+        tee "$out/attention_py.log" &&
+        rows+=("bench attention: $out/RESULTS_attention.md") || rows+=("bench attention: FAILED")
       ;;
     *) rows+=("bench $b: unknown") ;;
   esac
