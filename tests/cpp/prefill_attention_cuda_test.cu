@@ -440,6 +440,32 @@ TEST_P(PrefillCuda, AllOnesVGivesExactlyOne) {
   EXPECT_EQ(wrong, 0);
 }
 
+// Without an LSE the e4m3 kernel skips the row sum (its O is normalized by the ones columns): the
+// output must be the same bits, and the LSE buffer must stay untouched.
+TEST_P(PrefillCuda, WithoutLseSameOutputAndNoLseWrite) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (bool causal : {true, false}) {
+    Case c;
+    c.q_lens = {1000, 0, 129, 1};
+    c.k_lens = {1300, 5, 129, 0};
+    c.heads = 16;
+    c.fp8 = GetParam();
+    c.causal = causal;
+    SCOPED_TRACE(c.describe());
+    Problem p = make_problem(c, 13);
+    const Outputs with_lse = run(p);
+    p.buffers[3].fill(test::kPoison);
+    p.buffers[4].fill(test::kPoison);
+    PrefillAttentionArgs a = args_of(p);
+    a.lse = TensorView();
+    prefill_attention(a);
+    cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    EXPECT_EQ(p.buffers[3].download(), with_lse.out);
+    const std::vector<std::uint8_t> lse = p.buffers[4].download();
+    EXPECT_EQ(std::count(lse.begin(), lse.end(), test::kPoison), std::ptrdiff_t(lse.size()));
+  }
+}
+
 TEST_P(PrefillCuda, DeterministicOver100RunsAndPdlOnOff) {
   FP8MLA_REQUIRE_HOPPER();
   Case c;

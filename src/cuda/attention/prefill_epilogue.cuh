@@ -13,9 +13,9 @@
 namespace fp8mla::cuda::attention {
 
 // `row` is the sequence-local query row of the thread's row half 0.
-template <typename Traits>
+template <typename Traits, bool kRowSum>
 __device__ __forceinline__ void store_output(const PrefillKernelParams& p, const TileWork& w,
-                                             int row, const OnlineSoftmax<Traits>& softmax,
+                                             int row, const OnlineSoftmax<Traits, kRowSum>& softmax,
                                              float v_scale, const float (&o)[Traits::kORegs]) {
   const int c = threadIdx.x % 4;
 #pragma unroll

@@ -21,30 +21,13 @@ constexpr int kConsumerRegisters = 240;
 // Named barriers of the consumer warpgroups' turns (ids after CUTLASS's reserved ones).
 constexpr int kTurnBarrier = 0;
 
-template <typename Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    prefill_attention_kernel(const __grid_constant__ PrefillKernelParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ std::uint8_t shared_raw[];
-  const SharedStorage<Traits> smem{reinterpret_cast<std::uint8_t*>(
-      (reinterpret_cast<std::uintptr_t>(shared_raw) + Traits::kSharedAlign - 1) &
-      ~std::uintptr_t(Traits::kSharedAlign - 1))};
-  smem.init_ones_rows();
-  if (threadIdx.x == 0) smem.init_barriers();
-  __syncthreads();
-
-  pdl_wait();  // cu_seqlens, q, k, v may come from the previous kernel
-  const TileWork w = schedule_tile<Traits>(p.cu_seqlens_q, p.cu_seqlens_k);
-  if (!w.has_rows) return;
-
-  const int warpgroup = threadIdx.x / 128;
-  if (warpgroup == 0) {
-    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-    if (threadIdx.x == 0 && w.n_blocks > 0) produce<Traits>(p, smem, w);
-    return;
-  }
-  cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
-
+// One consumer warpgroup's work on its 64 rows of the tile. kRowSum: whether the softmax keeps the
+// f32 row sum of P, which the LSE needs (and bf16's O / l); e4m3 normalizes O by the ones columns,
+// so without an LSE it skips those 64 adds a tile.
+template <typename Traits, bool kRowSum>
+__device__ __forceinline__ void consume(const PrefillKernelParams& p,
+                                        const SharedStorage<Traits>& smem, const TileWork& w,
+                                        int warpgroup) {
   const int row0 = (warpgroup - 1) * 64;  // the warpgroup's rows within the block
   const int thread = threadIdx.x % 128;
   // Sequence-local query row of this thread's row half 0.
@@ -56,7 +39,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     v_scale = *p.v_descale;
   }
 
-  OnlineSoftmax<Traits> softmax;
+  OnlineSoftmax<Traits, kRowSum> softmax;
   softmax.init(scale_log2);
   // O is defined by the first P V (which overwrites it): no other instruction writes it before
   // the loop, or ptxas would serialize the wgmmas.
@@ -135,7 +118,39 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int i = 0; i < Traits::kORegs; ++i) o[i] = 0.0f;
   }
   softmax.finish();
-  store_output<Traits>(p, w, row, softmax, v_scale, o);
+  store_output(p, w, row, softmax, v_scale, o);
+}
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    prefill_attention_kernel(const __grid_constant__ PrefillKernelParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ std::uint8_t shared_raw[];
+  const SharedStorage<Traits> smem{reinterpret_cast<std::uint8_t*>(
+      (reinterpret_cast<std::uintptr_t>(shared_raw) + Traits::kSharedAlign - 1) &
+      ~std::uintptr_t(Traits::kSharedAlign - 1))};
+  smem.init_ones_rows();
+  if (threadIdx.x == 0) smem.init_barriers();
+  __syncthreads();
+
+  pdl_wait();  // cu_seqlens, q, k, v may come from the previous kernel
+  const TileWork w = schedule_tile<Traits>(p.cu_seqlens_q, p.cu_seqlens_k);
+  if (!w.has_rows) return;
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
+    if (threadIdx.x == 0 && w.n_blocks > 0) produce<Traits>(p, smem, w);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
+  if constexpr (Traits::kFp8) {
+    if (p.lse == nullptr) {
+      consume<Traits, false>(p, smem, w, warpgroup);
+      return;
+    }
+  }
+  consume<Traits, true>(p, smem, w, warpgroup);
 #endif
 }
 

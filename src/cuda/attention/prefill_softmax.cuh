@@ -25,7 +25,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <typename Traits>
+// kRowSum = false (e4m3 without an LSE, see consume()) leaves row_sum at 0.
+template <typename Traits, bool kRowSum = true>
 struct OnlineSoftmax {
   float scale_log2;
   float row_max[2];     // raw score units, over the keys seen so far
@@ -66,7 +67,7 @@ struct OnlineSoftmax {
       const float base = m == -INFINITY ? 0.0f : m * scale_log2;
       correction[h] = fast_exp2(row_max[h] * scale_log2 - base);
       row_max[h] = m;
-      float sum = row_sum[h] * correction[h];
+      float sum = kRowSum ? row_sum[h] * correction[h] : 0.0f;
       const float offset = Traits::kPShift - base;
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
@@ -74,7 +75,7 @@ struct OnlineSoftmax {
         for (int e = 0; e < 2; ++e) {
           float& x = s[4 * j + 2 * h + e];
           x = fast_exp2(fmaf(x, scale_log2, offset));
-          sum += x;
+          if constexpr (kRowSum) sum += x;
         }
       }
       if (rescale_o) {
@@ -84,16 +85,18 @@ struct OnlineSoftmax {
           o[4 * j + 2 * h + 1] *= correction[h];
         }
       }
-      row_sum[h] = sum;
+      if constexpr (kRowSum) row_sum[h] = sum;
     }
   }
 
   // The quad's full row sums (call once, after the last tile).
   __device__ void finish() {
+    if constexpr (kRowSum) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 1);
-      row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 2);
+      for (int h = 0; h < 2; ++h) {
+        row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 1);
+        row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 2);
+      }
     }
   }
 
