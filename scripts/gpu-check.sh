@@ -51,6 +51,7 @@ sanitize_cases=(
   "quantize_cuda_test QuantizeCuda.*MatchesCpu:QuantizeCuda.PdlOnAndOffBitIdentical"
   "mla_prep_cuda_test MlaKvCuda.WriteMatchesCpu:MlaKvCuda.GatherMatchesCpu:MlaKvCuda.*BadSlots*:MlaKvCuda.PackMatchesCpuForEveryTokenCount:MlaRopeCuda.MatrixEqualsCpu:MlaRopeCuda.BadPositionAndSlot:MlaKvCuda.VQuantize*"
   "merge_states_cuda_test *"
+  "prefill_attention_cuda_test Dtypes/PrefillCuda.RaggedBatch*:Dtypes/PrefillCuda.PrefixLonger*:Dtypes/PrefillCuda.AllOnes*:Dtypes/PrefillCuda.WithoutLse*"
   "mla_model_cuda_test *tiny*:MlaLayerCudaArgs.*:CublasLinearCuda.ChangingRowCounts* memcheck,synccheck"
 )
 sanitizer_rows=()
