@@ -36,7 +36,9 @@ struct PrefillAttentionArgs {
   TensorView k_descale;
   TensorView v_descale;
   TensorView out;  // bf16 [Tq, H, Dv], any token/head strides, contiguous last dim
-  TensorView lse;  // optional f32 [Tq, H], any strides (e.g. a transposed [H, Tq] buffer)
+  // Optional f32 [Tq, H], any strides (e.g. a transposed [H, Tq] buffer). Leave it empty when
+  // not needed: the e4m3 kernel then skips the f32 row sum of P, which only the LSE uses.
+  TensorView lse;
 };
 
 // The CPU path is the reference (fp32 accumulation, threaded). The CUDA path (Hopper, sm_90a) runs
