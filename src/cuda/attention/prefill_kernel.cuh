@@ -56,7 +56,7 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
   const auto pass_turn = [&](bool last) {
     if (!(last && cw == 1)) cutlass::arch::NamedBarrier::arrive(256, kTurnBarrier + 1 - cw);
   };
-  // Tile `it` of the loop is key tile n_blocks - 1 - it, in ring stage stage_of(it).
+  // Tile `it` of the loop is key tile n_blocks - 1 - it.
   OutputPartial<Traits> partial;
   if constexpr (Traits::kPromoteTiles > 0) partial.init(smem, cw);
   const auto softmax_of = [&](int it, bool rescale_o) {
@@ -79,6 +79,7 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
     sm90::Barrier::wait(smem.q_full(), 0);
     if (cw == 1) cutlass::arch::NamedBarrier::arrive(256, kTurnBarrier);
     // First turn: S of tile 0.
+    Stage<Traits> st;  // the ring position of tile it
     sm90::Barrier::wait(smem.k_full(0), 0);
     wait_turn();
     compute_qk<Traits>(smem, 0, row0, s, [&] { pass_turn(false); });
@@ -86,7 +87,8 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
     softmax_of(0, false);
     // Middle turns: P V of tile it - 1, S of tile it.
     for (int it = 1; it < w.n_blocks; ++it) {
-      const Stage st = stage_of<Traits>(it), prev = stage_of<Traits>(it - 1);
+      const Stage<Traits> prev = st;
+      st = st.next();
       sm90::Barrier::wait(smem.k_full(st.index), st.phase);
       sm90::Barrier::wait(smem.v_full(prev.index), prev.phase);
       wait_turn();
@@ -103,14 +105,13 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
       softmax_of(it, /*rescale_o=*/true);
     }
     // Last turn: P V of the last tile.
-    const Stage prev = stage_of<Traits>(w.n_blocks - 1);
-    sm90::Barrier::wait(smem.v_full(prev.index), prev.phase);
+    sm90::Barrier::wait(smem.v_full(st.index), st.phase);
     wait_turn();
-    issue_pv<Traits>(smem, prev.index, p_regs, o, /*accumulate=*/!restarts_o(w.n_blocks));
+    issue_pv<Traits>(smem, st.index, p_regs, o, /*accumulate=*/!restarts_o(w.n_blocks));
     pass_turn(true);
     cute::warpgroup_wait<0>();
     sm90::fence_registers(o);
-    release(smem.v_empty(prev.index));
+    release(smem.v_empty(st.index));
     if constexpr (Traits::kPromoteTiles > 0) partial.fold_into(o);
   }
   if (w.n_blocks == 0) {
@@ -137,7 +138,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const TileWork w = schedule_tile<Traits>(p.cu_seqlens_q, p.cu_seqlens_k);
   if (!w.has_rows) return;
 
-  const int warpgroup = threadIdx.x / 128;
+  // Read through a shuffle from lane 0, which the compiler knows to be warp-uniform: values
+  // derived from it (the consumers' Q descriptors) then live in uniform registers.
+  const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     if (threadIdx.x == 0 && w.n_blocks > 0) produce<Traits>(p, smem, w);

@@ -73,15 +73,17 @@ struct SharedStorage {
   }
 };
 
-// Ring position of the it-th key tile.
-struct Stage {
-  int index;
-  std::uint32_t phase;
-};
+// Ring position of a key tile: its stage and the parity of the stage's lap, stepped tile by tile
+// (cheaper in the loop than a division by kStages).
 template <typename Traits>
-__device__ __forceinline__ Stage stage_of(int it) {
-  return {it % Traits::kStages, std::uint32_t((it / Traits::kStages) & 1)};
-}
+struct Stage {
+  int index = 0;
+  std::uint32_t phase = 0;
+
+  __device__ Stage next() const {
+    return index + 1 == Traits::kStages ? Stage{0, phase ^ 1} : Stage{index + 1, phase};
+  }
+};
 
 template <typename Traits>
 __device__ void produce(const PrefillKernelParams& p, const SharedStorage<Traits>& smem,
@@ -96,9 +98,9 @@ __device__ void produce(const PrefillKernelParams& p, const SharedStorage<Traits
     sm90::tma_load_3d(&p.q_map, smem.q_full(), smem.q() + c * Traits::kQChunkBytes,
                       c * Traits::kChunkElems, q_row, w.head);
   }
-  for (int it = 0; it < w.n_blocks; ++it) {
+  Stage<Traits> s;
+  for (int it = 0; it < w.n_blocks; ++it, s = s.next()) {
     const int n = w.n_blocks - 1 - it;
-    const Stage s = stage_of<Traits>(it);
     // A fresh barrier counts as having completed the phase before its first, so the first lap
     // passes at once.
     sm90::Barrier::wait(smem.k_empty(s.index), s.phase ^ 1);
@@ -145,14 +147,15 @@ __device__ __forceinline__ void issue_qk_chunk(const SharedStorage<Traits>& smem
                                                int row0, int c, bool accumulate, float (&s)[64]) {
   constexpr int kSwizzle = int(Traits::kQkSwizzle);
   constexpr std::uint32_t kGroupStride = 8 * Traits::kChunkRowBytes;
-  const std::uint32_t q =
-      sm90::smem_address(smem.q()) + row0 * Traits::kChunkRowBytes + c * Traits::kQChunkBytes;
-  const std::uint32_t k = sm90::smem_address(smem.k(stage)) + c * Traits::kKChunkBytes;
+  const std::uint64_t q = sm90::smem_descriptor(
+      sm90::smem_address(smem.q()) + row0 * Traits::kChunkRowBytes, kSwizzle, 16, kGroupStride);
+  const std::uint64_t k =
+      sm90::smem_descriptor(sm90::smem_address(smem.k(stage)), kSwizzle, 16, kGroupStride);
   cute::warpgroup_arrive();
 #pragma unroll
   for (int kk = 0; kk < Traits::kChunkRowBytes / 32; ++kk) {
-    const std::uint64_t a = sm90::smem_descriptor(q + kk * 32, kSwizzle, 16, kGroupStride);
-    const std::uint64_t b = sm90::smem_descriptor(k + kk * 32, kSwizzle, 16, kGroupStride);
+    const std::uint64_t a = sm90::advance_descriptor(q, c * Traits::kQChunkBytes + kk * 32);
+    const std::uint64_t b = sm90::advance_descriptor(k, c * Traits::kKChunkBytes + kk * 32);
     sm90::mma_ss<typename MmaOps<Traits::kFp8>::QK>(a, b, s, accumulate || kk > 0);
   }
   cute::warpgroup_commit_batch();
@@ -198,23 +201,21 @@ template <typename Traits>
 __device__ __forceinline__ void issue_pv(const SharedStorage<Traits>& smem, int stage,
                                          std::uint32_t (&p)[Traits::kBlockN / Traits::kMmaK][4],
                                          float (&o)[Traits::kORegs], bool accumulate) {
-  const std::uint32_t v = sm90::smem_address(smem.v(stage));
+  const std::uint32_t v_address = sm90::smem_address(smem.v(stage));
+  // e4m3: V^T rows of 128 keys (128 bytes), K-major, stepping 32 keys along the row; rows kDv..
+  // are the ones rows, the next 8-row group. bf16: V rows of 64 dims (128 bytes) per chunk,
+  // MN-major, stepping 16 key rows; the two 64-dim chunks are kBlockN rows apart.
+  const std::uint64_t v =
+      Traits::kFp8 ? sm90::smem_descriptor(v_address, 128, 16, 8 * 128)
+                   : sm90::smem_descriptor(v_address, 128, Traits::kBlockN * 128, 8 * 128);
+  constexpr std::uint32_t kStepBytes = Traits::kFp8 ? 32 : 16 * 128;
   sm90::fence_registers(o);
 #pragma unroll
   for (int ks = 0; ks < Traits::kBlockN / Traits::kMmaK; ++ks) sm90::fence_registers(p[ks]);
   cute::warpgroup_arrive();
 #pragma unroll
   for (int ks = 0; ks < Traits::kBlockN / Traits::kMmaK; ++ks) {
-    std::uint64_t b;
-    if constexpr (Traits::kFp8) {
-      // V^T rows of 128 keys (128 bytes), K-major: step 32 keys along the row. Rows kDv.. are the
-      // ones rows, the next 8-row group.
-      b = sm90::smem_descriptor(v + ks * 32, 128, 16, 8 * 128);
-    } else {
-      // V rows of 64 dims (128 bytes) per chunk, MN-major: step 16 key rows; the two 64-dim
-      // chunks are kBlockN rows apart.
-      b = sm90::smem_descriptor(v + ks * 16 * 128, 128, Traits::kBlockN * 128, 8 * 128);
-    }
+    const std::uint64_t b = sm90::advance_descriptor(v, ks * kStepBytes);
     sm90::mma_rs<typename MmaOps<Traits::kFp8>::PV>(p[ks], b, o, accumulate || ks > 0);
   }
   cute::warpgroup_commit_batch();

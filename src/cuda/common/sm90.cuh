@@ -47,13 +47,21 @@ __device__ __forceinline__ void st_shared_f4(std::uint32_t address, float4 v) {
 __device__ __forceinline__ std::uint64_t smem_descriptor(std::uint32_t address, int swizzle_bytes,
                                                          std::uint32_t leading,
                                                          std::uint32_t group_stride) {
-  cute::GmmaDescriptor desc;
-  desc.bitfield.start_address_ = static_cast<std::uint16_t>((address & 0x3FFFF) >> 4);
-  desc.bitfield.leading_byte_offset_ = static_cast<std::uint16_t>(leading >> 4);
-  desc.bitfield.stride_byte_offset_ = static_cast<std::uint16_t>(group_stride >> 4);
-  desc.bitfield.base_offset_ = 0;
-  desc.bitfield.layout_type_ = swizzle_bytes == 128 ? 1 : swizzle_bytes == 64 ? 2 : 3;
-  return desc.desc_;
+  // Low word: start address (bits 0-13) and leading byte offset (16-29), both in 16-byte units;
+  // high word: stride byte offset (bits 0-13) and the layout (30-31; base offset 0).
+  const std::uint32_t layout = swizzle_bytes == 128 ? 1 : swizzle_bytes == 64 ? 2 : 3;
+  const std::uint32_t lo = ((address & 0x3FFFF) >> 4) | ((leading >> 4) << 16);
+  const std::uint32_t hi = (group_stride >> 4) | (layout << 30);
+  return std::uint64_t(hi) << 32 | lo;
+}
+
+// `desc` with its start address `bytes` further on (a multiple of 16; the operand stays below the
+// 256 KiB the 14-bit field reaches). Only the low word changes: one add, where rebuilding the
+// descriptor from the address would take four instructions per wgmma.
+__device__ __forceinline__ std::uint64_t advance_descriptor(std::uint64_t desc,
+                                                            std::uint32_t bytes) {
+  const std::uint32_t lo = std::uint32_t(desc) + (bytes >> 4);
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
 // One m64nNk wgmma, A and B from shared memory, into N / 2 f32 accumulators a thread.
