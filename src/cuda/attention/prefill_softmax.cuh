@@ -40,16 +40,28 @@ struct OnlineSoftmax {
   }
 
   // Masks keys outside the sequence or (causal) past each row's diagonal. `row` is the
-  // sequence-local query row of row half 0 (row half 1 is row + 8).
+  // sequence-local query row of row half 0 (row half 1 is row + 8). Element i holds key key0 +
+  // offset(i), so each test compares a compile-time offset with a per-row bound: one compare and
+  // one select an element. Keys before the sequence only occur in its first tile when that starts
+  // early for alignment (key0 < 0).
   __device__ void mask(float (&s)[64], const TileWork& w, int n, int row) const {
     const int key0 = tile_first_key(w, n, Traits::kBlockN) + 2 * (threadIdx.x % 4);
+    int end[2];  // per row half: offsets from key0 at or past this are masked
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int limit =
+          Traits::kIsCausal ? min(w.k_len, row + 8 * h + 1 + w.k_len - w.q_len) : w.k_len;
+      end[h] = limit - key0;
+    }
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
-      const int key = key0 + 8 * (i / 4) + (i % 2);
-      const int limit = Traits::kIsCausal
-                            ? min(w.k_len, row + 8 * ((i / 2) % 2) + 1 + w.k_len - w.q_len)
-                            : w.k_len;
-      if (key < 0 || key >= limit) s[i] = -INFINITY;
+      if (8 * (i / 4) + (i % 2) >= end[(i / 2) % 2]) s[i] = -INFINITY;
+    }
+    if (key0 < 0) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        if (8 * (i / 4) + (i % 2) < -key0) s[i] = -INFINITY;
+      }
     }
   }
 
