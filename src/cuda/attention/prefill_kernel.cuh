@@ -39,6 +39,8 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
     v_scale = *p.v_descale;
   }
 
+  // Q K^T's promotions (see compute_qk): the LSE needs three, O alone two.
+  constexpr int kQkParts = !Traits::kFp8 ? 1 : kRowSum ? 3 : 2;
   OnlineSoftmax<Traits, kRowSum> softmax;
   softmax.init(scale_log2);
   // O is defined by the first P V (which overwrites it): no other instruction writes it before
@@ -82,7 +84,7 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
     Stage<Traits> st;  // the ring position of tile it
     sm90::Barrier::wait(smem.k_full(0), 0);
     wait_turn();
-    compute_qk<Traits>(smem, 0, row0, s, [&] { pass_turn(false); });
+    compute_qk<Traits, kQkParts>(smem, 0, row0, s, [&] { pass_turn(false); });
     release(smem.k_empty(0));
     softmax_of(0, false);
     // Middle turns: P V of tile it - 1, S of tile it.
@@ -93,7 +95,7 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
       sm90::Barrier::wait(smem.v_full(prev.index), prev.phase);
       wait_turn();
       issue_pv<Traits>(smem, prev.index, p_regs, o, /*accumulate=*/!restarts_o(it));
-      compute_qk<Traits>(smem, st.index, row0, s, [&] { pass_turn(false); });
+      compute_qk<Traits, kQkParts>(smem, st.index, row0, s, [&] { pass_turn(false); });
       sm90::fence_registers(o);  // P V is complete too: o may be scaled again
       release(smem.v_empty(prev.index));
       release(smem.k_empty(st.index));
