@@ -82,10 +82,10 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
     if (cw == 1) cutlass::arch::NamedBarrier::arrive(256, kTurnBarrier);
     // First turn: S of tile 0.
     Stage<Traits> st;  // the ring position of tile it
-    sm90::Barrier::wait(smem.k_full(0), 0);
+    sm90::Barrier::wait(smem.k_full(st.index), st.phase);
     wait_turn();
-    compute_qk<Traits, kQkParts>(smem, 0, row0, s, [&] { pass_turn(false); });
-    release(smem.k_empty(0));
+    compute_qk<Traits, kQkParts>(smem, st.index, row0, s, [&] { pass_turn(false); });
+    release(smem.k_empty(st.index));
     softmax_of(0, false);
     // Middle turns: P V of tile it - 1, S of tile it.
     for (int it = 1; it < w.n_blocks; ++it) {
