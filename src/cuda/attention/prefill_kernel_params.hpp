@@ -11,7 +11,14 @@ namespace fp8mla::cuda::attention {
 
 struct PrefillKernelParams {
   CUtensorMap q_map;  // [heads][tq][dqk] boxes of 128 tokens x 64 elements
-  CUtensorMap k_map;  // [heads][tk][dqk], the same boxes
+  // bf16: [heads][tk][dqk], the same boxes. e4m3: [heads][groups][odd][8][dqk] over the complete
+  // 16-key groups (key 16g + 2r + odd at [g][odd][r]), boxes of 64 elements x 8 groups: a tile in
+  // even-odd key order (see prefill_traits.cuh).
+  CUtensorMap k_map;
+  // e4m3: [heads][tk][dqk] boxes of 64 elements x 16 keys taken every second one: half a group
+  // (its even or its odd keys), for the tile that reaches past the last complete group.
+  CUtensorMap k_tail_map;
+  int k_full_groups;  // e4m3: complete 16-key groups in k (tk / 16)
   CUtensorMap v_map;  // e4m3: [heads][dv][tk] boxes of 128 dims x 128 keys; bf16: like k
   const std::int32_t* cu_seqlens_q;
   const std::int32_t* cu_seqlens_k;

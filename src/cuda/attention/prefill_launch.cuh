@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -24,11 +25,13 @@ inline std::uint64_t tma_stride(std::int64_t size, std::int64_t stride, int elem
   return size > 1 ? std::uint64_t(stride) * element_bytes : fallback;
 }
 
-// q or k: [heads][tokens][dqk] in boxes of 64 elements x kBlockM (= kBlockN) tokens.
+// q or k: [heads][tokens][dqk] in boxes of 64 elements x kBlockM (= kBlockN) tokens; with
+// key_step 2, boxes of 16 tokens taken every second one (the e4m3 tail map of k).
 template <typename Traits>
 CUtensorMap qk_map(const void* base, std::int64_t tokens, std::int64_t heads,
-                   std::int64_t token_stride, std::int64_t head_stride, const char* what) {
-  TensorMap3d spec;
+                   std::int64_t token_stride, std::int64_t head_stride, const char* what,
+                   std::uint32_t key_step = 1) {
+  TensorMapSpec spec;
   spec.base = base;
   spec.element_bytes = Traits::kElementBytes;
   spec.dims[0] = Traits::kDqk;
@@ -39,10 +42,40 @@ CUtensorMap qk_map(const void* base, std::int64_t tokens, std::int64_t heads,
   spec.strides_bytes[1] =
       tma_stride(heads, head_stride, Traits::kElementBytes, spec.strides_bytes[0] * tokens);
   spec.box[0] = Traits::kChunkElems;
-  spec.box[1] = Traits::kBlockM;
+  spec.box[1] = key_step == 1 ? Traits::kBlockM : 16;
   spec.box[2] = 1;
+  spec.element_strides[1] = key_step;
   spec.swizzle_bytes = int(Traits::kQkSwizzle);
   return make_tensor_map(spec, what);
+}
+
+// e4m3 k over its complete 16-key groups, each walked even keys first: dims (element, r, odd,
+// group, head) with key 16 * group + 2 * r + odd; one box is a kBlockN-key tile.
+template <typename Traits>
+CUtensorMap k_even_odd_map(const void* base, std::int64_t tokens, std::int64_t heads,
+                           std::int64_t token_stride, std::int64_t head_stride) {
+  TensorMapSpec spec;
+  spec.base = base;
+  spec.element_bytes = 1;
+  spec.rank = 5;
+  const std::uint64_t row = Traits::kDqk;
+  const std::uint64_t key = tma_stride(tokens, token_stride, 1, row);
+  spec.dims[0] = Traits::kDqk;
+  spec.dims[1] = 8;
+  spec.dims[2] = 2;
+  spec.dims[3] = std::uint64_t(std::max<std::int64_t>(tokens / 16, 1));  // unused below 16 keys
+  spec.dims[4] = std::uint64_t(heads);
+  spec.strides_bytes[0] = 2 * key;
+  spec.strides_bytes[1] = key;
+  spec.strides_bytes[2] = 16 * key;
+  spec.strides_bytes[3] = tma_stride(heads, head_stride, 1, key * tokens);
+  spec.box[0] = Traits::kChunkElems;
+  spec.box[1] = 8;
+  spec.box[2] = 2;
+  spec.box[3] = Traits::kBlockN / 16;
+  spec.box[4] = 1;
+  spec.swizzle_bytes = int(Traits::kQkSwizzle);
+  return make_tensor_map(spec, "k");
 }
 
 }  // namespace detail
@@ -67,8 +100,16 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   PrefillKernelParams kp{};
   kp.q_map = detail::qk_map<Traits>(p.q, p.tq, p.heads, p.q_token_stride, p.q_head_stride, "q");
   if (p.tk > 0) {
-    kp.k_map = detail::qk_map<Traits>(p.k, p.tk, p.heads, p.k_token_stride, p.k_head_stride, "k");
-    TensorMap3d v;
+    if constexpr (Traits::kEvenOddKeys) {
+      kp.k_map =
+          detail::k_even_odd_map<Traits>(p.k, p.tk, p.heads, p.k_token_stride, p.k_head_stride);
+      kp.k_tail_map = detail::qk_map<Traits>(p.k, p.tk, p.heads, p.k_token_stride, p.k_head_stride,
+                                             "k", /*key_step=*/2);
+      kp.k_full_groups = int(p.tk / 16);
+    } else {
+      kp.k_map = detail::qk_map<Traits>(p.k, p.tk, p.heads, p.k_token_stride, p.k_head_stride, "k");
+    }
+    TensorMapSpec v;
     v.base = p.v;
     v.element_bytes = Traits::kElementBytes;
     v.swizzle_bytes = 128;

@@ -85,6 +85,41 @@ struct Stage {
   }
 };
 
+// Loads the K tile of keys [key, key + kBlockN) of `head` (e4m3: key % 16 == 0, in even-odd
+// order).
+template <typename Traits>
+__device__ __forceinline__ void load_k_tile(const PrefillKernelParams& p, std::uint64_t* full,
+                                            std::uint8_t* dst, int key, int head) {
+  constexpr int kGroups = Traits::kBlockN / 16;
+  if constexpr (Traits::kEvenOddKeys) {
+    const int group = key / 16;
+    if (group + kGroups <= p.k_full_groups) {
+      for (int c = 0; c < Traits::kChunks; ++c) {
+        sm90::tma_load_5d(&p.k_map, full, dst + c * Traits::kKChunkBytes, c * Traits::kChunkElems,
+                          0, 0, group, head);
+      }
+      return;
+    }
+    // The tile reaches past the last complete group: each half group from the strided map, which
+    // reads keys past the end as zero (they are masked).
+    for (int c = 0; c < Traits::kChunks; ++c) {
+      for (int g = 0; g < kGroups; ++g) {
+        for (int odd = 0; odd < 2; ++odd) {
+          sm90::tma_load_3d(
+              &p.k_tail_map, full,
+              dst + c * Traits::kKChunkBytes + (2 * g + odd) * 8 * Traits::kChunkRowBytes,
+              c * Traits::kChunkElems, key + 16 * g + odd, head);
+        }
+      }
+    }
+  } else {
+    for (int c = 0; c < Traits::kChunks; ++c) {
+      sm90::tma_load_3d(&p.k_map, full, dst + c * Traits::kKChunkBytes, c * Traits::kChunkElems,
+                        key, head);
+    }
+  }
+}
+
 template <typename Traits>
 __device__ void produce(const PrefillKernelParams& p, const SharedStorage<Traits>& smem,
                         const TileWork& w) {
@@ -106,10 +141,7 @@ __device__ void produce(const PrefillKernelParams& p, const SharedStorage<Traits
     sm90::Barrier::wait(smem.k_empty(s.index), s.phase ^ 1);
     const int key = w.k_start + tile_first_key(w, n, Traits::kBlockN);
     sm90::Barrier::arrive_and_expect_tx(smem.k_full(s.index), Traits::kKBytes);
-    for (int c = 0; c < Traits::kChunks; ++c) {
-      sm90::tma_load_3d(&p.k_map, smem.k_full(s.index), smem.k(s.index) + c * Traits::kKChunkBytes,
-                        c * Traits::kChunkElems, key, w.head);
-    }
+    load_k_tile<Traits>(p, smem.k_full(s.index), smem.k(s.index), key, w.head);
     sm90::Barrier::wait(smem.v_empty(s.index), s.phase ^ 1);
     sm90::Barrier::arrive_and_expect_tx(smem.v_full(s.index), Traits::kVBytes);
     if constexpr (Traits::kFp8) {

@@ -45,7 +45,10 @@ struct OnlineSoftmax {
   // one select an element. Keys before the sequence only occur in its first tile when that starts
   // early for alignment (key0 < 0).
   __device__ void mask(float (&s)[64], const TileWork& w, int n, int row) const {
-    const int key0 = tile_first_key(w, n, Traits::kBlockN) + 2 * (threadIdx.x % 4);
+    // Element i is column 8 * (i / 4) + 2c + i % 2 of row half (i / 2) % 2.
+    constexpr auto offset = [](int i) { return Traits::key_of_column(8 * (i / 4) + i % 2); };
+    const int key0 =
+        tile_first_key(w, n, Traits::kBlockN) + Traits::kLaneKeyStep * int(threadIdx.x % 4);
     int end[2];  // per row half: offsets from key0 at or past this are masked
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -55,12 +58,12 @@ struct OnlineSoftmax {
     }
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
-      if (8 * (i / 4) + (i % 2) >= end[(i / 2) % 2]) s[i] = -INFINITY;
+      if (offset(i) >= end[(i / 2) % 2]) s[i] = -INFINITY;
     }
     if (key0 < 0) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
-        if (8 * (i / 4) + (i % 2) < -key0) s[i] = -INFINITY;
+        if (offset(i) < -key0) s[i] = -INFINITY;
       }
     }
   }
@@ -123,47 +126,25 @@ struct OnlineSoftmax {
 
 // P (accumulator layout, 64 f32) to the A-operand registers of the P V wgmma, one [4] per
 // k-step. bf16 (k16): the layouts agree, a pair of columns per register. e4m3 (k32): register
-// 2 * half + h of a k-step wants columns 16 * half + 4c .. + 3 of row half h, while the
-// accumulator gives lane c of the quad columns {2c, 2c + 1} of each 8-column block. So lane c's
-// four columns come from two lanes of its quad, two bytes each. Every shuffle carries the pairs
-// for both 16-column halves at once (four useful bytes): in shuffle A even lanes offer their pairs
-// of the first block of each half and odd lanes those of the second, in shuffle B the other way
-// round; a byte permute per register then puts the four columns in order.
+// 2 * half + h of k-step ks wants keys 16m + 4c .. + 3 of row half h, m = 2 * ks + half. With K in
+// even-odd order (see prefill_traits.cuh) lane c holds them itself: keys 16m + 4c + {0, 2} in
+// block 2m and 16m + 4c + {1, 3} in block 2m + 1, so a register is two conversions.
 template <typename Traits>
 __device__ __forceinline__ void p_to_operand(
     const float (&s)[64], std::uint32_t (&a)[Traits::kBlockN / Traits::kMmaK][4]) {
   if constexpr (Traits::kFp8) {
-    const int c = threadIdx.x % 4;
-    const int quad = (threadIdx.x % 32) & ~3;
-    const bool odd = c & 1;
-    // Lane c reads, in A, lane (c >> 1) | (c & 1) << 1 and, in B, that lane's neighbour: lane 0
-    // gets its columns 0-1 from itself (A) and 2-3 from lane 1 (B); lane 2 gets columns 8-9 from
-    // lane 0's second block (B) and 10-11 from lane 1's (A), so lanes 2 and 3 take B's bytes first.
-    const int src_a = quad | (c >> 1) | ((c & 1) << 1);
-    const int src_b = src_a ^ 1;
-    const std::uint32_t offer_a = odd ? 0x7632 : 0x5410;
-    const std::uint32_t offer_b = odd ? 0x5410 : 0x7632;
-    const std::uint32_t take_lo = c < 2 ? 0x5410 : 0x1054;
-    const std::uint32_t take_hi = c < 2 ? 0x7632 : 0x3276;
+    static_assert(Traits::kEvenOddKeys);
 #pragma unroll
     for (int ks = 0; ks < Traits::kBlockN / 32; ++ks) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // half 0: blocks 4ks, 4ks + 1; half 1: blocks 4ks + 2, 4ks + 3 (row half h).
-        std::uint32_t pairs[2];
+      for (int half = 0; half < 2; ++half) {
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int j = 4 * ks + 2 * half;
-          pairs[half] =
-              std::uint32_t(cvt_e4m3x2(s[4 * j + 2 * h], s[4 * j + 2 * h + 1])) |
-              (std::uint32_t(cvt_e4m3x2(s[4 * j + 4 + 2 * h], s[4 * j + 5 + 2 * h])) << 16);
+        for (int h = 0; h < 2; ++h) {
+          const int even = 4 * (4 * ks + 2 * half) + 2 * h;  // block 2m, row half h
+          const int odd = even + 4;                          // block 2m + 1
+          a[ks][2 * half + h] = std::uint32_t(cvt_e4m3x2(s[even], s[odd])) |
+                                (std::uint32_t(cvt_e4m3x2(s[even + 1], s[odd + 1])) << 16);
         }
-        const std::uint32_t va =
-            __shfl_sync(0xffffffff, __byte_perm(pairs[0], pairs[1], offer_a), src_a);
-        const std::uint32_t vb =
-            __shfl_sync(0xffffffff, __byte_perm(pairs[0], pairs[1], offer_b), src_b);
-        a[ks][h] = __byte_perm(va, vb, take_lo);
-        a[ks][2 + h] = __byte_perm(va, vb, take_hi);
       }
     }
   } else {

@@ -15,6 +15,11 @@
 //    exactly 1).
 //  - bf16: V is token-major and lands as kDv / 64 chunks of [kBlockN keys][64 dims], read by the
 //    transposing (MN-major) form of wgmma.
+// e4m3 K tiles hold each group of 16 keys in even-odd order (keys 0, 2, .., 14, then 1, 3, .., 15;
+// the TMA map walks the rows that way). Lane c of a quad then holds, in S's accumulator layout,
+// keys 4c .. 4c + 3 of each group: exactly what its register of the P V wgmma's A operand (k32)
+// wants, so P goes from S to the operand with two conversions a register and no shuffle. V keeps
+// the natural key order.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +80,15 @@ struct PrefillTraits {
   static constexpr int kSharedAlign = 1024;
   static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVStageBytes % 1024 == 0);
   static_assert(kSharedBytes + kSharedAlign <= 227 * 1024, "over the sm_90 shared memory limit");
+
+  // Whether K tiles hold their keys in even-odd order (see above).
+  static constexpr bool kEvenOddKeys = kFp8;
+  // The key (from the tile's first) that S column n holds for lane c = 0 of a quad (whose columns
+  // are 8j and 8j + 1); lane c's columns hold kLaneKeyStep * c more.
+  static constexpr int key_of_column(int n) {
+    return kEvenOddKeys ? (n & ~15) | ((n & 7) << 1) | ((n >> 3) & 1) : n;
+  }
+  static constexpr int kLaneKeyStep = kEvenOddKeys ? 4 : 2;
 
   // A P tile is scaled by 2^kPShift before its FP8 cast so that probabilities down to 2^-14 stay
   // normal e4m3 numbers (the row maximum becomes 256, exact); the row sum carries the same factor,

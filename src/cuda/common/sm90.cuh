@@ -101,11 +101,15 @@ __device__ __forceinline__ void fence_registers(T (&r)[R]) {
 constexpr std::uint64_t kCacheHintNormal =
     static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL);
 
-// 3-D TMA load of one box into shared memory, completing on `barrier` (its transaction count must
-// have been raised by the box's bytes).
+// TMA loads of one box (3-d or 5-d map) into shared memory, completing on `barrier` (its
+// transaction count must have been raised by the box's bytes).
 __device__ __forceinline__ void tma_load_3d(const void* tensor_map, std::uint64_t* barrier,
                                             void* smem, int c0, int c1, int c2) {
   cute::SM90_TMA_LOAD_3D::copy(tensor_map, barrier, kCacheHintNormal, smem, c0, c1, c2);
+}
+__device__ __forceinline__ void tma_load_5d(const void* tensor_map, std::uint64_t* barrier,
+                                            void* smem, int c0, int c1, int c2, int c3, int c4) {
+  cute::SM90_TMA_LOAD_5D::copy(tensor_map, barrier, kCacheHintNormal, smem, c0, c1, c2, c3, c4);
 }
 
 }  // namespace fp8mla::cuda::sm90

@@ -3,6 +3,8 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "cuda/common/runtime.hpp"
 #include "fp8mla/error.hpp"
 
@@ -26,24 +28,33 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
 
 }  // namespace
 
-CUtensorMap make_tensor_map(const TensorMap3d& spec, const char* what) {
+CUtensorMap make_tensor_map(const TensorMapSpec& spec, const char* what) {
+  constexpr int kMax = TensorMapSpec::kMaxRank;
+  cuuint64_t dims[kMax], strides[kMax - 1];
+  cuuint32_t box[kMax], element_strides[kMax];
+  for (int i = 0; i < kMax; ++i) {
+    dims[i] = spec.dims[i];
+    box[i] = spec.box[i];
+    element_strides[i] = spec.element_strides[i];
+    if (i + 1 < kMax) strides[i] = spec.strides_bytes[i];
+  }
   CUtensorMap map{};
-  const cuuint64_t dims[3] = {spec.dims[0], spec.dims[1], spec.dims[2]};
-  const cuuint64_t strides[2] = {spec.strides_bytes[0], spec.strides_bytes[1]};
-  const cuuint32_t box[3] = {spec.box[0], spec.box[1], spec.box[2]};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult result = encode_function()(
       &map,
-      spec.element_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3,
-      const_cast<void*>(spec.base), dims, strides, box, element_strides,
+      spec.element_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+      cuuint32_t(spec.rank), const_cast<void*>(spec.base), dims, strides, box, element_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE,
       spec.swizzle_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
+    std::string shape, steps;
+    for (int i = 0; i < spec.rank; ++i) {
+      shape += concat(i ? "x" : "", spec.dims[i]);
+      if (i > 0) steps += concat(i > 1 ? ", " : "", spec.strides_bytes[i - 1]);
+    }
     throw Error(ErrorCategory::kInvalidArgument,
                 concat("TMA descriptor of `", what, "` rejected by the driver (CUresult ",
-                       int(result), "): dims ", spec.dims[0], "x", spec.dims[1], "x", spec.dims[2],
-                       ", byte strides ", spec.strides_bytes[0], ", ", spec.strides_bytes[1]));
+                       int(result), "): dims ", shape, ", byte strides ", steps));
   }
   return map;
 }

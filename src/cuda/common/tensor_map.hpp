@@ -8,17 +8,23 @@
 
 namespace fp8mla::cuda {
 
-struct TensorMap3d {
-  const void* base = nullptr;      // 16-byte aligned
-  int element_bytes = 1;           // 1 (e4m3) or 2 (bf16)
-  std::uint64_t dims[3] = {};      // innermost first, in elements
-  std::uint64_t strides_bytes[2];  // of dims 1 and 2; multiples of 16
-  std::uint32_t box[3] = {};       // elements; box[0] * element_bytes <= swizzle_bytes
-  int swizzle_bytes = 128;         // 64 or 128
+// A tiled map of rank 1-5. The dims' strides need not grow or be disjoint: a map may walk the same
+// rows in another order (see the e4m3 K map of the attention kernel).
+struct TensorMapSpec {
+  static constexpr int kMaxRank = 5;
+  const void* base = nullptr;  // 16-byte aligned
+  int element_bytes = 1;       // 1 (e4m3) or 2 (bf16)
+  int rank = 3;
+  std::uint64_t dims[kMaxRank] = {};               // innermost first, in elements
+  std::uint64_t strides_bytes[kMaxRank - 1] = {};  // of dims 1..rank-1; multiples of 16
+  std::uint32_t box[kMaxRank] = {};  // elements; box[0] * element_bytes <= swizzle_bytes
+  // Box traversal steps: a dim with step s loads every s-th element of its box (box / s of them).
+  std::uint32_t element_strides[kMaxRank] = {1, 1, 1, 1, 1};
+  int swizzle_bytes = 128;  // 64 or 128
 };
 
 // Encodes `spec` (out-of-bounds elements read as zero). Throws fp8mla::Error on a spec the
 // hardware rejects, naming `what`.
-CUtensorMap make_tensor_map(const TensorMap3d& spec, const char* what);
+CUtensorMap make_tensor_map(const TensorMapSpec& spec, const char* what);
 
 }  // namespace fp8mla::cuda
