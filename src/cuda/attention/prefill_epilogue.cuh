@@ -12,7 +12,18 @@
 
 namespace fp8mla::cuda::attention {
 
-// `row` is the sequence-local query row of the thread's row half 0.
+// Exchanges a word with the neighbour lane so that the even lane of each pair holds word 0 and
+// the odd lane word 1 of both lanes, in lane order.
+__device__ __forceinline__ void exchange_pair(std::uint32_t (&x)[2], bool odd) {
+  const std::uint32_t other = __shfl_xor_sync(0xffffffff, odd ? x[0] : x[1], 1);
+  x[0] = odd ? other : x[0];
+  x[1] = odd ? x[1] : other;
+}
+
+// `row` is the sequence-local query row of the thread's row half 0. A quad holds a row's 128
+// dims as 16 blocks of 8, two per lane and block. With p.out_vectors, lane pairs exchange words so
+// that each lane stores 8 bytes at once and a quad whole 32-byte sectors: partial-sector stores
+// cost short sequences about a sixth of their time, the exchanges little.
 template <typename Traits, bool kRowSum>
 __device__ __forceinline__ void store_output(const PrefillKernelParams& p, const TileWork& w,
                                              int row, const OnlineSoftmax<Traits, kRowSum>& softmax,
@@ -20,22 +31,37 @@ __device__ __forceinline__ void store_output(const PrefillKernelParams& p, const
   const int c = threadIdx.x % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int r = row + 8 * h;
-    if (r >= w.q_len) continue;
+    const int r = row + 8 * h;  // the same for the four lanes of a quad
     const float sum = softmax.row_sum[h];
     const float o_sum = Traits::kOnesRows > 0 ? o[64 + 2 * h] : sum;
     const float inv = o_sum > 0.0f ? v_scale / o_sum : 0.0f;
-    const std::int64_t token = w.q_start + r;
-    std::uint16_t* out = p.out + token * p.out_token_stride + w.head * p.out_head_stride + 2 * c;
+    std::uint32_t words[16];  // block j: dims 8j + 2c, 8j + 2c + 1
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      std::uint32_t packed;
       asm("cvt.rn.bf16x2.f32 %0, %1, %2;"
-          : "=r"(packed)
+          : "=r"(words[j])
           : "f"(o[4 * j + 2 * h + 1] * inv), "f"(o[4 * j + 2 * h] * inv));
-      *reinterpret_cast<std::uint32_t*>(out + 8 * j) = packed;
     }
-    if (p.lse != nullptr && c == 0) {
+    const std::int64_t token = w.q_start + r;
+    std::uint16_t* out = p.out + token * p.out_token_stride + w.head * p.out_head_stride;
+    if (p.out_vectors) {
+      const bool odd = c & 1;
+#pragma unroll
+      for (int j = 0; j < 16; j += 2) {
+        std::uint32_t x[2] = {words[j], words[j + 1]};
+        exchange_pair(x, odd);  // every lane, whether its row exists or not
+        // Lane c: dims 2 (c & 2) .. + 3 of block j + c % 2.
+        if (r < w.q_len) {
+          *reinterpret_cast<uint2*>(out + 8 * (j + odd) + 2 * (c & 2)) = make_uint2(x[0], x[1]);
+        }
+      }
+    } else if (r < w.q_len) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        *reinterpret_cast<std::uint32_t*>(out + 8 * j + 2 * c) = words[j];
+      }
+    }
+    if (p.lse != nullptr && c == 0 && r < w.q_len) {
       p.lse[token * p.lse_token_stride + w.head * p.lse_head_stride] = softmax.lse(h);
     }
   }

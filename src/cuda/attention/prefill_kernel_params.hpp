@@ -28,7 +28,8 @@ struct PrefillKernelParams {
   float scale_log2;    // softmax_scale * log2(e)
   std::uint16_t* out;  // bf16
   std::int64_t out_token_stride, out_head_stride;
-  float* lse;  // nullptr: not written
+  bool out_vectors;  // out and its strides allow 8-byte stores
+  float* lse;        // nullptr: not written
   std::int64_t lse_token_stride, lse_head_stride;
 };
 
