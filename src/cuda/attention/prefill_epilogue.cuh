@@ -22,8 +22,8 @@ __device__ __forceinline__ void exchange_pair(std::uint32_t (&x)[2], bool odd) {
 
 // `row` is the sequence-local query row of the thread's row half 0. A quad holds a row's 128
 // dims as 16 blocks of 8, two per lane and block. With p.out_vectors, lane pairs exchange words so
-// that each lane stores 8 bytes at once and a quad whole 32-byte sectors: partial-sector stores
-// cost short sequences about a sixth of their time, the exchanges little.
+// that each lane stores 8 bytes at once and a quad whole 32-byte sectors: half-sector stores cost
+// short sequences about a tenth of their time, the exchanges little.
 template <typename Traits, bool kRowSum>
 __device__ __forceinline__ void store_output(const PrefillKernelParams& p, const TileWork& w,
                                              int row, const OnlineSoftmax<Traits, kRowSum>& softmax,
