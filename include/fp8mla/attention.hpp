@@ -38,7 +38,7 @@ struct PrefillAttentionArgs {
   TensorView out;  // bf16 [Tq, H, Dv], any token/head strides, contiguous last dim
   // Optional f32 [Tq, H], any strides (e.g. a transposed [H, Tq] buffer). Leave it empty when
   // not needed: the e4m3 kernel then skips the f32 row sum of P, which only the LSE uses, and
-  // promotes Q K^T's partial sums to f32 twice a tile instead of three times (the LSE's 1e-3
+  // accumulates Q K^T in one run of FP8 wgmmas instead of three promoted to f32 (the LSE's 1e-3
   // needs three). So its O differs in the last bits from a call with an LSE; both meet the error
   // rule. bf16 gives the same O either way.
   TensorView lse;

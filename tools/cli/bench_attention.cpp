@@ -175,7 +175,7 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_option("--json", options->json, "Write the results as JSON to this file");
   cmd->add_flag("--no-lse", options->no_lse,
                 "Ask for no LSE (as a one-shot prefill does): the e4m3 kernel then skips its row "
-                "sum and promotes Q K^T less often");
+                "sum and accumulates Q K^T in one run instead of three");
   cmd->callback([options] {
     const std::vector<Shape> shapes = {{"1k", {1024}},
                                        {"4k", {4096}},

@@ -39,8 +39,8 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
     v_scale = *p.v_descale;
   }
 
-  // Q K^T's promotions (see compute_qk): the LSE needs three, O alone two.
-  constexpr int kQkParts = !Traits::kFp8 ? 1 : kRowSum ? 3 : 2;
+  // Q K^T's promotions (see compute_qk): the e4m3 LSE needs three, O alone none.
+  constexpr int kQkParts = Traits::kFp8 && kRowSum ? 3 : 1;
   OnlineSoftmax<Traits, kRowSum> softmax;
   softmax.init(scale_log2);
   // O is defined by the first P V (which overwrites it): no other instruction writes it before
