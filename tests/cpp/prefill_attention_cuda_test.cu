@@ -351,7 +351,7 @@ void expect_error_rule(const Case& c, std::uint32_t seed = 7) {
   Problem p = make_problem(c, seed);
   const Outputs o = run(p);
   expect_written_in_full(p, o);
-  // e4m3 without an LSE runs a cheaper loop (fewer Q K^T promotions): its O meets the rule too.
+  // e4m3 without an LSE runs a cheaper loop (one Q K^T accumulator): its O meets the rule too.
   const Outputs o_no_lse = run(p, false);
   expect_written_in_full(p, o_no_lse, false);
   std::mt19937 rng(seed + 1);
@@ -463,9 +463,9 @@ TEST_P(PrefillCuda, AllOnesVGivesExactlyOne) {
 }
 
 // Without an LSE the e4m3 kernel runs a cheaper loop (no f32 row sum, O normalized by the ones
-// columns; two Q K^T promotions instead of three), so its O differs in the last bits and must meet
-// the error rule on its own; bf16 runs the same loop either way and keeps the same bits. Neither
-// writes the LSE buffer.
+// columns; Q K^T in one accumulator instead of three), so its O differs in the last bits and must
+// meet the error rule on its own; bf16 runs the same loop either way and keeps the same bits.
+// Neither writes the LSE buffer.
 TEST_P(PrefillCuda, WithoutLseMeetsTheRuleAndWritesNoLse) {
   FP8MLA_REQUIRE_HOPPER();
   for (bool causal : {true, false}) {
