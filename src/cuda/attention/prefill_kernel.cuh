@@ -50,9 +50,11 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
   std::uint32_t p_regs[Traits::kBlockN / Traits::kMmaK][4];
 
   // The two consumer warpgroups take turns on the tensor cores (ping-pong): in its turn one issues
-  // P V of its previous tile and S = Q K^T of the next, then passes the turn and does its softmax
-  // while the other one's products run. Warpgroup 0 goes first; each pass is matched by one wait
-  // of the other warpgroup (warpgroup 1 skips the pass after its last turn).
+  // S = Q K^T of its next tile and P V of its previous one and passes the turn; its softmax then
+  // runs while its own P V and the other one's products do. (With an e4m3 LSE, S takes three
+  // promoted runs, which wait for every wgmma of the warpgroup: there P V goes first and the
+  // softmax overlaps only the other's products.) Warpgroup 0 goes first; each pass is matched by
+  // one wait of the other warpgroup (warpgroup 1 skips the pass after its last turn).
   const int cw = warpgroup - 1;
   const auto wait_turn = [&] { cutlass::arch::NamedBarrier::sync(256, kTurnBarrier + cw); };
   const auto pass_turn = [&](bool last) {
@@ -61,13 +63,8 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
   // Tile `it` of the loop is key tile n_blocks - 1 - it.
   OutputPartial<Traits> partial;
   if constexpr (Traits::kPromoteTiles > 0) partial.init(smem, cw);
-  const auto softmax_of = [&](int it, bool rescale_o) {
-    const int n = w.n_blocks - 1 - it;
-    if (tile_needs_mask<Traits>(w, n)) softmax.mask(s, w, n, row);
-    softmax.update(s, o, rescale_o);
-    if constexpr (Traits::kPromoteTiles > 0) partial.rescale(softmax.correction);
-    p_to_operand<Traits>(s, p_regs);
-  };
+  const auto needs_mask = [&](int it) { return tile_needs_mask<Traits>(w, w.n_blocks - 1 - it); };
+  const auto mask = [&](int it) { softmax.mask(s, w, w.n_blocks - 1 - it, row); };
   // Whether the P V of turn `it` (tile it - 1) starts O afresh: the first one, and (e4m3) the
   // first after each promotion.
   const auto restarts_o = [](int it) {
@@ -86,7 +83,9 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
     wait_turn();
     compute_qk<Traits, kQkParts>(smem, st.index, row0, s, [&] { pass_turn(false); });
     release(smem.k_empty(st.index));
-    softmax_of(0, false);
+    if (needs_mask(0)) mask(0);
+    softmax.update(s);
+    p_to_operand<Traits>(s, p_regs);
     // Middle turns: P V of tile it - 1, S of tile it.
     for (int it = 1; it < w.n_blocks; ++it) {
       const Stage<Traits> prev = st;
@@ -94,17 +93,47 @@ __device__ __forceinline__ void consume(const PrefillKernelParams& p,
       sm90::Barrier::wait(smem.k_full(st.index), st.phase);
       sm90::Barrier::wait(smem.v_full(prev.index), prev.phase);
       wait_turn();
-      issue_pv<Traits>(smem, prev.index, p_regs, o, /*accumulate=*/!restarts_o(it));
-      compute_qk<Traits, kQkParts>(smem, st.index, row0, s, [&] { pass_turn(false); });
-      sm90::fence_registers(o);  // P V is complete too: o may be scaled again
-      release(smem.v_empty(prev.index));
-      release(smem.k_empty(st.index));
-      if constexpr (Traits::kPromoteTiles > 0) {
-        if (restarts_o(it + 1)) partial.add(o);
+      // P V of tile it - 1 is complete: O may be read (and promoted) again.
+      const auto pv_done = [&] {
+        sm90::fence_registers(o);
+        release(smem.v_empty(prev.index));
+        if constexpr (Traits::kPromoteTiles > 0) {
+          if (restarts_o(it + 1)) partial.add(o);
+        }
+      };
+      if constexpr (kQkParts == 1) {
+        // S first, then P V: the softmax of tile it runs while this warpgroup's P V does.
+        issue_qk_steps<Traits, 0, Traits::kQkSteps>(smem, st.index, row0, s);
+        issue_pv<Traits>(smem, prev.index, p_regs, o, /*accumulate=*/!restarts_o(it));
+        pass_turn(false);
+        cute::warpgroup_wait<1>();
+        sm90::fence_registers(s);
+        release(smem.k_empty(st.index));
+        // The update sits in both arms: ptxas waits for the warpgroup's wgmmas where the arms
+        // join, which must come after the exp2s for them to overlap P V.
+        if (needs_mask(it)) {
+          mask(it);
+          softmax.update(s);
+        } else {
+          softmax.update(s);
+        }
+        sm90::fence_registers(s);  // P before the wait: else the compiler moves the exp2s below it
+        cute::warpgroup_wait<0>();
+        pv_done();
+        if constexpr (Traits::kPromoteTiles > 0) partial.rescale(softmax.correction);
+        softmax.rescale(o);
+      } else {
+        issue_pv<Traits>(smem, prev.index, p_regs, o, /*accumulate=*/!restarts_o(it));
+        compute_qk<Traits, kQkParts>(smem, st.index, row0, s, [&] { pass_turn(false); });
+        release(smem.k_empty(st.index));
+        pv_done();
+        if (needs_mask(it)) mask(it);
+        // O is rescaled even right after a promotion (the next P V overwrites it): a branch here
+        // would split the softmax and keep ptxas from interleaving the rescale with the exp2s.
+        softmax.update(s, o);
+        if constexpr (Traits::kPromoteTiles > 0) partial.rescale(softmax.correction);
       }
-      // O is rescaled even right after a promotion (the next P V overwrites it): a branch here
-      // would split the softmax and keep ptxas from interleaving the rescale with the exp2s.
-      softmax_of(it, /*rescale_o=*/true);
+      p_to_operand<Traits>(s, p_regs);
     }
     // Last turn: P V of the last tile.
     sm90::Barrier::wait(smem.v_full(st.index), st.phase);

@@ -211,9 +211,8 @@ __device__ __forceinline__ void issue_qk_steps(const SharedStorage<Traits>& smem
 template <typename Traits, int kParts, typename PassTurn>
 __device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, int stage, int row0,
                                            float (&s)[64], PassTurn&& pass_turn) {
-  constexpr int kSteps = Traits::kDqk * Traits::kElementBytes / 32;
-  constexpr int kPart = kSteps / kParts;
-  static_assert(kSteps % kParts == 0 && (kParts == 1 || (kParts == 3 && Traits::kFp8)));
+  constexpr int kPart = Traits::kQkSteps / kParts;
+  static_assert(Traits::kQkSteps % kParts == 0 && (kParts == 1 || (kParts == 3 && Traits::kFp8)));
   issue_qk_steps<Traits, 0, kPart>(smem, stage, row0, s);
   if constexpr (kParts == 1) {
     pass_turn();

@@ -68,10 +68,44 @@ struct OnlineSoftmax {
     }
   }
 
-  // Folds tile s into the running max and sum, turns s into P = exp2((s - max) * scale_log2) *
-  // 2^kPShift, and (once it holds a product) rescales the output accumulator o by the change of
-  // the max.
-  __device__ void update(float (&s)[64], float (&o)[Traits::kORegs], bool rescale_o) {
+  // Folds tile s into the running max and sum and turns s into P = exp2((s - max) * scale_log2)
+  // * 2^kPShift; `correction` is then the factor that earlier sums and O must take (rescale).
+  __device__ void update(float (&s)[64]) {
+    update<false>(s, nullptr);
+  }
+  // The same, rescaling o too, interleaved with the exp2s.
+  __device__ void update(float (&s)[64], float (&o)[Traits::kORegs]) {
+    update<true>(s, &o);
+  }
+
+  // Scales O by the last update's correction (after update(s)).
+  __device__ void rescale(float (&o)[Traits::kORegs]) const {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) rescale_half(o, h);
+  }
+
+  // The quad's full row sums (call once, after the last tile).
+  __device__ void finish() {
+    if constexpr (kRowSum) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 1);
+        row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 2);
+      }
+    }
+  }
+
+  // Natural-log LSE of row half h (needs finish()): -inf when the row saw no key.
+  __device__ float lse(int h) const {
+    constexpr float kLn2 = 0.69314718055994531f;
+    return row_sum[h] > 0.0f
+               ? (row_max[h] * scale_log2 + __log2f(row_sum[h]) - Traits::kPShift) * kLn2
+               : -INFINITY;
+  }
+
+ private:
+  template <bool kRescaleO>
+  __device__ void update(float (&s)[64], float (*o)[Traits::kORegs]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float m = row_max[h];
@@ -93,34 +127,17 @@ struct OnlineSoftmax {
           if constexpr (kRowSum) sum += x;
         }
       }
-      if (rescale_o) {
-#pragma unroll
-        for (int j = 0; j < Traits::kPvN / 8; ++j) {
-          o[4 * j + 2 * h] *= correction[h];
-          o[4 * j + 2 * h + 1] *= correction[h];
-        }
-      }
+      if constexpr (kRescaleO) rescale_half(*o, h);
       if constexpr (kRowSum) row_sum[h] = sum;
     }
   }
 
-  // The quad's full row sums (call once, after the last tile).
-  __device__ void finish() {
-    if constexpr (kRowSum) {
+  __device__ void rescale_half(float (&o)[Traits::kORegs], int h) const {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 1);
-        row_sum[h] += __shfl_xor_sync(0xffffffff, row_sum[h], 2);
-      }
+    for (int j = 0; j < Traits::kPvN / 8; ++j) {
+      o[4 * j + 2 * h] *= correction[h];
+      o[4 * j + 2 * h + 1] *= correction[h];
     }
-  }
-
-  // Natural-log LSE of row half h (needs finish()): -inf when the row saw no key.
-  __device__ float lse(int h) const {
-    constexpr float kLn2 = 0.69314718055994531f;
-    return row_sum[h] > 0.0f
-               ? (row_max[h] * scale_log2 + __log2f(row_sum[h]) - Traits::kPShift) * kLn2
-               : -INFINITY;
   }
 };
 

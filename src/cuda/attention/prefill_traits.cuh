@@ -62,6 +62,7 @@ struct PrefillTraits {
   static constexpr int kORegs = kPvN / 2;
   // One wgmma k-step reads 32 bytes of each row: 32 e4m3 or 16 bf16 elements.
   static constexpr int kMmaK = 32 / kElementBytes;
+  static constexpr int kQkSteps = kDqk * kElementBytes / 32;  // k-steps of S = Q K^T
 
   // Shared memory: every tile starts on a 1024-byte boundary (the 128B swizzle period).
   static constexpr int kQOffset = 0;
