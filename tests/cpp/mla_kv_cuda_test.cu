@@ -14,6 +14,7 @@
 
 #include "cuda/common/runtime.hpp"
 #include "cuda_test_util.hpp"
+#include "error_test_util.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "mla_kv_test_util.hpp"
 #include "quantize_test_util.hpp"
@@ -315,5 +316,19 @@ TEST(MlaKvCuda, CacheBeyond2GiB) {
   for (const DeviceBuffer& d : gd) EXPECT_TRUE(d.guards_intact());
 }
 
+// The transposed V's grid holds at most 65535 tiles of 64 tokens: more is a clear error before any
+// launch (the views only describe memory; nothing is read).
+TEST(MlaKvCuda, TransposedVTokenLimit) {
+  FP8MLA_REQUIRE_HOPPER();
+  const std::int64_t n = std::int64_t(65535) * 64 + 1;
+  void* const fake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
+  const TensorView v(fake, DType::kBF16, {n, 1, kMlaVDim}, Device::cuda(0));
+  const TensorView v_out(fake, DType::kE4M3, {n, 1, kMlaVDim}, {1, kMlaVDim * n, n},
+                         Device::cuda(0));
+  test::expect_error(
+      [&] { mla_v_quantize_fp8(v, v_out, 1.0f, VLayout::kTransposed); },
+      ErrorCategory::kUnsupported,
+      {"mla_v_quantize_fp8: at most 4194240 tokens into a transposed V", concat("got ", n)});
+}
 }  // namespace
 }  // namespace fp8mla

@@ -291,23 +291,74 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(MlaKvPackParams p, Trave
   pdl_launch_dependents();
 }
 
-// V into the transposed layout ([H][128][>= n] bytes): a block quantizes 64 tokens x 128 dims of
-// one head into shared memory, then stores each dim's 64 token bytes (4 at a time when aligned).
+// V into the transposed layout ([H][128][>= n] bytes). Blocks take the heads fastest, so that the
+// blocks running together read whole token rows of the [n, H, 256] kv_b output (one head's
+// 256-byte slices 64 KiB apart read poorly from DRAM).
+//  Vector path (16-byte aligned V rows; pitch, head stride and pointer 8-byte aligned): a block
+//  owns kVTileTokens tokens x 128 dims of one head, thread t the 8 dims [8c, 8c + 8) (c = t / 16)
+//  of the 8 tokens [8g, 8g + 8) (g = t % 16). It loads its 8 rows of 16 bytes (a warp's load: 16
+//  tokens x 32 contiguous bytes), converts, and stores each dim's 8 token bytes as one 8-byte word
+//  (a warp's store: two dims x 128 contiguous bytes). No shared memory, no barrier.
+//  Scalar path: 64 tokens x 128 dims through shared memory, element loads, word or byte stores.
+constexpr int kVTileTokens = 128;
 constexpr int kTransposeTokens = 64;
+
+template <typename In>
+__global__ void __launch_bounds__(kThreads) pack_v_transposed_vec_kernel(MlaKvPackParams p) {
+  static_assert(kThreads == 16 * (kMlaVDim / 8) && kVTileTokens == 16 * 8);
+  using S = typename In::Storage;
+  pdl_wait();
+  const std::int64_t t0 = std::int64_t(blockIdx.y) * kVTileTokens;
+  const std::int64_t head = blockIdx.x;
+  const int n = int(std::min<std::int64_t>(kVTileTokens, p.v.tokens - t0));
+  const int dim0 = 8 * (int(threadIdx.x) / 16);
+  const int token0 = 8 * (int(threadIdx.x) % 16);  // of the tile
+  float x[8][8];                                   // [token][dim]
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if (token0 + k < n) {
+      load_f32<In, 8>(at<const S>(p.v, t0 + token0 + k, head, dim0), x[k]);
+    } else {
+#pragma unroll
+      for (int d = 0; d < 8; ++d) x[k][d] = 0.0f;
+    }
+  }
+  std::uint8_t* out = static_cast<std::uint8_t*>(p.v_out.data) + head * p.v_out.head_stride + t0 +
+                      token0 + dim0 * p.v_out_dim_stride;
+#pragma unroll
+  for (int d = 0; d < 8; ++d) {
+    std::uint32_t word[2];
+#pragma unroll
+    for (int w = 0; w < 2; ++w) {
+      const std::uint32_t lo = cvt_e4m3x2(__fmul_rn(x[4 * w][d], p.v_scale_inv),
+                                          __fmul_rn(x[4 * w + 1][d], p.v_scale_inv));
+      const std::uint32_t hi = cvt_e4m3x2(__fmul_rn(x[4 * w + 2][d], p.v_scale_inv),
+                                          __fmul_rn(x[4 * w + 3][d], p.v_scale_inv));
+      word[w] = lo | (hi << 16);
+    }
+    std::uint8_t* row = out + d * p.v_out_dim_stride;
+    if (token0 + 8 <= n) {
+      *reinterpret_cast<uint2*>(row) = make_uint2(word[0], word[1]);
+    } else {
+      for (int k = 0; k < n - token0; ++k) row[k] = std::uint8_t(word[k / 4] >> (8 * (k % 4)));
+    }
+  }
+  pdl_launch_dependents();
+}
 
 template <typename In>
 __global__ void __launch_bounds__(kThreads) pack_v_transposed_kernel(MlaKvPackParams p) {
   using S = typename In::Storage;
   __shared__ std::uint8_t tile[kMlaVDim][kTransposeTokens + 4];
   pdl_wait();
-  const std::int64_t t0 = std::int64_t(blockIdx.x) * kTransposeTokens;
-  const std::int64_t head = blockIdx.y;
+  const std::int64_t t0 = std::int64_t(blockIdx.y) * kTransposeTokens;
+  const std::int64_t head = blockIdx.x;
   const int n = int(std::min<std::int64_t>(kTransposeTokens, p.v.tokens - t0));
   for (int e = threadIdx.x; e < n * kMlaVDim; e += kThreads) {
     const int token = e / kMlaVDim, d = e % kMlaVDim;
     float x[1];
     load_f32<In, 1>(at<const S>(p.v, t0 + token, head, d), x);
-    tile[d][token] = std::uint8_t(cvt_e4m3x2(x[0] * p.v_scale_inv, 0.0f));
+    tile[d][token] = std::uint8_t(cvt_e4m3x2(__fmul_rn(x[0], p.v_scale_inv), 0.0f));
   }
   __syncthreads();
   std::uint8_t* out = static_cast<std::uint8_t*>(p.v_out.data) + head * p.v_out.head_stride + t0;
@@ -377,6 +428,13 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
   if (heads > (std::int64_t(1) << 20)) {
     throw Error(ErrorCategory::kUnsupported, concat(op, ": more than 2^20 heads, got ", heads));
   }
+  // The transposed V's grid: heads along x, tiles of (at least) kTransposeTokens tokens along y.
+  constexpr std::int64_t kMaxTransposedTokens = std::int64_t(65535) * kTransposeTokens;
+  if (p.v_transposed && p.v.tokens > kMaxTransposedTokens) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat(op, ": at most ", kMaxTransposedTokens, " tokens into a transposed V, got ",
+                       p.v.tokens));
+  }
   // Per head: k_nope units unless V alone, V units unless a transposed V (written below).
   const int unit_sets = (p.v_only ? 0 : 1) + (p.v_transposed ? 0 : 1);
   dispatch_16bit(p.v.dtype, [&]<typename In>() {
@@ -395,11 +453,19 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
       run.template operator()<1>();
     }
     if (p.v_transposed) {
-      const dim3 grid(unsigned((p.v.tokens + kTransposeTokens - 1) / kTransposeTokens),
-                      unsigned(heads));
-      launch(p.v_only ? "mla_v_quantize_fp8 (transposed V)"
-                      : "mla_kv_pack_quantize_fp8 (transposed V)",
-             pack_v_transposed_kernel<In>, {grid, dim3(kThreads), 0, stream, true}, p);
+      const char* name = p.v_only ? "mla_v_quantize_fp8 (transposed V)"
+                                  : "mla_kv_pack_quantize_fp8 (transposed V)";
+      const bool words = reinterpret_cast<std::uintptr_t>(p.v_out.data) % 8 == 0 &&
+                         p.v_out_dim_stride % 8 == 0 &&
+                         (p.v_out.head_stride % 8 == 0 || heads == 1);
+      if (vectors_ok(p.v) && words) {
+        const dim3 grid(unsigned(heads), unsigned((p.v.tokens + kVTileTokens - 1) / kVTileTokens));
+        launch(name, pack_v_transposed_vec_kernel<In>, {grid, dim3(kThreads), 0, stream, true}, p);
+      } else {
+        const dim3 grid(unsigned(heads),
+                        unsigned((p.v.tokens + kTransposeTokens - 1) / kTransposeTokens));
+        launch(name, pack_v_transposed_kernel<In>, {grid, dim3(kThreads), 0, stream, true}, p);
+      }
     }
   });
 }

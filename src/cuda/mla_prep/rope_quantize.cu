@@ -4,10 +4,11 @@
 // Memory-bound, one pass over the inputs. A block of kThreads threads owns one token and up to
 // kMaxHeadsPerBlock heads; its work is a list of items of 16 elements (two 16-byte loads of
 // bf16/f16 in, one 16-byte e4m3 store out):
-//   phase 1: per head 8 q_nope items, 8 k_nope items and 4 q_pe RoPE items (8 pairs each: in the
-//            interleaved style one contiguous 16-element slice, in the NeoX style elements
-//            [8j, 8j + 8) and [32 + 8j, 32 + 8j + 8), stored as two 8-byte halves); the first
-//            head group of a token also quantizes kv_c into the cache row (32 items).
+//   phase 1: per head 8 q_nope items and 8 k_nope items (several a thread, loads first), then per
+//            head 4 q_pe RoPE items (8 pairs each: in the interleaved style one contiguous
+//            16-element slice, in the NeoX style elements [8j, 8j + 8) and [32 + 8j, 32 + 8j + 8),
+//            stored as two 8-byte halves); the first head group of a token also quantizes kv_c
+//            into the cache row (32 items).
 //   phase 2: the RoPE'd k_pe, computed once per block by 4 threads into shared memory while the
 //            others run phase 1, quantized into every head's k_out[..., 128:] (and the cache row).
 // cos/sin values are read as float4 from the token's row. Views whose pointers or strides do not
@@ -27,11 +28,11 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kMaxHeadsPerBlock = 32;
-constexpr int kNopeItems = kMlaNopeDim / 16;                // 8
-constexpr int kRopeItems = kMlaRopeDim / 16;                // 4 items of 8 pairs
-constexpr int kItemsPerHead = 2 * kNopeItems + kRopeItems;  // 20
-constexpr int kKvcItems = kMlaKvLoraRank / 16;              // 32
-constexpr int kRowChunks = kMlaQkDim / 16;                  // 12 chunks of 16 bytes per out row
+constexpr int kNopeItems = kMlaNopeDim / 16;  // 8
+constexpr int kRopeItems = kMlaRopeDim / 16;  // 4 items of 8 pairs
+constexpr int kNopeUnroll = 2;
+constexpr int kKvcItems = kMlaKvLoraRank / 16;  // 32
+constexpr int kRowChunks = kMlaQkDim / 16;      // 12 chunks of 16 bytes per out row
 
 template <typename In>
 __device__ __forceinline__ const typename In::Storage* in_row(const TokenHeads& t,
@@ -177,27 +178,42 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  const int head_items = nh * kItemsPerHead;
-  const int items = head_items + (cache_row != nullptr ? kKvcItems : 0);
+  // q_nope and k_nope, 16 items a head: kNopeUnroll items a thread with every load issued before
+  // the first store. (Four a thread ran slower than two: fewer blocks fit an SM.)
+  const int nope_items = nh * 2 * kNopeItems;
+  const auto nope_row = [&](const TokenHeads& t_heads, int k) {
+    return in_row<In>(t_heads, t, h0 + k / (2 * kNopeItems)) + 16 * (k % kNopeItems);
+  };
+  for (int k0 = threadIdx.x; k0 < nope_items; k0 += kThreads * kNopeUnroll) {
+    float x[kNopeUnroll][16];
+#pragma unroll
+    for (int u = 0; u < kNopeUnroll; ++u) {
+      const int k = k0 + u * kThreads;
+      const bool is_k = k % (2 * kNopeItems) >= kNopeItems;
+      if (k < nope_items) load_in<In, 16, kVec>(nope_row(is_k ? p.k_nope : p.q_nope, k), x[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kNopeUnroll; ++u) {
+      const int k = k0 + u * kThreads;
+      if (k >= nope_items) continue;
+      const bool is_k = k % (2 * kNopeItems) >= kNopeItems;
+      std::uint8_t* out =
+          out_row(is_k ? p.k_out : p.q_out, t, h0 + k / (2 * kNopeItems)) + 16 * (k % kNopeItems);
+      store_scaled<16, kVec>(out, x[u], is_k ? p.k_scale_inv : p.q_scale_inv);
+    }
+  }
+  // q_pe's RoPE items, then the cache row's kv_c.
+  const int rope_items = nh * kRopeItems;
+  const int items = rope_items + (cache_row != nullptr ? kKvcItems : 0);
   for (int k = threadIdx.x; k < items; k += kThreads) {
-    if (k < head_items) {
-      const std::int64_t h = h0 + k / kItemsPerHead;
-      const int r = k % kItemsPerHead;
-      if (r < 2 * kNopeItems) {
-        const bool is_k = r >= kNopeItems;
-        const int c = 16 * (r % kNopeItems);
-        float x[16];
-        load_in<In, 16, kVec>(in_row<In>(is_k ? p.k_nope : p.q_nope, t, h) + c, x);
-        store_scaled<16, kVec>(out_row(is_k ? p.k_out : p.q_out, t, h) + c, x,
-                               is_k ? p.k_scale_inv : p.q_scale_inv);
-      } else {
-        const int j = r - 2 * kNopeItems;
-        float y[16];
-        rope_item<In, kVec>(in_row<In>(p.q_pe, t, h), cs, neox, j, y);
-        store_rope_item<kVec>(out_row(p.q_out, t, h) + kMlaNopeDim, neox, j, y, p.q_scale_inv);
-      }
+    if (k < rope_items) {
+      const std::int64_t h = h0 + k / kRopeItems;
+      const int j = k % kRopeItems;
+      float y[16];
+      rope_item<In, kVec>(in_row<In>(p.q_pe, t, h), cs, neox, j, y);
+      store_rope_item<kVec>(out_row(p.q_out, t, h) + kMlaNopeDim, neox, j, y, p.q_scale_inv);
     } else {
-      const int c = 16 * (k - head_items);
+      const int c = 16 * (k - rope_items);
       float x[16];
       load_in<In, 16, kVec>(in_row<In>(p.kv_c, t, 0) + c, x);
       store_scaled<16, kVec>(cache_row + c, x, p.cache.scale_inv);
