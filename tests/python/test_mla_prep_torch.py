@@ -114,11 +114,11 @@ def test_opcheck_all_ops():
     slots = torch.tensor([0, 3, -1, 7, 2])
     flag = torch.zeros(1, dtype=torch.int32)
     opcheck(torch.ops.fp8mla.mla_rope_quantize_fp8.default,
-            (*rope_args(inp, cos_sin), "interleaved", 1.0, 1.0, q_out, k_out, None, None, None,
-             1.0, None, 0))
+            (*rope_args(inp, cos_sin), "interleaved", 1.0, 1.0, q_out, k_out, None, None, 1.0,
+             None, None, 0))
     opcheck(torch.ops.fp8mla.mla_rope_quantize_fp8.default,
-            (*rope_args(inp, cos_sin), "neox", 2.0, 0.5, q_out, k_out, inp["kv_c"], cache, slots,
-             0.5, flag, 0))
+            (*rope_args(inp, cos_sin), "neox", 2.0, 0.5, q_out, k_out, cache, slots, 0.5, flag,
+             inp["kv_c"], 0))
     opcheck(torch.ops.fp8mla.mla_kv_cache_write.default,
             (inp["kv_c"], inp["k_pe"], cache, slots, 1.0, flag, 0))
     opcheck(torch.ops.fp8mla.mla_kv_cache_write.default,
@@ -131,9 +131,9 @@ def test_opcheck_all_ops():
     pv = torch.empty(5, 2, 128, dtype=torch.uint8)
     opcheck(torch.ops.fp8mla.mla_kv_pack_quantize_fp8.default,
             (inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 2.0, pk, pv, "token_major", 0))
-    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], 2.0, pv, "token_major", 0))
+    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], pv, 2.0, "token_major", 0))
     pv_t = torch.empty(2, 128, 16, dtype=torch.uint8)[:, :, :5].permute(2, 0, 1)
-    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], 2.0, pv_t, "transposed", 0))
+    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], pv_t, 2.0, "transposed", 0))
 
 
 # ---- CPU torch tensors ---------------------------------------------------------------------------

@@ -1,0 +1,161 @@
+"""Array adapters: how one framework's arrays meet the op table (_ops.py) and _C.
+
+An adapter allocates outputs (`empty`, `empty_like`, `permute` for the transposed layouts), makes
+one-element f32 scalars (`scalar`), says what is an array (`is_array`) and runs an op (`call`).
+Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
+passed through as they are, every output given). torch's adapter is in torch_ops.py, which
+also registers the torch custom ops. `run` is the one path of every public op.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _C
+from ._common import FP8_DTYPES, check_choice, invalid_argument
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes is optional
+    ml_dtypes = None
+
+
+def run(op, values, stream):
+    """Runs `op` on `values` (its public arguments in table order): picks the adapter, checks
+    the Python-side choices, allocates the missing outputs, calls the op, returns its result."""
+    arrays = op.choose(values) if op.choose else adapter_for(values[op.first_tensor])
+    if op.dtype_choice is not None:
+        check_choice(op.name, "dtype", values[op.dtype_choice], FP8_DTYPES)
+    if op.check is not None:
+        op.check(values)
+    missing = [a for a in op.outputs
+               if values[a.index] is None and (a.when is None or a.when(values))]
+    if missing:
+        arrays.allocate(op, missing, values)
+    arrays.call(op, values, stream or 0)
+    return op.result(values)
+
+
+class Numpy:
+    """numpy has no bfloat16 / float8 types of its own: ml_dtypes arrays are passed to _C as
+    same-size integer views with the fp8mla dtype named, and outputs are allocated with ml_dtypes
+    types when ml_dtypes is installed (uint8 / uint16 otherwise)."""
+
+    # fp8mla dtype -> allocated numpy dtype; the plain unsigned storage an array given for it
+    # may be (raw bytes / bits); numpy dtype -> (fp8mla dtype, integer view) for the types
+    # numpy's DLPack cannot export.
+    STORAGE = {"e4m3": np.uint8, "e5m2": np.uint8, "ue8m0": np.uint8, "e2m1x2": np.uint8,
+               "bf16": np.uint16, "f32": np.float32, "i32": np.int32}
+    RAW = {"e4m3": np.uint8, "e5m2": np.uint8, "ue8m0": np.uint8, "e2m1x2": np.uint8,
+           "bf16": np.uint16}
+    VIEWS: dict = {}
+    if ml_dtypes is not None:
+        STORAGE.update(e4m3=ml_dtypes.float8_e4m3fn, e5m2=ml_dtypes.float8_e5m2,
+                       bf16=ml_dtypes.bfloat16)
+        VIEWS = {np.dtype(ml_dtypes.bfloat16): ("bf16", np.uint16),
+                 np.dtype(ml_dtypes.float8_e4m3fn): ("e4m3", np.uint8),
+                 np.dtype(ml_dtypes.float8_e5m2): ("e5m2", np.uint8)}
+        if hasattr(ml_dtypes, "float8_e8m0fnu"):
+            STORAGE["ue8m0"] = ml_dtypes.float8_e8m0fnu
+            VIEWS[np.dtype(ml_dtypes.float8_e8m0fnu)] = ("ue8m0", np.uint8)
+
+    @staticmethod
+    def is_array(value) -> bool:
+        return isinstance(value, np.ndarray)
+
+    @staticmethod
+    def empty(shape, dtype, like):
+        return np.empty(shape, dtype=Numpy.STORAGE[dtype])
+
+    @staticmethod
+    def empty_like(a):
+        return np.empty_like(a)
+
+    @staticmethod
+    def permute(a, dims):
+        return a.transpose(dims)
+
+    @staticmethod
+    def scalar(value, like):
+        return np.array([value], dtype=np.float32)
+
+    @staticmethod
+    def allocate(op, missing, values):
+        for a in missing:
+            values[a.index] = a.alloc(values, Numpy)
+
+    @staticmethod
+    def tensor(a, raw_dtype=None):
+        """The argument _C takes for `a`: the array, or (integer view, fp8mla dtype name)."""
+        if not isinstance(a, np.ndarray):
+            return a
+        view = Numpy.VIEWS.get(a.dtype)
+        if view is not None:
+            return (a.view(view[1]), view[0])
+        if raw_dtype is not None and a.dtype == Numpy.RAW.get(raw_dtype):
+            return (a, raw_dtype)
+        return a
+
+    @staticmethod
+    def call(op, values, stream):
+        getattr(_C, op.name)(*op.c_values(op.schema_values(values, Numpy), Numpy.tensor), stream)
+
+
+class DLPack:
+    """Other DLPack arrays: passed through as they are; outputs must be given."""
+
+    @staticmethod
+    def is_array(value) -> bool:
+        return not isinstance(value, (int, float))
+
+    @staticmethod
+    def scalar(value, like):
+        return value  # _C says it wants an array
+
+    @staticmethod
+    def allocate(op, missing, values):
+        raise TypeError(
+            f"fp8mla.{op.name}: allocating outputs is supported for torch and numpy arrays; "
+            f"pass {', '.join(a.public for a in missing)} explicitly")
+
+    @staticmethod
+    def tensor(a, raw_dtype=None):
+        return a
+
+    @staticmethod
+    def call(op, values, stream):
+        getattr(_C, op.name)(*op.c_values(op.schema_values(values, DLPack), DLPack.tensor),
+                             stream)
+
+
+_BY_MODULE = {"numpy": Numpy}
+
+
+def load_torch():
+    """Imports torch_ops (registering the custom ops) and routes torch tensors to it."""
+    from . import torch_ops
+
+    _BY_MODULE["torch"] = torch_ops.Torch
+    return torch_ops.Torch
+
+
+def adapter_for(x):
+    """The adapter of array x, by the top-level module of its type."""
+    root = type(x).__module__.partition(".")[0]
+    adapter = _BY_MODULE.get(root)
+    if adapter is not None:
+        return adapter
+    return load_torch() if root == "torch" else DLPack
+
+
+def adapter_for_device(device):
+    """make_cos_sin_cache without `out`: numpy for device None, torch otherwise (numpy for "cpu"
+    where torch is not installed)."""
+    if device is None:
+        return Numpy
+    try:
+        return load_torch()
+    except ImportError:
+        if str(device) != "cpu":
+            raise invalid_argument(f"make_cos_sin_cache: device {device!r} needs torch") from None
+        return Numpy
