@@ -1,7 +1,8 @@
 """Array adapters: how one framework's arrays meet the op table (_ops.py) and _C.
 
-An adapter allocates outputs (`empty`, `empty_like`, `permute` for the transposed layouts), makes
-one-element f32 scalars (`scalar`), says what is an array (`is_array`) and runs an op (`call`).
+An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`, `permute` for the
+transposed layouts), makes one-element f32 scalars (`scalar`), says what is an array
+(`is_array`), converts an array for _C (`tensor`) and runs an op (`call`).
 Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
 passed through as they are, every output given). torch's adapter is in torch_ops.py, which
 also registers the torch custom ops. `run` is the one path of every public op.
@@ -36,7 +37,27 @@ def run(op, values, stream):
     return op.result(values)
 
 
-class Numpy:
+class Arrays:
+    """The adapter interface, and what the numpy and torch adapters share."""
+
+    array_type: type = object
+
+    @classmethod
+    def is_array(cls, value) -> bool:
+        return isinstance(value, cls.array_type)
+
+    @classmethod
+    def allocate(cls, op, missing, values):
+        for a in missing:
+            values[a.index] = a.alloc(values, cls)
+
+    @classmethod
+    def call(cls, op, values, stream):
+        c_op = getattr(_C, op.name)
+        c_op(*op.c_values(op.schema_values(values, cls), cls.tensor), stream)
+
+
+class Numpy(Arrays):
     """numpy has no bfloat16 / float8 types of its own: ml_dtypes arrays are passed to _C as
     same-size integer views with the fp8mla dtype named, and outputs are allocated with ml_dtypes
     types when ml_dtypes is installed (uint8 / uint16 otherwise)."""
@@ -59,30 +80,17 @@ class Numpy:
             STORAGE["ue8m0"] = ml_dtypes.float8_e8m0fnu
             VIEWS[np.dtype(ml_dtypes.float8_e8m0fnu)] = ("ue8m0", np.uint8)
 
-    @staticmethod
-    def is_array(value) -> bool:
-        return isinstance(value, np.ndarray)
+    array_type = np.ndarray
+    empty_like = staticmethod(np.empty_like)
+    permute = staticmethod(np.transpose)
 
     @staticmethod
     def empty(shape, dtype, like):
         return np.empty(shape, dtype=Numpy.STORAGE[dtype])
 
     @staticmethod
-    def empty_like(a):
-        return np.empty_like(a)
-
-    @staticmethod
-    def permute(a, dims):
-        return a.transpose(dims)
-
-    @staticmethod
     def scalar(value, like):
         return np.array([value], dtype=np.float32)
-
-    @staticmethod
-    def allocate(op, missing, values):
-        for a in missing:
-            values[a.index] = a.alloc(values, Numpy)
 
     @staticmethod
     def tensor(a, raw_dtype=None):
@@ -96,12 +104,8 @@ class Numpy:
             return (a, raw_dtype)
         return a
 
-    @staticmethod
-    def call(op, values, stream):
-        getattr(_C, op.name)(*op.c_values(op.schema_values(values, Numpy), Numpy.tensor), stream)
 
-
-class DLPack:
+class DLPack(Arrays):
     """Other DLPack arrays: passed through as they are; outputs must be given."""
 
     @staticmethod
@@ -121,11 +125,6 @@ class DLPack:
     @staticmethod
     def tensor(a, raw_dtype=None):
         return a
-
-    @staticmethod
-    def call(op, values, stream):
-        getattr(_C, op.name)(*op.c_values(op.schema_values(values, DLPack), DLPack.tensor),
-                             stream)
 
 
 _BY_MODULE = {"numpy": Numpy}

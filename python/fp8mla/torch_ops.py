@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from ._arrays import Arrays
 from ._ops import (
     BOOL,
     DTYPE,
@@ -154,12 +155,12 @@ def _run(name: str, *args):
         _OPS[name](*args)
 
 
-class Torch:
+class Torch(Arrays):
     """The adapter of _arrays.run for torch tensors: outputs on the first tensor's device."""
 
-    @staticmethod
-    def is_array(value) -> bool:
-        return isinstance(value, torch.Tensor)
+    array_type = torch.Tensor
+    empty_like = staticmethod(torch.empty_like)
+    permute = staticmethod(torch.permute)
 
     @staticmethod
     def empty(shape, dtype, like):
@@ -167,21 +168,8 @@ class Torch:
         return torch.empty(shape, dtype=_DTYPES[dtype], device=device)
 
     @staticmethod
-    def empty_like(t):
-        return torch.empty_like(t)
-
-    @staticmethod
-    def permute(t, dims):
-        return t.permute(dims)
-
-    @staticmethod
     def scalar(value, like):
         return torch.full((1,), value, dtype=torch.float32, device=like.device)
-
-    @staticmethod
-    def allocate(op, missing, values):
-        for a in missing:
-            values[a.index] = a.alloc(values, Torch)
 
     @staticmethod
     def call(op, values, stream):

@@ -7,6 +7,10 @@
 // uint8 view of float8 data, a uint16 view of numpy bfloat16). fp8mla::Error becomes fp8mla.Error
 // (InvalidArgumentError / UnsupportedError subclasses) with the same message. The GIL is released
 // around every op.
+//
+// Every op is bound by one helper, def_op, from the list of its parameters in the C++ API's order
+// (def_ops at the end: the one table a new op or argument adds a row or an entry to, next to
+// python/fp8mla/_ops.py).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -33,6 +37,7 @@
 #include "fp8mla/version.hpp"
 
 namespace nb = nanobind;
+using namespace nb::literals;
 using fp8mla::DType;
 using fp8mla::Error;
 using fp8mla::ErrorCategory;
@@ -116,78 +121,51 @@ std::optional<DType> parse_dtype(std::string_view s) {
 
 std::string describe_dlpack_dtype(nb::dlpack::dtype d) {
   using Code = nb::dlpack::dtype_code;
-  const char* code = "code?";
-  switch (Code(d.code)) {
-    case Code::Int:
-      code = "int";
-      break;
-    case Code::UInt:
-      code = "uint";
-      break;
-    case Code::Float:
-      code = "float";
-      break;
-    case Code::Bfloat:
-      code = "bfloat";
-      break;
-    case Code::Complex:
-      code = "complex";
-      break;
-    case Code::Bool:
-      code = "bool";
-      break;
-    case Code::Float8_E4M3FN:
-      code = "float8_e4m3fn";
-      break;
-    case Code::Float8_E5M2:
-      code = "float8_e5m2";
-      break;
-    case Code::Float8_E8M0FNU:
-      code = "float8_e8m0fnu";
-      break;
-    case Code::Float4_E2M1FN:
-      code = "float4_e2m1fn";
-      break;
-    default:
-      return fp8mla::concat("DLPack dtype code ", int(d.code), " bits ", int(d.bits), " lanes ",
-                            int(d.lanes));
+  static constexpr std::pair<Code, const char*> kCodes[] = {
+      {Code::Int, "int"},
+      {Code::UInt, "uint"},
+      {Code::Float, "float"},
+      {Code::Bfloat, "bfloat"},
+      {Code::Complex, "complex"},
+      {Code::Bool, "bool"},
+      {Code::Float8_E4M3FN, "float8_e4m3fn"},
+      {Code::Float8_E5M2, "float8_e5m2"},
+      {Code::Float8_E8M0FNU, "float8_e8m0fnu"},
+      {Code::Float4_E2M1FN, "float4_e2m1fn"},
+  };
+  for (const auto& [code, name] : kCodes) {
+    if (Code(d.code) != code) continue;
+    std::string s = fp8mla::concat(name, int(d.bits));
+    if (d.lanes != 1) s += fp8mla::concat("x", int(d.lanes));
+    return s;
   }
-  std::string s = fp8mla::concat(code, int(d.bits));
-  if (d.lanes != 1) s += fp8mla::concat("x", int(d.lanes));
-  return s;
+  return fp8mla::concat("DLPack dtype code ", int(d.code), " bits ", int(d.bits), " lanes ",
+                        int(d.lanes));
 }
 
 // The fp8mla dtype of a DLPack dtype, if there is one.
 std::optional<DType> from_dlpack(nb::dlpack::dtype d) {
   using Code = nb::dlpack::dtype_code;
+  // Bits per element; e2m1 comes as packed pairs: one byte per element of the [M, K/2] view.
+  static constexpr struct {
+    Code code;
+    int bits;
+    DType dtype;
+  } kTypes[] = {
+      {Code::Float, 16, DType::kF16},
+      {Code::Float, 32, DType::kF32},
+      {Code::Bfloat, 16, DType::kBF16},
+      {Code::Int, 32, DType::kI32},
+      {Code::Int, 64, DType::kI64},
+      {Code::Float8_E4M3FN, 8, DType::kE4M3},
+      {Code::Float8_E5M2, 8, DType::kE5M2},
+      {Code::Float8_E8M0FNU, 8, DType::kUE8M0},
+      {Code::Float4_E2M1FN, 8, DType::kE2M1x2},
+  };
   if (d.lanes != 1 && !(Code(d.code) == Code::Float4_E2M1FN && d.bits == 4 && d.lanes == 2))
     return std::nullopt;
-  switch (Code(d.code)) {
-    case Code::Float:
-      if (d.bits == 16) return DType::kF16;
-      if (d.bits == 32) return DType::kF32;
-      break;
-    case Code::Bfloat:
-      if (d.bits == 16) return DType::kBF16;
-      break;
-    case Code::Int:
-      if (d.bits == 32) return DType::kI32;
-      if (d.bits == 64) return DType::kI64;
-      break;
-    case Code::Float8_E4M3FN:
-      if (d.bits == 8) return DType::kE4M3;
-      break;
-    case Code::Float8_E5M2:
-      if (d.bits == 8) return DType::kE5M2;
-      break;
-    case Code::Float8_E8M0FNU:
-      if (d.bits == 8) return DType::kUE8M0;
-      break;
-    case Code::Float4_E2M1FN:  // packed pairs: one byte per element of the [M, K/2] view
-      if (d.bits * d.lanes == 8) return DType::kE2M1x2;
-      break;
-    default:
-      break;
+  for (const auto& t : kTypes) {
+    if (Code(d.code) == t.code && d.bits * d.lanes == t.bits) return t.dtype;
   }
   return std::nullopt;
 }
@@ -560,16 +538,18 @@ void def_ops(nb::module_& m) {
          in("o_b"), in("lse_b"), out("out"), out("out_lse"));
 }
 
+// A dict from keyword arguments: make_dict("a"_a = 1, "b"_a = 2).
+template <typename... Kwargs>
+nb::dict make_dict(Kwargs&&... kwargs) {
+  const nb::handle dict_type(reinterpret_cast<PyObject*>(&PyDict_Type));
+  return nb::cast<nb::dict>(dict_type(std::forward<Kwargs>(kwargs)...));
+}
+
 nb::dict yarn_defaults() {
   const fp8mla::YarnScaling y;
-  nb::dict d;
-  d["factor"] = y.factor;
-  d["original_max_position"] = y.original_max_position;
-  d["beta_fast"] = y.beta_fast;
-  d["beta_slow"] = y.beta_slow;
-  d["mscale"] = y.mscale;
-  d["mscale_all_dim"] = y.mscale_all_dim;
-  return d;
+  return make_dict("factor"_a = y.factor, "original_max_position"_a = y.original_max_position,
+                   "beta_fast"_a = y.beta_fast, "beta_slow"_a = y.beta_slow, "mscale"_a = y.mscale,
+                   "mscale_all_dim"_a = y.mscale_all_dim);
 }
 
 double softmax_mscale(const std::optional<YarnTuple>& yarn) {
@@ -578,28 +558,17 @@ double softmax_mscale(const std::optional<YarnTuple>& yarn) {
 
 nb::dict info() {
   const fp8mla::BuildInfo build = fp8mla::build_info();
-  nb::dict d;
-  d["version"] = build.version;
-  d["cuda"] = build.cuda;
-  d["cuda_arch"] = build.cuda_arch;
-  d["cuda_version"] = build.cuda_version;
-  d["compiler"] = build.compiler;
-  d["build_type"] = build.build_type;
   const fp8mla::CudaDevices cuda = fp8mla::cuda_devices();
   nb::list devices;
   for (const fp8mla::CudaDeviceInfo& dev : cuda.devices) {
-    nb::dict e;
-    e["ordinal"] = dev.ordinal;
-    e["name"] = dev.name;
-    e["arch"] = dev.arch;
-    e["sm_count"] = dev.sm_count;
-    e["l2_bytes"] = dev.l2_bytes;
-    e["global_memory_bytes"] = dev.global_memory_bytes;
-    devices.append(e);
+    devices.append(make_dict("ordinal"_a = dev.ordinal, "name"_a = dev.name, "arch"_a = dev.arch,
+                             "sm_count"_a = dev.sm_count, "l2_bytes"_a = dev.l2_bytes,
+                             "global_memory_bytes"_a = dev.global_memory_bytes));
   }
-  d["devices"] = devices;
-  d["devices_unavailable_reason"] = cuda.unavailable_reason;
-  return d;
+  return make_dict("version"_a = build.version, "cuda"_a = build.cuda,
+                   "cuda_arch"_a = build.cuda_arch, "cuda_version"_a = build.cuda_version,
+                   "compiler"_a = build.compiler, "build_type"_a = build.build_type,
+                   "devices"_a = devices, "devices_unavailable_reason"_a = cuda.unavailable_reason);
 }
 
 }  // namespace
@@ -619,16 +588,10 @@ NB_MODULE(_C, m) {
   m.def("info", &info, "Build and device information");
   def_ops(m);
 
-  m.attr("MLA_DIMS") = [] {
-    nb::dict d;
-    d["nope"] = fp8mla::kMlaNopeDim;
-    d["rope"] = fp8mla::kMlaRopeDim;
-    d["qk"] = fp8mla::kMlaQkDim;
-    d["v"] = fp8mla::kMlaVDim;
-    d["kv_lora_rank"] = fp8mla::kMlaKvLoraRank;
-    d["latent"] = fp8mla::kMlaLatentDim;
-    return d;
-  }();
+  m.attr("MLA_DIMS") =
+      make_dict("nope"_a = fp8mla::kMlaNopeDim, "rope"_a = fp8mla::kMlaRopeDim,
+                "qk"_a = fp8mla::kMlaQkDim, "v"_a = fp8mla::kMlaVDim,
+                "kv_lora_rank"_a = fp8mla::kMlaKvLoraRank, "latent"_a = fp8mla::kMlaLatentDim);
   m.attr("YARN_DEFAULTS") = yarn_defaults();
   m.def("softmax_mscale", &softmax_mscale, nb::arg("yarn").none());
 }
