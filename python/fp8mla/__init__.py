@@ -50,8 +50,8 @@ from __future__ import annotations
 import sys
 
 from . import _C
+from ._arrays import adapter_for as _adapter_for
 from ._arrays import load_torch as _load_torch
-from ._arrays import run as _run
 from ._C import Error, InvalidArgumentError, UnsupportedError
 from ._common import yarn_list as _yarn_list
 from ._common import yarn_tuple as _yarn_tuple
@@ -60,21 +60,8 @@ from ._ops import OPS as _OPS
 __version__ = _C.__version__
 
 
-def _public(op):
-    """The public function of `op`: its signature written out once (no per-call binding work),
-    its body the common path _arrays.run."""
-    source = (f"def {op.name}({op.signature()}):\n"
-              f"    return _run(_op, [{', '.join(a.public for a in op.args)}], stream)\n")
-    namespace = {"_run": _run, "_op": op}
-    exec(source, namespace)  # noqa: S102 - the source is built from the op table above
-    function = namespace[op.name]
-    function.__doc__ = op.__doc__
-    function.__module__ = __name__
-    return function
-
-
 for _op in _OPS:
-    globals()[_op.name] = _public(_op)
+    globals()[_op.name] = _op.public_function(_adapter_for)
 del _op
 
 

@@ -2,10 +2,11 @@
 
 An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`, `permute` for the
 transposed layouts), makes one-element f32 scalars (`scalar`), says what is an array
-(`is_array`), converts an array for _C (`tensor`) and runs an op (`call`).
+(`is_array`), converts an array for _C (`tensor`) and runs an op (`call`); `require` sees the
+outputs about to be allocated (other DLPack arrays cannot be).
 Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
 passed through as they are, every output given). torch's adapter is in torch_ops.py, which
-also registers the torch custom ops. `run` is the one path of every public op.
+also registers the torch custom ops.
 """
 
 from __future__ import annotations
@@ -13,28 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
-from ._common import FP8_DTYPES, check_choice, invalid_argument
+from ._common import invalid_argument
 
 try:
     import ml_dtypes
 except ImportError:  # pragma: no cover - ml_dtypes is optional
     ml_dtypes = None
-
-
-def run(op, values, stream):
-    """Runs `op` on `values` (its public arguments in table order): picks the adapter, checks
-    the Python-side choices, allocates the missing outputs, calls the op, returns its result."""
-    arrays = op.choose(values) if op.choose else adapter_for(values[op.first_tensor])
-    if op.dtype_choice is not None:
-        check_choice(op.name, "dtype", values[op.dtype_choice], FP8_DTYPES)
-    if op.check is not None:
-        op.check(values)
-    missing = [a for a in op.outputs
-               if values[a.index] is None and (a.when is None or a.when(values))]
-    if missing:
-        arrays.allocate(op, missing, values)
-    arrays.call(op, values, stream or 0)
-    return op.result(values)
 
 
 class Arrays:
@@ -46,15 +31,14 @@ class Arrays:
     def is_array(cls, value) -> bool:
         return isinstance(value, cls.array_type)
 
-    @classmethod
-    def allocate(cls, op, missing, values):
-        for a in missing:
-            values[a.index] = a.alloc(values, cls)
+    @staticmethod
+    def require(op_name, **missing):
+        """Called with the outputs about to be allocated (True: missing) before allocating."""
 
     @classmethod
     def call(cls, op, values, stream):
-        c_op = getattr(_C, op.name)
-        c_op(*op.c_values(op.schema_values(values, cls), cls.tensor), stream)
+        """Runs op on `values`, its arguments as the torch op takes them (outputs allocated)."""
+        getattr(_C, op.name)(*op.c_args(cls.tensor, *values), stream)
 
 
 class Numpy(Arrays):
@@ -117,10 +101,11 @@ class DLPack(Arrays):
         return value  # _C says it wants an array
 
     @staticmethod
-    def allocate(op, missing, values):
+    def require(op_name, **missing):
+        names = [name for name, is_missing in missing.items() if is_missing]
         raise TypeError(
-            f"fp8mla.{op.name}: allocating outputs is supported for torch and numpy arrays; "
-            f"pass {', '.join(a.public for a in missing)} explicitly")
+            f"fp8mla.{op_name}: allocating outputs is supported for torch and numpy arrays; "
+            f"pass {', '.join(names)} explicitly")
 
     @staticmethod
     def tensor(a, raw_dtype=None):

@@ -1,41 +1,22 @@
 """The op table of the Python surface: each op's arguments, outputs, mutations and docstring.
 
-Everything else is generated from OPS in one loop: the public functions of fp8mla (__init__.py),
-the torch.library custom ops torch.ops.fp8mla.<op> with their fake implementations (torch_ops.py),
-and the calls into the nanobind module _C (one binding helper in python/src/module.cpp). Array
-frameworks plug in through one small adapter each (_arrays.py: numpy, other DLPack arrays;
-torch_ops.py: torch).
+Everything else is generated from OPS: the public functions of fp8mla (__init__.py), the torch
+custom ops torch.ops.fp8mla.<op> with their fake implementations (torch_ops.py), and the calls
+into the nanobind module _C, which binds every op through one helper (python/src/module.cpp).
+Array frameworks plug in through one small adapter each (_arrays.py: numpy, other DLPack arrays;
+torch_ops.py: torch). _spec.py says what the kinds of arguments are and how the code is built.
 
 Arguments are listed in the order of the C++ API (include/fp8mla/*.hpp), which is also the order
 of the torch op's schema and of the _C function; the public Python signature takes the
-positional ones in that order, then the keyword-only ones in that order. Kinds:
-    TENSOR, OPT_TENSOR        an input tensor (OPT_: may be None)
-    OUT                       an output, allocated by its `alloc` rule when not given
-    INOUT, OPT_INOUT          a tensor the op writes into that the caller always provides
-    SCALE                     a float or a one-element f32 tensor (the torch op gets a twin
-                              `<op>_scale_tensor` taking the tensor)
-    SCALAR_TENSOR, OPT_SCALAR_TENSOR
-                              a one-element f32 tensor; a number becomes one on the op's device
-    FLOAT, INT, BOOL, STR     scalars (STR: an enum of the C++ API, checked by the binding)
-    YARN                      None or a YaRN dict (see make_cos_sin_cache), six numbers for C++
-    DTYPE                     an fp8 output format ("e4m3" / "e5m2"), not passed to the C++ op
-    PY                        used by the Python layer only (allocation), not passed on
-`dtype` of a tensor argument names its fp8mla dtype: what an output is allocated as and what a
-plain unsigned array given for it holds (uint8 bytes of e4m3, uint16 bits of bf16). Rules
-(`alloc`, `when`, `dtype` when callable, an op's `check` and `result`) are functions whose
-parameter names are argument names (plus `arrays`, the adapter); they are resolved once at
-import.
+positional ones in that order, then the keyword-only ones in that order.
 
-To add an op (or an argument): declare it in the C++ API, add its row (or parameter) to the
-binding table at the end of python/src/module.cpp, and its entry (or Arg) here, in C++ order.
+To add an op (or an argument): declare it in the C++ API, add its def_op row (or parameter) to
+def_ops at the end of python/src/module.cpp, and its Op (or Arg) here, in the C++ order.
 """
 
 from __future__ import annotations
 
-import inspect
-
 from ._common import (
-    FP8_DTYPES,
     MLA,
     SCALE_LAYOUTS,
     check_choice,
@@ -44,129 +25,26 @@ from ._common import (
     nvfp4_shapes,
     out_shape,
     transposed_pitch,
-    yarn_list,
-    yarn_tuple,
 )
-
-TENSOR, OPT_TENSOR, OUT, INOUT, OPT_INOUT = "tensor", "tensor?", "out", "inout", "inout?"
-SCALE, SCALAR_TENSOR, OPT_SCALAR_TENSOR = "scale", "scalar_tensor", "scalar_tensor?"
-FLOAT, INT, BOOL, STR, YARN, DTYPE, PY = "float", "int", "bool", "str", "yarn", "dtype", "py"
-
-TENSOR_KINDS = (TENSOR, OPT_TENSOR, OUT, INOUT, OPT_INOUT, SCALAR_TENSOR, OPT_SCALAR_TENSOR)
-MUTATED_KINDS = (OUT, INOUT, OPT_INOUT)
-OPTIONAL_KINDS = (OPT_TENSOR, OPT_INOUT, OPT_SCALAR_TENSOR)
-_REQUIRED = object()
-
-
-class Rule:
-    """A function of some of an op's arguments, called with them by name (indices found once)."""
-
-    def __init__(self, fn, names):
-        params = list(inspect.signature(fn).parameters)
-        self.fn = fn
-        self.wants_arrays = params[:1] == ["arrays"]
-        self.indices = tuple(names.index(p) for p in params[self.wants_arrays:])
-
-    def __call__(self, values, arrays=None):
-        args = [values[i] for i in self.indices]
-        return self.fn(arrays, *args) if self.wants_arrays else self.fn(*args)
-
-
-class Arg:
-    def __init__(self, name, kind, default=_REQUIRED, *, keyword=None, public=None, dtype=None,
-                 alloc=None, when=None):
-        self.name = name                          # C++ / torch schema name
-        self.public = public or name              # keyword of the public Python function
-        self.kind = kind
-        self.default = None if kind == OUT and default is _REQUIRED else default
-        self.keyword = (self.default is not _REQUIRED) if keyword is None else keyword
-        self.dtype = dtype
-        self.alloc = alloc
-        self.when = when                          # OUT allocated only when this rule is true
-        self.index = -1
-
-
-class Op:
-    def __init__(self, name, doc, args, *, result, check=None, choose=None, host_fill=False):
-        self.name = name
-        self.__doc__ = doc
-        self.args = tuple(args)
-        # What the torch op and _C take: the Python-only arguments left out.
-        self.schema_args = tuple(a for a in self.args if a.kind != PY)
-        names = [a.public for a in self.args]
-        schema_names = [a.name for a in self.schema_args]
-        for i, a in enumerate(self.args):
-            a.index = i
-            for rule in ("alloc", "when"):
-                if getattr(a, rule) is not None:
-                    setattr(a, rule, Rule(getattr(a, rule), names))
-            if callable(a.dtype):  # read by the torch op too: a rule of the schema's arguments
-                a.dtype = Rule(a.dtype, schema_names)
-        self.result = Rule(result, names)
-        self.check = Rule(check, names) if check else None
-        self.choose = Rule(choose, names) if choose else None  # picks the adapter (no tensor in)
-        # The adapter is chosen by the first tensor argument, the device and stream by it too.
-        self.first_tensor = next(a.index for a in self.args if a.kind in TENSOR_KINDS)
-        self.schema_first_tensor = next(
-            i for i, a in enumerate(self.schema_args) if a.kind in TENSOR_KINDS)
-        self.outputs = tuple(a for a in self.args if a.kind == OUT)
-        self.mutates = tuple(a.name for a in self.args if a.kind in MUTATED_KINDS)
-        self.scale = next((i for i, a in enumerate(self.schema_args) if a.kind == SCALE), None)
-        self.dtype_choice = next((a.index for a in self.args if a.kind == DTYPE), None)
-        # The C++ op fills CUDA memory by a blocking copy outside the stream (set-up work).
-        self.host_fill = host_fill
-
-    def signature(self) -> str:
-        """The public signature as source text: positional args, then `*`, keyword-only ones."""
-        def param(a):
-            return a.public if a.default is _REQUIRED else f"{a.public}={a.default!r}"
-
-        positional = [param(a) for a in self.args if not a.keyword]
-        keyword = [param(a) for a in self.args if a.keyword] + ["stream=None"]
-        return ", ".join(positional + ["*"] + keyword)
-
-    def schema_values(self, values, arrays):
-        """The arguments as the torch op and _C take them, from the public `values` (outputs
-        allocated): Python-only ones left out, scalars coerced, numbers for scalar tensors turned
-        into one-element f32 tensors on the op's device, YaRN dicts into six floats."""
-        like = values[self.first_tensor]
-        result = []
-        for a in self.schema_args:
-            value = values[a.index]
-            kind = a.kind
-            if kind == FLOAT:
-                value = float(value)
-            elif kind == INT:
-                value = int(value)
-            elif kind == BOOL:
-                value = bool(value)
-            elif kind == SCALE:
-                value = value if arrays.is_array(value) else float(value)
-            elif kind in (SCALAR_TENSOR, OPT_SCALAR_TENSOR):
-                if value is not None and not arrays.is_array(value):
-                    value = arrays.scalar(float(value), like)
-            elif kind == YARN:
-                value = yarn_list(self.name, value)
-            result.append(value)
-        return result
-
-    def c_values(self, schema_values, tensor):
-        """The arguments of _C.<op> from schema_values: each tensor through
-        `tensor(value, raw_dtype)`, the DTYPE argument left out (it only names the output's)."""
-        result = []
-        for a, value in zip(self.schema_args, schema_values):
-            kind = a.kind
-            if kind == DTYPE:
-                continue
-            if kind in TENSOR_KINDS or (kind == SCALE and not isinstance(value, float)):
-                if value is not None:
-                    dtype = a.dtype(schema_values) if isinstance(a.dtype, Rule) else a.dtype
-                    value = tensor(value, dtype)
-            elif kind == YARN:
-                value = yarn_tuple(value)
-            result.append(value)
-        return result
-
+from ._spec import (
+    BOOL,
+    DTYPE,
+    FLOAT,
+    INOUT,
+    INT,
+    OPT_INOUT,
+    OPT_SCALAR_TENSOR,
+    OPT_TENSOR,
+    OUT,
+    PY,
+    SCALAR_TENSOR,
+    SCALE,
+    STR,
+    TENSOR,
+    YARN,
+    Arg,
+    Op,
+)
 
 # ---- allocation rules ----------------------------------------------------------------------------
 

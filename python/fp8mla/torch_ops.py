@@ -16,14 +16,13 @@ import torch
 
 from . import _C
 from ._arrays import Arrays
-from ._ops import (
+from ._ops import OPS
+from ._spec import (
     BOOL,
     DTYPE,
     FLOAT,
     INT,
     MUTATED_KINDS,
-    OPS,
-    OPTIONAL_KINDS,
     SCALE,
     STR,
     TENSOR_KINDS,
@@ -96,7 +95,7 @@ def _schema(op, scale_type: str) -> str:
     for a in op.schema_args:
         if a.kind in TENSOR_KINDS:
             mutated = f"({next(alias_sets)}!)" if a.kind in MUTATED_KINDS else ""
-            optional = "?" if a.kind in OPTIONAL_KINDS else ""
+            optional = "?" if a.optional else ""
             params.append(f"Tensor{mutated}{optional} {a.name}")
         else:
             params.append(f"{scale_type if a.kind == SCALE else _SCHEMA_TYPES[a.kind]} {a.name}")
@@ -107,7 +106,7 @@ def _impl(op):
     """The kernel of every device: converts the tensors and calls _C on the first tensor's
     device and stream."""
     c_op = getattr(_C, op.name)
-    first = op.schema_first_tensor
+    first = op.schema_args.index(op.first_tensor)
 
     def impl(*values):
         *values, stream = values
@@ -117,7 +116,7 @@ def _impl(op):
                 # The library fills this CUDA memory by a blocking copy outside torch's streams:
                 # first let queued work (e.g. the previous user of the memory) finish.
                 torch.cuda.synchronize(x.device)
-            c_op(*op.c_values(values, _tensor), _stream(x, stream))
+            c_op(*op.c_args(_tensor, *values), _stream(x, stream))
 
     impl.__name__ = op.name
     return impl
@@ -173,7 +172,6 @@ class Torch(Arrays):
 
     @staticmethod
     def call(op, values, stream):
-        values = op.schema_values(values, Torch)
         name = op.name
         if op.scale is not None and isinstance(values[op.scale], torch.Tensor):
             name += "_scale_tensor"
