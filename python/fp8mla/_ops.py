@@ -16,6 +16,7 @@ def_ops at the end of python/src/module.cpp, and its Op (or Arg) here, in the C+
 
 from __future__ import annotations
 
+from ._arrays import adapter_for, adapter_for_device
 from ._common import (
     MLA,
     SCALE_LAYOUTS,
@@ -73,8 +74,6 @@ def _check_cos_sin_rows(max_pos, out):
 
 
 def _cos_sin_adapter(out, device):
-    from ._arrays import adapter_for, adapter_for_device
-
     return adapter_for(out) if out is not None else adapter_for_device(device)
 
 

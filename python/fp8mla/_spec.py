@@ -48,6 +48,8 @@ _REQUIRED = object()
 
 
 class Arg:
+    """One argument of an op: its C++ name, kind, default and (outputs) how it is allocated."""
+
     def __init__(self, name, kind, default=_REQUIRED, *, keyword=None, public=None, dtype=None,
                  alloc=None, when=None):
         self.name = name                          # C++ / torch schema name
@@ -62,6 +64,8 @@ class Arg:
 
 
 class Op:
+    """One op: its arguments in C++ order, docstring, rules, and the code generated from them."""
+
     def __init__(self, name, doc, args, *, result, check=None, choose=None, host_fill=False):
         self.name = name
         self.__doc__ = doc
