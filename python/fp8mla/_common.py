@@ -1,4 +1,4 @@
-"""Helpers shared by the numpy and torch front ends: output shapes and scale layouts."""
+"""Helpers of the op table (_ops.py): errors, output shapes, scale layouts, YaRN arguments."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from . import _C
 
 SCALE_LAYOUTS = ("row_major", "column_major", "tma_aligned", "ue8m0", "packed_ue8m0")
 FP8_DTYPES = ("e4m3", "e5m2")
-NVFP4_LAYOUTS = ("swizzled", "linear")
 
 
 def invalid_argument(message: str) -> Exception:
@@ -71,7 +70,6 @@ def nvfp4_shapes(shape, layout: str):
 # ---- MLA prefill preparation ---------------------------------------------------------------------
 
 MLA = _C.MLA_DIMS  # nope 128, rope 64, qk 192, v 128, kv_lora_rank 512, latent 576
-ROPE_STYLES = ("interleaved", "neox")
 YARN_KEYS = ("factor", "original_max_position", "beta_fast", "beta_slow", "mscale",
              "mscale_all_dim")
 # Hugging Face's rope_scaling spelling of a key, and keys of that dict that say nothing numeric.
@@ -79,8 +77,9 @@ _YARN_ALIASES = {"original_max_position_embeddings": "original_max_position"}
 _YARN_TYPE_KEYS = ("type", "rope_type")
 
 
-def yarn_tuple(op: str, yarn):
-    """None, or the 6-tuple _C takes for a YaRN dict (missing keys: DeepSeek-V3's values).
+def yarn_list(op: str, yarn):
+    """None, or the six numbers of a YaRN dict (missing keys: DeepSeek-V3's values) as floats,
+    in YarnScaling's order (what the torch op takes; yarn_tuple makes _C's tuple of them).
 
     Accepts a model config's rope_scaling dict as it is (original_max_position_embeddings, and
     type / rope_type "yarn")."""
@@ -109,23 +108,20 @@ def yarn_tuple(op: str, yarn):
         raise invalid_argument(
             f"{op}: yarn['original_max_position']: expected an integer, got {max_position!r}"
         ) from None
-    return (float(values["factor"]), max_position, float(values["beta_fast"]),
-            float(values["beta_slow"]), float(values["mscale"]), float(values["mscale_all_dim"]))
+    return [float(values["factor"]), float(max_position), float(values["beta_fast"]),
+            float(values["beta_slow"]), float(values["mscale"]), float(values["mscale_all_dim"])]
+
+
+def yarn_tuple(numbers):
+    """_C's YaRN argument (original_max_position an integer) from yarn_list's numbers or None."""
+    if numbers is None:
+        return None
+    return (numbers[0], int(numbers[1]), numbers[2], numbers[3], numbers[4], numbers[5])
 
 
 def out_shape(shape, last: int):
     """`shape` with its last dim replaced by `last` (a 0-d shape becomes (last,))."""
     return tuple(shape[:-1]) + (last,)
-
-
-def gather_rows(shape) -> int:
-    """Token count of mla_kv_gather's outputs for `slots` of `shape` (the op checks it is 1-d)."""
-    return shape[0] if len(shape) >= 1 else 1
-
-
-# Layouts of the e4m3 V (mla_kv_pack_quantize_fp8, mla_v_quantize_fp8): "transposed" is
-# [H][128][pitch] memory seen as [n, H, 128], the layout FP8 prefill_attention reads on Hopper.
-V_LAYOUTS = ("token_major", "transposed")
 
 
 def transposed_pitch(n: int) -> int:

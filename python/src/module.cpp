@@ -7,6 +7,10 @@
 // uint8 view of float8 data, a uint16 view of numpy bfloat16). fp8mla::Error becomes fp8mla.Error
 // (InvalidArgumentError / UnsupportedError subclasses) with the same message. The GIL is released
 // around every op.
+//
+// Every op is bound by one helper, def_op, from the list of its parameters in the C++ API's order
+// (def_ops at the end: the one table a new op or argument adds a row or an entry to, next to
+// python/fp8mla/_ops.py).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -20,6 +24,8 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include "fp8mla/attention.hpp"
@@ -31,6 +37,7 @@
 #include "fp8mla/version.hpp"
 
 namespace nb = nanobind;
+using namespace nb::literals;
 using fp8mla::DType;
 using fp8mla::Error;
 using fp8mla::ErrorCategory;
@@ -114,78 +121,51 @@ std::optional<DType> parse_dtype(std::string_view s) {
 
 std::string describe_dlpack_dtype(nb::dlpack::dtype d) {
   using Code = nb::dlpack::dtype_code;
-  const char* code = "code?";
-  switch (Code(d.code)) {
-    case Code::Int:
-      code = "int";
-      break;
-    case Code::UInt:
-      code = "uint";
-      break;
-    case Code::Float:
-      code = "float";
-      break;
-    case Code::Bfloat:
-      code = "bfloat";
-      break;
-    case Code::Complex:
-      code = "complex";
-      break;
-    case Code::Bool:
-      code = "bool";
-      break;
-    case Code::Float8_E4M3FN:
-      code = "float8_e4m3fn";
-      break;
-    case Code::Float8_E5M2:
-      code = "float8_e5m2";
-      break;
-    case Code::Float8_E8M0FNU:
-      code = "float8_e8m0fnu";
-      break;
-    case Code::Float4_E2M1FN:
-      code = "float4_e2m1fn";
-      break;
-    default:
-      return fp8mla::concat("DLPack dtype code ", int(d.code), " bits ", int(d.bits), " lanes ",
-                            int(d.lanes));
+  static constexpr std::pair<Code, const char*> kCodes[] = {
+      {Code::Int, "int"},
+      {Code::UInt, "uint"},
+      {Code::Float, "float"},
+      {Code::Bfloat, "bfloat"},
+      {Code::Complex, "complex"},
+      {Code::Bool, "bool"},
+      {Code::Float8_E4M3FN, "float8_e4m3fn"},
+      {Code::Float8_E5M2, "float8_e5m2"},
+      {Code::Float8_E8M0FNU, "float8_e8m0fnu"},
+      {Code::Float4_E2M1FN, "float4_e2m1fn"},
+  };
+  for (const auto& [code, name] : kCodes) {
+    if (Code(d.code) != code) continue;
+    std::string s = fp8mla::concat(name, int(d.bits));
+    if (d.lanes != 1) s += fp8mla::concat("x", int(d.lanes));
+    return s;
   }
-  std::string s = fp8mla::concat(code, int(d.bits));
-  if (d.lanes != 1) s += fp8mla::concat("x", int(d.lanes));
-  return s;
+  return fp8mla::concat("DLPack dtype code ", int(d.code), " bits ", int(d.bits), " lanes ",
+                        int(d.lanes));
 }
 
 // The fp8mla dtype of a DLPack dtype, if there is one.
 std::optional<DType> from_dlpack(nb::dlpack::dtype d) {
   using Code = nb::dlpack::dtype_code;
+  // Bits per element; e2m1 comes as packed pairs: one byte per element of the [M, K/2] view.
+  static constexpr struct {
+    Code code;
+    int bits;
+    DType dtype;
+  } kTypes[] = {
+      {Code::Float, 16, DType::kF16},
+      {Code::Float, 32, DType::kF32},
+      {Code::Bfloat, 16, DType::kBF16},
+      {Code::Int, 32, DType::kI32},
+      {Code::Int, 64, DType::kI64},
+      {Code::Float8_E4M3FN, 8, DType::kE4M3},
+      {Code::Float8_E5M2, 8, DType::kE5M2},
+      {Code::Float8_E8M0FNU, 8, DType::kUE8M0},
+      {Code::Float4_E2M1FN, 8, DType::kE2M1x2},
+  };
   if (d.lanes != 1 && !(Code(d.code) == Code::Float4_E2M1FN && d.bits == 4 && d.lanes == 2))
     return std::nullopt;
-  switch (Code(d.code)) {
-    case Code::Float:
-      if (d.bits == 16) return DType::kF16;
-      if (d.bits == 32) return DType::kF32;
-      break;
-    case Code::Bfloat:
-      if (d.bits == 16) return DType::kBF16;
-      break;
-    case Code::Int:
-      if (d.bits == 32) return DType::kI32;
-      if (d.bits == 64) return DType::kI64;
-      break;
-    case Code::Float8_E4M3FN:
-      if (d.bits == 8) return DType::kE4M3;
-      break;
-    case Code::Float8_E5M2:
-      if (d.bits == 8) return DType::kE5M2;
-      break;
-    case Code::Float8_E8M0FNU:
-      if (d.bits == 8) return DType::kUE8M0;
-      break;
-    case Code::Float4_E2M1FN:  // packed pairs: one byte per element of the [M, K/2] view
-      if (d.bits * d.lanes == 8) return DType::kE2M1x2;
-      break;
-    default:
-      break;
+  for (const auto& t : kTypes) {
+    if (Code(d.code) == t.code && d.bits * d.lanes == t.bits) return t.dtype;
   }
   return std::nullopt;
 }
@@ -194,6 +174,8 @@ std::optional<DType> from_dlpack(nb::dlpack::dtype d) {
 class Args {
  public:
   explicit Args(const char* op) : op_(op) {}
+
+  const char* op() const { return op_; }
 
   TensorView input(nb::handle obj, const char* name) { return convert<nb::ro>(obj, name); }
   TensorView output(nb::handle obj, const char* name) { return convert<>(obj, name); }
@@ -308,281 +290,285 @@ bool is_number(nb::handle h) {
   return PyFloat_Check(h.ptr()) || (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()));
 }
 
-// ---- Ops ---------------------------------------------------------------------------------------
+// ---- Parameters: how one Python argument becomes one C++ argument ------------------------------
+//
+// Each kind has `Py` (what nanobind converts the Python argument to), `arg()` (its nb::arg) and
+// `convert(args, py)` (the C++ value). def_op below binds an op from a list of them.
 
-void quantize_fp8(nb::handle input, nb::handle out, nb::handle scale_inv, std::uintptr_t stream) {
-  Args args("quantize_fp8");
-  const TensorView x = args.input(input, "input");
-  const TensorView o = args.output(out, "out");
-  if (is_number(scale_inv)) {
-    const float s = nb::cast<float>(scale_inv);
-    nb::gil_scoped_release release;
-    fp8mla::quantize_fp8(x, o, s, to_stream(stream));
-  } else {
-    const TensorView s = args.input(scale_inv, "scale_inv");
-    nb::gil_scoped_release release;
-    fp8mla::quantize_fp8(x, o, s, to_stream(stream));
+// A tensor the op reads (In) or writes (Out); Optional: None gives an empty view, "not given".
+enum class Access { kIn, kOut };
+template <Access A, bool Optional>
+struct Tensor {
+  const char* name;
+  using Py = nb::handle;
+  auto arg() const {
+    if constexpr (Optional) {
+      return nb::arg(name).none();
+    } else {
+      return nb::arg(name);
+    }
   }
+  TensorView convert(Args& args, nb::handle py) const {
+    if (Optional && py.is_none()) return TensorView();
+    return A == Access::kIn ? args.input(py, name) : args.output(py, name);
+  }
+};
+constexpr Tensor<Access::kIn, false> in(const char* name) {
+  return {name};
+}
+constexpr Tensor<Access::kOut, false> out(const char* name) {
+  return {name};
+}
+constexpr Tensor<Access::kIn, true> optional_in(const char* name) {
+  return {name};
+}
+constexpr Tensor<Access::kOut, true> optional_out(const char* name) {
+  return {name};
 }
 
-void quantize_fp8_dynamic(nb::handle input, nb::handle out, nb::handle scale,
-                          std::uintptr_t stream) {
-  Args args("quantize_fp8_dynamic");
-  const TensorView x = args.input(input, "input");
-  const TensorView o = args.output(out, "out");
-  const TensorView s = args.output(scale, "scale");
-  nb::gil_scoped_release release;
-  fp8mla::quantize_fp8_dynamic(x, o, s, to_stream(stream));
+// A number or bool, converted by nanobind.
+template <typename T>
+struct Value {
+  const char* name;
+  using Py = T;
+  auto arg() const { return nb::arg(name); }
+  T convert(Args&, T py) const { return py; }
+};
+template <typename T>
+constexpr Value<T> value(const char* name) {
+  return {name};
 }
 
-void quantize_fp8_per_token_group(nb::handle input, nb::handle out, nb::handle scales,
-                                  int group_size, float eps, bool round_scale_to_pow2,
-                                  std::uintptr_t stream) {
-  Args args("quantize_fp8_per_token_group");
-  const TensorView x = args.input(input, "input");
-  const TensorView o = args.output(out, "out");
-  const TensorView s = args.output(scales, "scales");
-  fp8mla::GroupQuantOptions options;
-  options.group_size = group_size;
-  options.eps = eps;
-  options.round_scale_to_pow2 = round_scale_to_pow2;
-  nb::gil_scoped_release release;
-  fp8mla::quantize_fp8_per_token_group(x, o, s, options, to_stream(stream));
-}
+// A float, or a one-element f32 tensor read by the kernel (quantize_fp8's two overloads).
+struct ScaleInv {
+  const char* name;
+  using Py = nb::handle;
+  auto arg() const { return nb::arg(name); }
+  std::variant<float, TensorView> convert(Args& args, nb::handle py) const {
+    if (is_number(py)) return nb::cast<float>(py);
+    return args.input(py, name);
+  }
+};
 
-void quantize_nvfp4(nb::handle input, nb::handle out, nb::handle block_scales,
-                    nb::handle global_scale, const std::string& layout, std::uintptr_t stream) {
-  Args args("quantize_nvfp4");
-  fp8mla::Nvfp4ScaleLayout scale_layout;
-  if (layout == "swizzled") {
-    scale_layout = fp8mla::Nvfp4ScaleLayout::kSwizzled128x4;
-  } else if (layout == "linear") {
-    scale_layout = fp8mla::Nvfp4ScaleLayout::kLinear;
-  } else {
+// An enum of the C++ API by name: Names<E>::kAll lists them.
+template <typename E>
+struct Names;
+template <>
+struct Names<fp8mla::Nvfp4ScaleLayout> {
+  static constexpr std::pair<std::string_view, fp8mla::Nvfp4ScaleLayout> kAll[] = {
+      {"swizzled", fp8mla::Nvfp4ScaleLayout::kSwizzled128x4},
+      {"linear", fp8mla::Nvfp4ScaleLayout::kLinear}};
+};
+template <>
+struct Names<fp8mla::RopeStyle> {
+  static constexpr std::pair<std::string_view, fp8mla::RopeStyle> kAll[] = {
+      {"interleaved", fp8mla::RopeStyle::kInterleaved}, {"neox", fp8mla::RopeStyle::kNeox}};
+};
+template <>
+struct Names<fp8mla::VLayout> {
+  static constexpr std::pair<std::string_view, fp8mla::VLayout> kAll[] = {
+      {"token_major", fp8mla::VLayout::kTokenMajor}, {"transposed", fp8mla::VLayout::kTransposed}};
+};
+
+template <typename E>
+struct Choice {
+  const char* name;
+  using Py = std::string;
+  auto arg() const { return nb::arg(name); }
+  E convert(Args& args, const std::string& py) const {
+    for (const auto& [spelling, e] : Names<E>::kAll) {
+      if (spelling == py) return e;
+    }
+    std::string expected;
+    const std::size_t count = std::size(Names<E>::kAll);
+    for (std::size_t i = 0; i < count; ++i) {
+      expected += fp8mla::concat(i == 0           ? ""
+                                 : i + 1 == count ? " or "
+                                                  : ", ",
+                                 "'", Names<E>::kAll[i].first, "'");
+    }
     throw Error(ErrorCategory::kInvalidArgument,
-                fp8mla::concat("quantize_nvfp4: expected layout 'swizzled' or 'linear', got '",
-                               layout, "'"));
+                fp8mla::concat(args.op(), ": expected ", name, " ", expected, ", got '", py, "'"));
   }
-  const TensorView x = args.input(input, "input");
-  const TensorView o = args.output(out, "out");
-  const TensorView bs = args.output(block_scales, "block_scales");
-  const TensorView gs = args.input(global_scale, "global_scale");
-  nb::gil_scoped_release release;
-  fp8mla::quantize_nvfp4(x, o, bs, gs, scale_layout, to_stream(stream));
+};
+template <typename E>
+constexpr Choice<E> choice(const char* name) {
+  return {name};
 }
 
-// ---- MLA prefill preparation (fp8mla/mla_prep.hpp) ---------------------------------------------
-
-// (factor, original_max_position, beta_fast, beta_slow, mscale, mscale_all_dim); the Python layer
-// maps the user's dict onto it.
+// None or (factor, original_max_position, beta_fast, beta_slow, mscale, mscale_all_dim); the
+// Python layer maps the user's dict onto it.
 using YarnTuple = std::tuple<double, std::int64_t, double, double, double, double>;
 
-fp8mla::RopeConfig rope_config(int rope_dim, double theta, const std::optional<YarnTuple>& yarn) {
-  fp8mla::RopeConfig config;
-  config.rope_dim = rope_dim;
-  config.theta = theta;
-  if (yarn) {
-    fp8mla::YarnScaling y;
-    std::tie(y.factor, y.original_max_position, y.beta_fast, y.beta_slow, y.mscale,
-             y.mscale_all_dim) = *yarn;
-    config.yarn = y;
-  }
-  return config;
+std::optional<fp8mla::YarnScaling> yarn_scaling(const std::optional<YarnTuple>& yarn) {
+  if (!yarn) return std::nullopt;
+  fp8mla::YarnScaling y;
+  std::tie(y.factor, y.original_max_position, y.beta_fast, y.beta_slow, y.mscale,
+           y.mscale_all_dim) = *yarn;
+  return y;
+}
+
+struct Yarn {
+  const char* name;
+  using Py = std::optional<YarnTuple>;
+  auto arg() const { return nb::arg(name).none(); }
+  std::optional<fp8mla::YarnScaling> convert(Args&, const Py& py) const { return yarn_scaling(py); }
+};
+
+// ---- One binding for every op ------------------------------------------------------------------
+
+// Binds _C.<name>(params..., stream=0): converts the arguments in order (a bad one raises
+// fp8mla.Error naming it), then calls fn(values..., stream) without the GIL. `fn` is the C++
+// op itself, or a lambda that puts the values into the op's argument struct.
+template <typename Fn, typename... Params>
+void def_op(nb::module_& m, const char* name, Fn fn, Params... params) {
+  m.def(
+      name,
+      [name, fn, params...](typename Params::Py... py, std::uintptr_t stream) {
+        Args args(name);
+        // Braced initialization converts left to right.
+        const std::tuple<decltype(params.convert(args, py))...> values{params.convert(args, py)...};
+        nb::gil_scoped_release release;
+        std::apply([&](const auto&... v) { fn(v..., to_stream(stream)); }, values);
+      },
+      params.arg()..., nb::arg("stream") = 0);
+}
+
+using fp8mla::CudaStream;
+
+void def_ops(nb::module_& m) {
+  // ---- Quantization (fp8mla/quantize.hpp) ----
+  def_op(
+      m, "quantize_fp8",
+      [](const TensorView& input, const TensorView& out,
+         const std::variant<float, TensorView>& scale_inv, CudaStream stream) {
+        std::visit([&](const auto& s) { fp8mla::quantize_fp8(input, out, s, stream); }, scale_inv);
+      },
+      in("input"), out("out"), ScaleInv{"scale_inv"});
+  def_op(m, "quantize_fp8_dynamic", fp8mla::quantize_fp8_dynamic, in("input"), out("out"),
+         out("scale"));
+  def_op(
+      m, "quantize_fp8_per_token_group",
+      [](const TensorView& input, const TensorView& out, const TensorView& scales, int group_size,
+         float eps, bool round_scale_to_pow2, CudaStream stream) {
+        fp8mla::quantize_fp8_per_token_group(input, out, scales,
+                                             {group_size, eps, round_scale_to_pow2}, stream);
+      },
+      in("input"), out("out"), out("scales"), value<int>("group_size"), value<float>("eps"),
+      value<bool>("round_scale_to_pow2"));
+  def_op(m, "quantize_nvfp4", fp8mla::quantize_nvfp4, in("input"), out("out"), out("block_scales"),
+         in("global_scale"), choice<fp8mla::Nvfp4ScaleLayout>("layout"));
+
+  // ---- MLA prefill preparation (fp8mla/mla_prep.hpp) ----
+  def_op(
+      m, "make_cos_sin_cache",
+      [](const TensorView& cos_sin, int rope_dim, double theta,
+         const std::optional<fp8mla::YarnScaling>& yarn, CudaStream stream) {
+        fp8mla::make_cos_sin_cache(cos_sin, {rope_dim, theta, yarn}, stream);
+      },
+      out("cos_sin"), value<int>("rope_dim"), value<double>("theta"), Yarn{"yarn"});
+  def_op(
+      m, "mla_rope_quantize_fp8",
+      [](const TensorView& q_nope, const TensorView& q_pe, const TensorView& k_nope,
+         const TensorView& k_pe, const TensorView& positions, const TensorView& cos_sin,
+         fp8mla::RopeStyle style, float q_scale_inv, float k_scale_inv, const TensorView& q_out,
+         const TensorView& k_out, const TensorView& cache, const TensorView& slot_mapping,
+         float cache_scale_inv, const TensorView& error_flag, const TensorView& kv_c,
+         CudaStream stream) {
+        fp8mla::MlaRopeQuantizeArgs a{q_nope, q_pe,        k_nope,      k_pe,  positions, cos_sin,
+                                      style,  q_scale_inv, k_scale_inv, q_out, k_out};
+        if (cache.data() != nullptr) {
+          a.cache_write =
+              fp8mla::LatentCacheWrite{cache, slot_mapping, cache_scale_inv, error_flag};
+          a.kv_c = kv_c;
+        } else if (kv_c.data() || slot_mapping.data() || error_flag.data()) {
+          throw Error(ErrorCategory::kInvalidArgument,
+                      "mla_rope_quantize_fp8: `kv_c`, `slot_mapping` and `error_flag` belong to "
+                      "the latent cache write: pass `cache` too (or none of them)");
+        }
+        fp8mla::mla_rope_quantize_fp8(a, stream);
+      },
+      in("q_nope"), in("q_pe"), in("k_nope"), in("k_pe"), in("positions"), in("cos_sin"),
+      choice<fp8mla::RopeStyle>("style"), value<float>("q_scale_inv"), value<float>("k_scale_inv"),
+      out("q_out"), out("k_out"), optional_out("cache"), optional_in("slot_mapping"),
+      value<float>("cache_scale_inv"), optional_out("error_flag"), optional_in("kv_c"));
+  def_op(
+      m, "mla_kv_cache_write",
+      [](const TensorView& kv_c, const TensorView& k_pe, const TensorView& cache,
+         const TensorView& slot_mapping, float scale_inv, const TensorView& error_flag,
+         CudaStream stream) {
+        fp8mla::mla_kv_cache_write(kv_c, k_pe, {cache, slot_mapping, scale_inv, error_flag},
+                                   stream);
+      },
+      in("kv_c"), in("k_pe"), out("cache"), in("slot_mapping"), value<float>("scale_inv"),
+      optional_out("error_flag"));
+  def_op(m, "mla_kv_gather", fp8mla::mla_kv_gather, in("cache"), in("slots"), value<float>("scale"),
+         out("kv_c_out"), out("k_pe_out"), optional_out("error_flag"));
+  def_op(
+      m, "mla_kv_pack_quantize_fp8",
+      [](const TensorView& k_nope, const TensorView& k_pe, const TensorView& v, float k_scale_inv,
+         float v_scale_inv, const TensorView& k_out, const TensorView& v_out,
+         fp8mla::VLayout v_layout, CudaStream stream) {
+        fp8mla::mla_kv_pack_quantize_fp8(
+            {k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out, v_out, v_layout}, stream);
+      },
+      in("k_nope"), in("k_pe"), in("v"), value<float>("k_scale_inv"), value<float>("v_scale_inv"),
+      out("k_out"), out("v_out"), choice<fp8mla::VLayout>("v_layout"));
+  def_op(m, "mla_v_quantize_fp8", fp8mla::mla_v_quantize_fp8, in("v"), out("v_out"),
+         value<float>("v_scale_inv"), choice<fp8mla::VLayout>("v_layout"));
+
+  // ---- Attention (fp8mla/attention.hpp) ----
+  def_op(
+      m, "prefill_attention",
+      [](const TensorView& q, const TensorView& k, const TensorView& v,
+         const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int max_seqlen_q,
+         int max_seqlen_k, float softmax_scale, bool causal, const TensorView& q_descale,
+         const TensorView& k_descale, const TensorView& v_descale, const TensorView& out,
+         const TensorView& lse, CudaStream stream) {
+        fp8mla::prefill_attention(
+            {q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+             q_descale, k_descale, v_descale, out, lse},
+            stream);
+      },
+      in("q"), in("k"), in("v"), in("cu_seqlens_q"), in("cu_seqlens_k"), value<int>("max_seqlen_q"),
+      value<int>("max_seqlen_k"), value<float>("softmax_scale"), value<bool>("causal"),
+      optional_in("q_descale"), optional_in("k_descale"), optional_in("v_descale"), out("out"),
+      optional_out("lse"));
+  def_op(m, "merge_attention_states", fp8mla::merge_attention_states, in("o_a"), in("lse_a"),
+         in("o_b"), in("lse_b"), out("out"), out("out_lse"));
+}
+
+// A dict from keyword arguments: make_dict("a"_a = 1, "b"_a = 2).
+template <typename... Kwargs>
+nb::dict make_dict(Kwargs&&... kwargs) {
+  const nb::handle dict_type(reinterpret_cast<PyObject*>(&PyDict_Type));
+  return nb::cast<nb::dict>(dict_type(std::forward<Kwargs>(kwargs)...));
 }
 
 nb::dict yarn_defaults() {
   const fp8mla::YarnScaling y;
-  nb::dict d;
-  d["factor"] = y.factor;
-  d["original_max_position"] = y.original_max_position;
-  d["beta_fast"] = y.beta_fast;
-  d["beta_slow"] = y.beta_slow;
-  d["mscale"] = y.mscale;
-  d["mscale_all_dim"] = y.mscale_all_dim;
-  return d;
-}
-
-void make_cos_sin_cache(nb::handle cos_sin, int rope_dim, double theta,
-                        const std::optional<YarnTuple>& yarn, std::uintptr_t stream) {
-  Args args("make_cos_sin_cache");
-  const TensorView out = args.output(cos_sin, "cos_sin");
-  const fp8mla::RopeConfig config = rope_config(rope_dim, theta, yarn);
-  nb::gil_scoped_release release;
-  fp8mla::make_cos_sin_cache(out, config, to_stream(stream));
+  return make_dict("factor"_a = y.factor, "original_max_position"_a = y.original_max_position,
+                   "beta_fast"_a = y.beta_fast, "beta_slow"_a = y.beta_slow, "mscale"_a = y.mscale,
+                   "mscale_all_dim"_a = y.mscale_all_dim);
 }
 
 double softmax_mscale(const std::optional<YarnTuple>& yarn) {
-  return fp8mla::softmax_mscale(rope_config(fp8mla::kMlaRopeDim, 10000.0, yarn));
-}
-
-fp8mla::RopeStyle parse_rope_style(const std::string& style) {
-  if (style == "interleaved") return fp8mla::RopeStyle::kInterleaved;
-  if (style == "neox") return fp8mla::RopeStyle::kNeox;
-  throw Error(ErrorCategory::kInvalidArgument,
-              fp8mla::concat("mla_rope_quantize_fp8: expected style 'interleaved' or 'neox', got '",
-                             style, "'"));
-}
-
-void mla_rope_quantize_fp8(nb::handle q_nope, nb::handle q_pe, nb::handle k_nope, nb::handle k_pe,
-                           nb::handle positions, nb::handle cos_sin, const std::string& style,
-                           float q_scale_inv, float k_scale_inv, nb::handle q_out, nb::handle k_out,
-                           nb::handle kv_c, nb::handle cache, nb::handle slot_mapping,
-                           float cache_scale_inv, nb::handle error_flag, std::uintptr_t stream) {
-  Args args("mla_rope_quantize_fp8");
-  fp8mla::MlaRopeQuantizeArgs a;
-  a.q_nope = args.input(q_nope, "q_nope");
-  a.q_pe = args.input(q_pe, "q_pe");
-  a.k_nope = args.input(k_nope, "k_nope");
-  a.k_pe = args.input(k_pe, "k_pe");
-  a.positions = args.input(positions, "positions");
-  a.cos_sin = args.input(cos_sin, "cos_sin");
-  a.style = parse_rope_style(style);
-  a.q_scale_inv = q_scale_inv;
-  a.k_scale_inv = k_scale_inv;
-  a.q_out = args.output(q_out, "q_out");
-  a.k_out = args.output(k_out, "k_out");
-  if (!cache.is_none()) {
-    fp8mla::LatentCacheWrite w;
-    w.cache = args.output(cache, "cache");
-    w.slot_mapping = args.optional_input(slot_mapping, "slot_mapping");
-    w.scale_inv = cache_scale_inv;
-    w.error_flag = args.optional_output(error_flag, "error_flag");
-    a.cache_write = w;
-    a.kv_c = args.optional_input(kv_c, "kv_c");
-  } else if (!kv_c.is_none() || !slot_mapping.is_none() || !error_flag.is_none()) {
-    throw Error(ErrorCategory::kInvalidArgument,
-                "mla_rope_quantize_fp8: `kv_c`, `slot_mapping` and `error_flag` belong to the "
-                "latent cache write: pass `cache` too (or none of them)");
-  }
-  nb::gil_scoped_release release;
-  fp8mla::mla_rope_quantize_fp8(a, to_stream(stream));
-}
-
-void mla_kv_cache_write(nb::handle kv_c, nb::handle k_pe, nb::handle cache, nb::handle slot_mapping,
-                        float scale_inv, nb::handle error_flag, std::uintptr_t stream) {
-  Args args("mla_kv_cache_write");
-  const TensorView c = args.input(kv_c, "kv_c");
-  const TensorView pe = args.input(k_pe, "k_pe");
-  fp8mla::LatentCacheWrite w;
-  w.cache = args.output(cache, "cache");
-  w.slot_mapping = args.input(slot_mapping, "slot_mapping");
-  w.scale_inv = scale_inv;
-  w.error_flag = args.optional_output(error_flag, "error_flag");
-  nb::gil_scoped_release release;
-  fp8mla::mla_kv_cache_write(c, pe, w, to_stream(stream));
-}
-
-void mla_kv_gather(nb::handle cache, nb::handle slots, float scale, nb::handle kv_c_out,
-                   nb::handle k_pe_out, nb::handle error_flag, std::uintptr_t stream) {
-  Args args("mla_kv_gather");
-  const TensorView c = args.input(cache, "cache");
-  const TensorView s = args.input(slots, "slots");
-  const TensorView kv = args.output(kv_c_out, "kv_c_out");
-  const TensorView pe = args.output(k_pe_out, "k_pe_out");
-  const TensorView flag = args.optional_output(error_flag, "error_flag");
-  nb::gil_scoped_release release;
-  fp8mla::mla_kv_gather(c, s, scale, kv, pe, flag, to_stream(stream));
-}
-
-fp8mla::VLayout parse_v_layout(std::string_view op, const std::string& layout) {
-  if (layout == "token_major") return fp8mla::VLayout::kTokenMajor;
-  if (layout == "transposed") return fp8mla::VLayout::kTransposed;
-  throw Error(
-      ErrorCategory::kInvalidArgument,
-      fp8mla::concat(op, ": expected v_layout 'token_major' or 'transposed', got '", layout, "'"));
-}
-
-void mla_kv_pack_quantize_fp8(nb::handle k_nope, nb::handle k_pe, nb::handle v, float k_scale_inv,
-                              float v_scale_inv, nb::handle k_out, nb::handle v_out,
-                              const std::string& v_layout, std::uintptr_t stream) {
-  Args args("mla_kv_pack_quantize_fp8");
-  fp8mla::MlaKvPackArgs a;
-  a.k_nope = args.input(k_nope, "k_nope");
-  a.k_pe = args.input(k_pe, "k_pe");
-  a.v = args.input(v, "v");
-  a.k_scale_inv = k_scale_inv;
-  a.v_scale_inv = v_scale_inv;
-  a.k_out = args.output(k_out, "k_out");
-  a.v_out = args.output(v_out, "v_out");
-  a.v_layout = parse_v_layout("mla_kv_pack_quantize_fp8", v_layout);
-  nb::gil_scoped_release release;
-  fp8mla::mla_kv_pack_quantize_fp8(a, to_stream(stream));
-}
-
-void mla_v_quantize_fp8(nb::handle v, float v_scale_inv, nb::handle v_out,
-                        const std::string& v_layout, std::uintptr_t stream) {
-  Args args("mla_v_quantize_fp8");
-  const TensorView x = args.input(v, "v");
-  const TensorView o = args.output(v_out, "v_out");
-  const fp8mla::VLayout layout = parse_v_layout("mla_v_quantize_fp8", v_layout);
-  nb::gil_scoped_release release;
-  fp8mla::mla_v_quantize_fp8(x, o, v_scale_inv, layout, to_stream(stream));
-}
-
-// ---- Attention (fp8mla/attention.hpp) -------------------------------------------------------
-
-void prefill_attention(nb::handle q, nb::handle k, nb::handle v, nb::handle cu_seqlens_q,
-                       nb::handle cu_seqlens_k, int max_seqlen_q, int max_seqlen_k,
-                       float softmax_scale, bool causal, nb::handle q_descale, nb::handle k_descale,
-                       nb::handle v_descale, nb::handle out, nb::handle lse,
-                       std::uintptr_t stream) {
-  Args args("prefill_attention");
-  fp8mla::PrefillAttentionArgs a;
-  a.q = args.input(q, "q");
-  a.k = args.input(k, "k");
-  a.v = args.input(v, "v");
-  a.cu_seqlens_q = args.input(cu_seqlens_q, "cu_seqlens_q");
-  a.cu_seqlens_k = args.input(cu_seqlens_k, "cu_seqlens_k");
-  a.max_seqlen_q = max_seqlen_q;
-  a.max_seqlen_k = max_seqlen_k;
-  a.softmax_scale = softmax_scale;
-  a.causal = causal;
-  a.q_descale = args.optional_input(q_descale, "q_descale");
-  a.k_descale = args.optional_input(k_descale, "k_descale");
-  a.v_descale = args.optional_input(v_descale, "v_descale");
-  a.out = args.output(out, "out");
-  a.lse = args.optional_output(lse, "lse");
-  nb::gil_scoped_release release;
-  fp8mla::prefill_attention(a, to_stream(stream));
-}
-
-void merge_attention_states(nb::handle o_a, nb::handle lse_a, nb::handle o_b, nb::handle lse_b,
-                            nb::handle out, nb::handle out_lse, std::uintptr_t stream) {
-  Args args("merge_attention_states");
-  const TensorView oa = args.input(o_a, "o_a");
-  const TensorView la = args.input(lse_a, "lse_a");
-  const TensorView ob = args.input(o_b, "o_b");
-  const TensorView lb = args.input(lse_b, "lse_b");
-  const TensorView o = args.output(out, "out");
-  const TensorView l = args.output(out_lse, "out_lse");
-  nb::gil_scoped_release release;
-  fp8mla::merge_attention_states(oa, la, ob, lb, o, l, to_stream(stream));
+  return fp8mla::softmax_mscale({fp8mla::kMlaRopeDim, 10000.0, yarn_scaling(yarn)});
 }
 
 nb::dict info() {
   const fp8mla::BuildInfo build = fp8mla::build_info();
-  nb::dict d;
-  d["version"] = build.version;
-  d["cuda"] = build.cuda;
-  d["cuda_arch"] = build.cuda_arch;
-  d["cuda_version"] = build.cuda_version;
-  d["compiler"] = build.compiler;
-  d["build_type"] = build.build_type;
   const fp8mla::CudaDevices cuda = fp8mla::cuda_devices();
   nb::list devices;
   for (const fp8mla::CudaDeviceInfo& dev : cuda.devices) {
-    nb::dict e;
-    e["ordinal"] = dev.ordinal;
-    e["name"] = dev.name;
-    e["arch"] = dev.arch;
-    e["sm_count"] = dev.sm_count;
-    e["l2_bytes"] = dev.l2_bytes;
-    e["global_memory_bytes"] = dev.global_memory_bytes;
-    devices.append(e);
+    devices.append(make_dict("ordinal"_a = dev.ordinal, "name"_a = dev.name, "arch"_a = dev.arch,
+                             "sm_count"_a = dev.sm_count, "l2_bytes"_a = dev.l2_bytes,
+                             "global_memory_bytes"_a = dev.global_memory_bytes));
   }
-  d["devices"] = devices;
-  d["devices_unavailable_reason"] = cuda.unavailable_reason;
-  return d;
+  return make_dict("version"_a = build.version, "cuda"_a = build.cuda,
+                   "cuda_arch"_a = build.cuda_arch, "cuda_version"_a = build.cuda_version,
+                   "compiler"_a = build.compiler, "build_type"_a = build.build_type,
+                   "devices"_a = devices, "devices_unavailable_reason"_a = cuda.unavailable_reason);
 }
 
 }  // namespace
@@ -600,52 +586,12 @@ NB_MODULE(_C, m) {
 
   m.attr("__version__") = fp8mla::kVersionString;
   m.def("info", &info, "Build and device information");
-  m.def("prefill_attention", &prefill_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"),
-        nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("max_seqlen_q"),
-        nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"),
-        nb::arg("q_descale").none(), nb::arg("k_descale").none(), nb::arg("v_descale").none(),
-        nb::arg("out"), nb::arg("lse").none(), nb::arg("stream"));
-  m.def("merge_attention_states", &merge_attention_states, nb::arg("o_a"), nb::arg("lse_a"),
-        nb::arg("o_b"), nb::arg("lse_b"), nb::arg("out"), nb::arg("out_lse"), nb::arg("stream"));
-  m.def("quantize_fp8", &quantize_fp8, nb::arg("input"), nb::arg("out"), nb::arg("scale_inv"),
-        nb::arg("stream") = 0);
-  m.def("quantize_fp8_dynamic", &quantize_fp8_dynamic, nb::arg("input"), nb::arg("out"),
-        nb::arg("scale"), nb::arg("stream") = 0);
-  m.def("quantize_fp8_per_token_group", &quantize_fp8_per_token_group, nb::arg("input"),
-        nb::arg("out"), nb::arg("scales"), nb::arg("group_size"), nb::arg("eps"),
-        nb::arg("round_scale_to_pow2"), nb::arg("stream") = 0);
-  m.def("quantize_nvfp4", &quantize_nvfp4, nb::arg("input"), nb::arg("out"),
-        nb::arg("block_scales"), nb::arg("global_scale"), nb::arg("layout"), nb::arg("stream") = 0);
+  def_ops(m);
 
-  m.attr("MLA_DIMS") = [] {
-    nb::dict d;
-    d["nope"] = fp8mla::kMlaNopeDim;
-    d["rope"] = fp8mla::kMlaRopeDim;
-    d["qk"] = fp8mla::kMlaQkDim;
-    d["v"] = fp8mla::kMlaVDim;
-    d["kv_lora_rank"] = fp8mla::kMlaKvLoraRank;
-    d["latent"] = fp8mla::kMlaLatentDim;
-    return d;
-  }();
+  m.attr("MLA_DIMS") =
+      make_dict("nope"_a = fp8mla::kMlaNopeDim, "rope"_a = fp8mla::kMlaRopeDim,
+                "qk"_a = fp8mla::kMlaQkDim, "v"_a = fp8mla::kMlaVDim,
+                "kv_lora_rank"_a = fp8mla::kMlaKvLoraRank, "latent"_a = fp8mla::kMlaLatentDim);
   m.attr("YARN_DEFAULTS") = yarn_defaults();
-  m.def("make_cos_sin_cache", &make_cos_sin_cache, nb::arg("cos_sin"), nb::arg("rope_dim"),
-        nb::arg("theta"), nb::arg("yarn").none(), nb::arg("stream") = 0);
   m.def("softmax_mscale", &softmax_mscale, nb::arg("yarn").none());
-  m.def("mla_rope_quantize_fp8", &mla_rope_quantize_fp8, nb::arg("q_nope"), nb::arg("q_pe"),
-        nb::arg("k_nope"), nb::arg("k_pe"), nb::arg("positions"), nb::arg("cos_sin"),
-        nb::arg("style"), nb::arg("q_scale_inv"), nb::arg("k_scale_inv"), nb::arg("q_out"),
-        nb::arg("k_out"), nb::arg("kv_c").none(), nb::arg("cache").none(),
-        nb::arg("slot_mapping").none(), nb::arg("cache_scale_inv"), nb::arg("error_flag").none(),
-        nb::arg("stream") = 0);
-  m.def("mla_kv_cache_write", &mla_kv_cache_write, nb::arg("kv_c"), nb::arg("k_pe"),
-        nb::arg("cache"), nb::arg("slot_mapping"), nb::arg("scale_inv"),
-        nb::arg("error_flag").none(), nb::arg("stream") = 0);
-  m.def("mla_kv_gather", &mla_kv_gather, nb::arg("cache"), nb::arg("slots"), nb::arg("scale"),
-        nb::arg("kv_c_out"), nb::arg("k_pe_out"), nb::arg("error_flag").none(),
-        nb::arg("stream") = 0);
-  m.def("mla_kv_pack_quantize_fp8", &mla_kv_pack_quantize_fp8, nb::arg("k_nope"), nb::arg("k_pe"),
-        nb::arg("v"), nb::arg("k_scale_inv"), nb::arg("v_scale_inv"), nb::arg("k_out"),
-        nb::arg("v_out"), nb::arg("v_layout") = "token_major", nb::arg("stream") = 0);
-  m.def("mla_v_quantize_fp8", &mla_v_quantize_fp8, nb::arg("v"), nb::arg("v_scale_inv"),
-        nb::arg("v_out"), nb::arg("v_layout") = "token_major", nb::arg("stream") = 0);
 }

@@ -14,13 +14,9 @@ torch = pytest.importorskip("torch", reason="torch is not installed")
 import fp8mla  # noqa: E402
 import fp8mla.torch_ops  # noqa: E402,F401
 from attention_reference import reference  # noqa: E402
+from torch_helpers import needs_gpu  # noqa: E402
 
 DQK = 192
-
-HAS_GPU = torch.cuda.is_available() and fp8mla.info()["cuda"] and bool(fp8mla.info()["devices"])
-needs_gpu = pytest.mark.skipif(
-    not HAS_GPU, reason="needs a CUDA GPU visible to torch and an fp8mla built with CUDA")
-
 
 def torch_inputs(q_lens, k_lens, heads, device, seed=0):
     g = torch.Generator().manual_seed(seed)

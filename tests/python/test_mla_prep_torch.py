@@ -14,10 +14,8 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 import fp8mla  # noqa: E402
 import fp8mla.torch_ops  # noqa: E402,F401  (registers the custom ops even if fp8mla came first)
 import mla_prep_reference as ref  # noqa: E402
+from torch_helpers import as_bytes, assert_same, capture, needs_gpu, to_numpy  # noqa: E402
 
-HAS_GPU = torch.cuda.is_available() and fp8mla.info()["cuda"] and bool(fp8mla.info()["devices"])
-needs_gpu = pytest.mark.skipif(
-    not HAS_GPU, reason="needs a CUDA GPU visible to torch and an fp8mla built with CUDA")
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]
 YARN = {"factor": 40, "original_max_position_embeddings": 4096, "type": "yarn"}
 OPS = ["make_cos_sin_cache", "mla_rope_quantize_fp8", "mla_kv_cache_write", "mla_kv_gather",
@@ -29,27 +27,6 @@ def rand(shape, dtype=torch.bfloat16, seed=0, device="cpu", scale=1.0):
     x = torch.randn(shape, generator=g) * scale
     x *= torch.exp2(torch.randint(-3, 4, shape, generator=g).float())
     return x.to(dtype).to(device)
-
-
-def as_bytes(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu().contiguous()
-    if t.dtype.itemsize == 1 and t.dtype != torch.uint8:
-        t = t.view(torch.uint8)
-    elif t.dtype in (torch.bfloat16, torch.float16):
-        t = t.view(torch.int16)
-    return t.numpy()
-
-
-def to_numpy(x: torch.Tensor) -> np.ndarray:
-    x = x.detach().cpu()
-    if x.dtype == torch.bfloat16:
-        return x.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return x.contiguous().numpy()
-
-
-def assert_same(a: torch.Tensor, b: torch.Tensor):
-    assert a.shape == b.shape and a.dtype == b.dtype
-    np.testing.assert_array_equal(as_bytes(a), as_bytes(b))
 
 
 def random_cache(num_pages, page_size, seed=0, device="cpu"):
@@ -114,11 +91,11 @@ def test_opcheck_all_ops():
     slots = torch.tensor([0, 3, -1, 7, 2])
     flag = torch.zeros(1, dtype=torch.int32)
     opcheck(torch.ops.fp8mla.mla_rope_quantize_fp8.default,
-            (*rope_args(inp, cos_sin), "interleaved", 1.0, 1.0, q_out, k_out, None, None, None,
-             1.0, None, 0))
+            (*rope_args(inp, cos_sin), "interleaved", 1.0, 1.0, q_out, k_out, None, None, 1.0,
+             None, None, 0))
     opcheck(torch.ops.fp8mla.mla_rope_quantize_fp8.default,
-            (*rope_args(inp, cos_sin), "neox", 2.0, 0.5, q_out, k_out, inp["kv_c"], cache, slots,
-             0.5, flag, 0))
+            (*rope_args(inp, cos_sin), "neox", 2.0, 0.5, q_out, k_out, cache, slots, 0.5, flag,
+             inp["kv_c"], 0))
     opcheck(torch.ops.fp8mla.mla_kv_cache_write.default,
             (inp["kv_c"], inp["k_pe"], cache, slots, 1.0, flag, 0))
     opcheck(torch.ops.fp8mla.mla_kv_cache_write.default,
@@ -131,9 +108,9 @@ def test_opcheck_all_ops():
     pv = torch.empty(5, 2, 128, dtype=torch.uint8)
     opcheck(torch.ops.fp8mla.mla_kv_pack_quantize_fp8.default,
             (inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 2.0, pk, pv, "token_major", 0))
-    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], 2.0, pv, "token_major", 0))
+    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], pv, 2.0, "token_major", 0))
     pv_t = torch.empty(2, 128, 16, dtype=torch.uint8)[:, :, :5].permute(2, 0, 1)
-    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], 2.0, pv_t, "transposed", 0))
+    opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], pv_t, 2.0, "transposed", 0))
 
 
 # ---- CPU torch tensors ---------------------------------------------------------------------------
@@ -415,14 +392,7 @@ def test_cuda_graph_capture_and_replay_rope():
                                      k_out=k_out, kv_c=inp["kv_c"], cache=cache,
                                      slot_mapping=slots, cache_scale_inv=2.0, error_flag=flag)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm up outside capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step)
 
     for seed in [1, 2, 3]:
         new = rope_inputs(tokens, heads, seed=100 + seed, max_pos=4096)

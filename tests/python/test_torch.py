@@ -12,11 +12,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 import fp8mla  # noqa: E402
 import fp8mla.torch_ops  # noqa: E402,F401  (registers the custom ops even if fp8mla came first)
 import fp8mla_reference as ref  # noqa: E402
-
-HAS_GPU = torch.cuda.is_available() and fp8mla.info()["cuda"] and bool(fp8mla.info()["devices"])
-needs_gpu = pytest.mark.skipif(
-    not HAS_GPU, reason="needs a CUDA GPU visible to torch and an fp8mla built with CUDA")
-
+from torch_helpers import as_bytes, assert_identical, capture, needs_gpu, to_numpy  # noqa: E402
 
 def make_input(shape, dtype=torch.bfloat16, seed=0, device="cpu", spread=True):
     g = torch.Generator().manual_seed(seed)
@@ -24,20 +20,6 @@ def make_input(shape, dtype=torch.bfloat16, seed=0, device="cpu", spread=True):
     if spread:
         x *= torch.exp2(torch.randint(-10, 10, shape, generator=g).float())
     return x.to(dtype).to(device)
-
-
-def as_bytes(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu().contiguous()
-    if t.dtype.itemsize == 1 and t.dtype != torch.uint8:
-        t = t.view(torch.uint8)
-    return t.numpy()
-
-
-def to_numpy(x: torch.Tensor) -> np.ndarray:
-    x = x.detach().cpu()
-    if x.dtype == torch.bfloat16:
-        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return x.numpy()
 
 
 def nan_equal(a: np.ndarray, b: np.ndarray, np_type=ml_dtypes.float8_e4m3fn):
@@ -105,11 +87,6 @@ def test_torch_requires_grad_input():
 LAYOUTS = ["row_major", "column_major", "tma_aligned", "ue8m0", "packed_ue8m0"]
 
 
-def assert_same(gpu: torch.Tensor, cpu: torch.Tensor):
-    assert gpu.shape == cpu.shape and gpu.dtype == cpu.dtype and gpu.stride() == cpu.stride()
-    np.testing.assert_array_equal(as_bytes(gpu), as_bytes(cpu))
-
-
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(1, 128), (37, 384), (4, 16, 576), (0, 128)])
@@ -117,14 +94,14 @@ def test_gpu_matches_cpu_per_tensor(dtype, shape):
     x = make_input(shape, dtype, seed=3)
     xg = x.cuda()
     for fp8 in ["e4m3", "e5m2"]:
-        assert_same(fp8mla.quantize_fp8(xg, 0.25, dtype=fp8), fp8mla.quantize_fp8(x, 0.25, dtype=fp8))
+        assert_identical(fp8mla.quantize_fp8(xg, 0.25, dtype=fp8), fp8mla.quantize_fp8(x, 0.25, dtype=fp8))
         scale_inv = torch.tensor([3.0])
-        assert_same(fp8mla.quantize_fp8(xg, scale_inv.cuda(), dtype=fp8),
+        assert_identical(fp8mla.quantize_fp8(xg, scale_inv.cuda(), dtype=fp8),
                     fp8mla.quantize_fp8(x, scale_inv, dtype=fp8))
         og, sg = fp8mla.quantize_fp8_dynamic(xg, dtype=fp8)
         oc, sc = fp8mla.quantize_fp8_dynamic(x, dtype=fp8)
-        assert_same(og, oc)
-        assert_same(sg, sc)
+        assert_identical(og, oc)
+        assert_identical(sg, sc)
 
 
 @needs_gpu
@@ -135,8 +112,8 @@ def test_gpu_matches_cpu_group(layout, group_size, rows):
     x = make_input((rows, 768), torch.bfloat16, seed=4)
     og, sg = fp8mla.quantize_fp8_per_token_group(x.cuda(), group_size=group_size, scale_layout=layout)
     oc, sc = fp8mla.quantize_fp8_per_token_group(x, group_size=group_size, scale_layout=layout)
-    assert_same(og, oc)
-    assert_same(sg, sc)
+    assert_identical(og, oc)
+    assert_identical(sg, sc)
 
 
 @needs_gpu
@@ -147,8 +124,8 @@ def test_gpu_matches_cpu_nvfp4(layout, shape):
     gs = torch.tensor([448.0 * 6.0 / 4.0])
     og, bg = fp8mla.quantize_nvfp4(x.cuda(), gs.cuda(), layout=layout)
     oc, bc = fp8mla.quantize_nvfp4(x, gs, layout=layout)
-    assert_same(og, oc)
-    assert_same(bg, bc)
+    assert_identical(og, oc)
+    assert_identical(bg, bc)
 
 
 @needs_gpu
@@ -161,11 +138,11 @@ def test_gpu_strided_input_and_side_stream():
     with torch.cuda.stream(stream):
         out = fp8mla.quantize_fp8(x, 2.0)  # runs on `stream`, torch's current stream
     stream.synchronize()
-    assert_same(out, expected)
+    assert_identical(out, expected)
     out2 = torch.empty_like(out)
     fp8mla.quantize_fp8(x, 2.0, out=out2, stream=stream.cuda_stream)  # explicit handle
     stream.synchronize()
-    assert_same(out2, expected)
+    assert_identical(out2, expected)
 
 
 @needs_gpu
@@ -190,11 +167,11 @@ def test_torch_compile_fullgraph():
     got = compiled(x, scale_inv)
     expected = fn(x, scale_inv)
     for g, e in zip(got, expected):
-        assert_same(g, e)
+        assert_identical(g, e)
     # A second shape works too (recompiles or dynamic shapes).
     x2 = make_input((3, 256), torch.bfloat16, seed=8, device="cuda")
     for g, e in zip(compiled(x2, scale_inv), fn(x2, scale_inv)):
-        assert_same(g, e)
+        assert_identical(g, e)
 
 
 @needs_gpu
@@ -213,14 +190,7 @@ def test_cuda_graph_capture_and_replay():
         fp8mla.quantize_fp8_per_token_group(x, out=group_out, scales=group_scales)
         fp8mla.quantize_nvfp4(x, gs, out=fp4, block_scales=fp4_scales)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()  # warm up outside capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step)
 
     for value in [0.5, 2.0, 37.0]:
         scale_inv.fill_(value)
@@ -228,10 +198,10 @@ def test_cuda_graph_capture_and_replay():
         out.fill_(0)  # replay must rewrite every element
         graph.replay()
         torch.cuda.synchronize()
-        assert_same(out, fp8mla.quantize_fp8(x.cpu(), value))
+        assert_identical(out, fp8mla.quantize_fp8(x.cpu(), value))
         oc, sc = fp8mla.quantize_fp8_per_token_group(x.cpu(), scales=torch.empty(8, 128).t())
-        assert_same(group_out, oc)
-        assert_same(group_scales, sc)
+        assert_identical(group_out, oc)
+        assert_identical(group_scales, sc)
         pc, bc = fp8mla.quantize_nvfp4(x.cpu(), gs.cpu(), out=torch.empty(128, 512, dtype=torch.uint8))
-        assert_same(fp4, pc)
-        assert_same(fp4_scales, bc)
+        assert_identical(fp4, pc)
+        assert_identical(fp4_scales, bc)

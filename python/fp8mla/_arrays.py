@@ -1,0 +1,145 @@
+"""Array adapters: how one framework's arrays meet the op table (_ops.py) and _C.
+
+An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`, `permute` for the
+transposed layouts), makes one-element f32 scalars (`scalar`), says what is an array
+(`is_array`), converts an array for _C (`tensor`) and runs an op (`call`); `require` sees the
+outputs about to be allocated (other DLPack arrays cannot be).
+Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
+passed through as they are, every output given). torch's adapter is in torch_ops.py, which
+also registers the torch custom ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _C
+from ._common import invalid_argument
+
+try:
+    import ml_dtypes
+except ImportError:  # pragma: no cover - ml_dtypes is optional
+    ml_dtypes = None
+
+
+class Arrays:
+    """The adapter interface, and what the numpy and torch adapters share."""
+
+    array_type: type = object
+
+    @classmethod
+    def is_array(cls, value) -> bool:
+        return isinstance(value, cls.array_type)
+
+    @staticmethod
+    def require(op_name, **missing):
+        """Called with the outputs about to be allocated (True: missing) before allocating."""
+
+    @classmethod
+    def call(cls, op, values, stream):
+        """Runs op on `values`, its arguments as the torch op takes them (outputs allocated)."""
+        getattr(_C, op.name)(*op.c_args(cls.tensor, *values), stream)
+
+
+class Numpy(Arrays):
+    """numpy has no bfloat16 / float8 types of its own: ml_dtypes arrays are passed to _C as
+    same-size integer views with the fp8mla dtype named, and outputs are allocated with ml_dtypes
+    types when ml_dtypes is installed (uint8 / uint16 otherwise)."""
+
+    # fp8mla dtype -> allocated numpy dtype; the plain unsigned storage an array given for it
+    # may be (raw bytes / bits); numpy dtype -> (fp8mla dtype, integer view) for the types
+    # numpy's DLPack cannot export.
+    STORAGE = {"e4m3": np.uint8, "e5m2": np.uint8, "ue8m0": np.uint8, "e2m1x2": np.uint8,
+               "bf16": np.uint16, "f32": np.float32, "i32": np.int32}
+    RAW = {"e4m3": np.uint8, "e5m2": np.uint8, "ue8m0": np.uint8, "e2m1x2": np.uint8,
+           "bf16": np.uint16}
+    VIEWS: dict = {}
+    if ml_dtypes is not None:
+        STORAGE.update(e4m3=ml_dtypes.float8_e4m3fn, e5m2=ml_dtypes.float8_e5m2,
+                       bf16=ml_dtypes.bfloat16)
+        VIEWS = {np.dtype(ml_dtypes.bfloat16): ("bf16", np.uint16),
+                 np.dtype(ml_dtypes.float8_e4m3fn): ("e4m3", np.uint8),
+                 np.dtype(ml_dtypes.float8_e5m2): ("e5m2", np.uint8)}
+        if hasattr(ml_dtypes, "float8_e8m0fnu"):
+            STORAGE["ue8m0"] = ml_dtypes.float8_e8m0fnu
+            VIEWS[np.dtype(ml_dtypes.float8_e8m0fnu)] = ("ue8m0", np.uint8)
+
+    array_type = np.ndarray
+    empty_like = staticmethod(np.empty_like)
+    permute = staticmethod(np.transpose)
+
+    @staticmethod
+    def empty(shape, dtype, like):
+        return np.empty(shape, dtype=Numpy.STORAGE[dtype])
+
+    @staticmethod
+    def scalar(value, like):
+        return np.array([value], dtype=np.float32)
+
+    @staticmethod
+    def tensor(a, raw_dtype=None):
+        """The argument _C takes for `a`: the array, or (integer view, fp8mla dtype name)."""
+        if not isinstance(a, np.ndarray):
+            return a
+        view = Numpy.VIEWS.get(a.dtype)
+        if view is not None:
+            return (a.view(view[1]), view[0])
+        if raw_dtype is not None and a.dtype == Numpy.RAW.get(raw_dtype):
+            return (a, raw_dtype)
+        return a
+
+
+class DLPack(Arrays):
+    """Other DLPack arrays: passed through as they are; outputs must be given."""
+
+    @staticmethod
+    def is_array(value) -> bool:
+        return not isinstance(value, (int, float))
+
+    @staticmethod
+    def scalar(value, like):
+        return value  # _C says it wants an array
+
+    @staticmethod
+    def require(op_name, **missing):
+        names = [name for name, is_missing in missing.items() if is_missing]
+        raise TypeError(
+            f"fp8mla.{op_name}: allocating outputs is supported for torch and numpy arrays; "
+            f"pass {', '.join(names)} explicitly")
+
+    @staticmethod
+    def tensor(a, raw_dtype=None):
+        return a
+
+
+_BY_MODULE = {"numpy": Numpy}
+
+
+def load_torch():
+    """Imports torch_ops (registering the custom ops) and routes torch tensors to it."""
+    from . import torch_ops
+
+    _BY_MODULE["torch"] = torch_ops.Torch
+    return torch_ops.Torch
+
+
+def adapter_for(x):
+    """The adapter of array x, by the top-level module of its type."""
+    root = type(x).__module__.partition(".")[0]
+    adapter = _BY_MODULE.get(root)
+    if adapter is not None:
+        return adapter
+    return load_torch() if root == "torch" else DLPack
+
+
+def adapter_for_device(device):
+    """make_cos_sin_cache without `out`: numpy for device None, torch otherwise (numpy for "cpu"
+    where torch is not installed)."""
+    if device is None:
+        return Numpy
+    try:
+        return load_torch()
+    except ImportError:
+        if str(device) != "cpu":
+            raise invalid_argument(f"make_cos_sin_cache: device {device!r} needs torch") from None
+        return Numpy

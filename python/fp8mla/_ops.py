@@ -1,0 +1,290 @@
+"""The op table of the Python surface: each op's arguments, outputs, mutations and docstring.
+
+Everything else is generated from OPS: the public functions of fp8mla (__init__.py), the torch
+custom ops torch.ops.fp8mla.<op> with their fake implementations (torch_ops.py), and the calls
+into the nanobind module _C, which binds every op through one helper (python/src/module.cpp).
+Array frameworks plug in through one small adapter each (_arrays.py: numpy, other DLPack arrays;
+torch_ops.py: torch). _spec.py says what the kinds of arguments are and how the code is built.
+
+Arguments are listed in the order of the C++ API (include/fp8mla/*.hpp), which is also the order
+of the torch op's schema and of the _C function; the public Python signature takes the
+positional ones in that order, then the keyword-only ones in that order.
+
+To add an op (or an argument): declare it in the C++ API, add its def_op row (or parameter) to
+def_ops at the end of python/src/module.cpp, and its Op (or Arg) here, in the C++ order.
+"""
+
+from __future__ import annotations
+
+from ._arrays import adapter_for, adapter_for_device
+from ._common import (
+    MLA,
+    SCALE_LAYOUTS,
+    check_choice,
+    group_scale_plan,
+    invalid_argument,
+    nvfp4_shapes,
+    out_shape,
+    transposed_pitch,
+)
+from ._spec import (
+    BOOL,
+    DTYPE,
+    FLOAT,
+    INOUT,
+    INT,
+    OPT_INOUT,
+    OPT_SCALAR_TENSOR,
+    OPT_TENSOR,
+    OUT,
+    PY,
+    SCALAR_TENSOR,
+    SCALE,
+    STR,
+    TENSOR,
+    YARN,
+    Arg,
+    Op,
+)
+
+# ---- allocation rules ----------------------------------------------------------------------------
+
+
+def _group_scales(arrays, x, group_size, scale_layout):
+    check_choice("quantize_fp8_per_token_group", "scale_layout", scale_layout, SCALE_LAYOUTS)
+    kind, shape, transpose, rows = group_scale_plan(tuple(x.shape), group_size, scale_layout)
+    scales = arrays.empty(shape, kind, x)
+    return arrays.permute(scales[:, :rows], (1, 0)) if transpose else scales
+
+
+def _v_out(arrays, v, v_layout):
+    """e4m3 like v [n, H, 128]; "transposed": a [n, H, 128] view of [H, 128, pitch] memory."""
+    if v_layout == "transposed":
+        n, heads, dim = v.shape
+        storage = arrays.empty((heads, dim, transposed_pitch(n)), "e4m3", v)
+        return arrays.permute(storage[:, :, :n], (2, 0, 1))
+    return arrays.empty(tuple(v.shape), "e4m3", v)
+
+
+def _check_cos_sin_rows(max_pos, out):
+    shape = tuple(out.shape) if out is not None else ()
+    if len(shape) >= 1 and shape[0] != max_pos:
+        raise invalid_argument(f"make_cos_sin_cache: `out`: expected {max_pos} rows (max_pos), "
+                               f"got shape {list(shape)}")
+
+
+def _cos_sin_adapter(out, device):
+    return adapter_for(out) if out is not None else adapter_for_device(device)
+
+
+def _fp8_out(arrays, x, dtype):
+    """`out` of the per-tensor ops: x's shape in the format `dtype` names."""
+    return arrays.empty(tuple(x.shape), dtype, x)
+
+
+# ---- the ops -------------------------------------------------------------------------------------
+
+OPS = (
+    Op("quantize_fp8", """Per-tensor FP8: out = fp8(x * scale_inv), nearest-even, saturating.
+
+    `scale_inv` is a float or a one-element f32 tensor on x's device (read by the kernel, so a
+    captured CUDA graph sees its current value). `dtype` "e4m3" or "e5m2".""", [
+        Arg("x", TENSOR),
+        Arg("out", OUT, dtype=lambda dtype: dtype, alloc=_fp8_out),
+        Arg("scale_inv", SCALE, keyword=False),
+        Arg("dtype", DTYPE, "e4m3"),
+    ], result=lambda out: out),
+    Op("quantize_fp8_dynamic", """Dynamic per-tensor FP8: scale = max(amax / fp8_max, min) into
+    `scale` (one f32), then out = fp8(x * (1 / scale)). Returns (out, scale).""", [
+        Arg("x", TENSOR),
+        Arg("out", OUT, dtype=lambda dtype: dtype, alloc=_fp8_out),
+        Arg("scale", OUT, dtype="f32", alloc=lambda arrays, x: arrays.empty((1,), "f32", x)),
+        Arg("dtype", DTYPE, "e4m3"),
+    ], result=lambda out, scale: (out, scale)),
+    Op("quantize_fp8_per_token_group", """Per-token-group FP8 e4m3 (groups of 64 or 128 along the
+    last dim). Returns (out, scales).
+
+    Allocated scales follow `scale_layout`: "row_major" f32 [M, G]; "column_major" f32 strides
+    (1, M); "tma_aligned" f32 strides (1, round_up(M, 4)); "ue8m0" one exponent byte per group
+    [M, G]; "packed_ue8m0" int32 [M, ceil(G/4)] strides (1, round_up(M, 4)). Given `scales`, its
+    dtype and strides decide the layout.""", [
+        Arg("x", TENSOR),
+        Arg("out", OUT, dtype="e4m3", alloc=lambda arrays, x: arrays.empty(
+            tuple(x.shape), "e4m3", x)),
+        Arg("scales", OUT, dtype="ue8m0", alloc=_group_scales),
+        Arg("group_size", INT, 128),
+        Arg("eps", FLOAT, 1e-10),
+        Arg("round_scale_to_pow2", BOOL, False),
+        Arg("scale_layout", PY, "row_major"),
+    ], result=lambda out, scales: (out, scales)),
+    Op("quantize_nvfp4", """NVFP4: blocks of 16 along K, e4m3 block scales (128x4 swizzled or
+    linear), two e2m1 values per byte. Returns (out [.., K/2], block_scales).""", [
+        Arg("x", TENSOR),
+        Arg("out", OUT, dtype="e2m1x2", alloc=lambda arrays, x, layout: arrays.empty(
+            nvfp4_shapes(tuple(x.shape), layout)[0], "e2m1x2", x)),
+        Arg("block_scales", OUT, dtype="e4m3", alloc=lambda arrays, x, layout: arrays.empty(
+            nvfp4_shapes(tuple(x.shape), layout)[1], "e4m3", x)),
+        Arg("global_scale", SCALAR_TENSOR, keyword=False),
+        Arg("layout", STR, "swizzled"),
+    ], result=lambda out, block_scales: (out, block_scales)),
+    # ---- MLA prefill preparation (fp8mla/mla_prep.hpp) ----
+    Op("make_cos_sin_cache", """The RoPE table of mla_rope_quantize_fp8: f32 [max_pos, rope_dim]
+    = [cos(rope_dim/2) | sin(rope_dim/2)] of positions 0..max_pos-1, computed in double and
+    rounded once.
+
+    `yarn`: None (plain RoPE with base `theta`) or DeepSeek-V3's YaRN rope_scaling as a dict with
+    keys factor, original_max_position, beta_fast, beta_slow, mscale, mscale_all_dim (missing
+    keys take DeepSeek-V3's values: 40, 4096, 32, 1, 1, 1); a model config's rope_scaling dict
+    (original_max_position_embeddings, type "yarn") is accepted as it is.
+
+    Allocated (when `out` is not given) as a numpy array for `device=None`, as a torch tensor on
+    `device` otherwise ("cpu", "cuda", a torch.device; numpy for "cpu" without torch). A CUDA
+    table is filled by a blocking copy after synchronizing the stream (set-up work: not
+    for CUDA graph capture). Given `out` (f32 [max_pos, rope_dim], contiguous rows) decides.""", [
+        Arg("max_pos", PY, keyword=False),
+        Arg("cos_sin", OUT, public="out", dtype="f32",
+            alloc=lambda arrays, max_pos, rope_dim, device: arrays.empty(
+                (max_pos, rope_dim), "f32", device)),
+        Arg("rope_dim", INT, 64),
+        Arg("theta", FLOAT, 10000.0),
+        Arg("yarn", YARN, None),
+        Arg("device", PY, None),
+    ], result=lambda out: out, check=_check_cos_sin_rows, choose=_cos_sin_adapter,
+       host_fill=True),
+    Op("mla_rope_quantize_fp8", """Fused RoPE + FP8 e4m3 of Q and K for MLA prefill; optionally
+    writes the latent cache too.
+
+    q_nope, k_nope [T, H, 128], q_pe [T, H, 64] and k_pe [T, 64] or [T, 1, 64] (shared by all
+    heads), all bf16 or all f16, any token/head strides with a contiguous last dim (slices of a
+    projection's output work as they are); positions i32/i64 [T]; cos_sin from
+    make_cos_sin_cache (rope_dim 64). `style` "interleaved" (pairs 2i, 2i+1: DeepSeek) or "neox"
+    (pairs i, i+32). Writes
+        q_out[t, h] = [e4m3(q_nope * q_scale_inv) | e4m3(rope(q_pe, pos) * q_scale_inv)]
+        k_out[t, h] = [e4m3(k_nope * k_scale_inv) | e4m3(rope(k_pe, pos) * k_scale_inv)]
+    (e4m3 [T, H, 192], allocated when not given) and returns (q_out, k_out).
+
+    With `cache` (e4m3 [num_pages, page_size, 576]) it also writes, for slot_mapping[t] (i32/i64
+    [T]; -1 skips the token), the row [e4m3(kv_c[t] * cache_scale_inv) |
+    e4m3(rope(k_pe[t]) * cache_scale_inv)], kv_c bf16/f16 [T, 512]. A position outside cos_sin
+    or a slot outside the cache raises on the CPU (nothing written); on CUDA that token's q/k rows
+    are zeros, its cache row is skipped and `error_flag` (one i32 on the device, set to 1, never
+    cleared) is set when given. kv_c, slot_mapping and error_flag need `cache`.""", [
+        Arg("q_nope", TENSOR),
+        Arg("q_pe", TENSOR),
+        Arg("k_nope", TENSOR),
+        Arg("k_pe", TENSOR),
+        Arg("positions", TENSOR),
+        Arg("cos_sin", TENSOR),
+        Arg("style", STR, "interleaved"),
+        Arg("q_scale_inv", FLOAT, 1.0),
+        Arg("k_scale_inv", FLOAT, 1.0),
+        Arg("q_out", OUT, dtype="e4m3", alloc=lambda arrays, q_nope: arrays.empty(
+            out_shape(tuple(q_nope.shape), MLA["qk"]), "e4m3", q_nope)),
+        Arg("k_out", OUT, dtype="e4m3", alloc=lambda arrays, k_nope: arrays.empty(
+            out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope)),
+        # LatentCacheWrite: the cache, its slots, scale and error flag; then kv_c.
+        Arg("cache", OPT_INOUT, None, dtype="e4m3"),
+        Arg("slot_mapping", OPT_TENSOR, None),
+        Arg("cache_scale_inv", FLOAT, 1.0),
+        Arg("error_flag", OPT_INOUT, None),
+        Arg("kv_c", OPT_TENSOR, None),
+    ], result=lambda q_out, k_out: (q_out, k_out)),
+    Op("mla_kv_cache_write", """Writes the latent rows [e4m3(kv_c[t] * scale_inv) |
+    e4m3(k_pe[t] * scale_inv)] into the paged cache in place: slot s is row s % page_size of page
+    s // page_size.
+
+    kv_c bf16/f16 [T, 512], k_pe (already RoPE'd) [T, 64] or [T, 1, 64] of the same dtype;
+    cache e4m3 [num_pages, page_size 1..128, 576] (contiguous rows, any page/row strides);
+    slot_mapping i32/i64 [T], -1 skips a token. Other slots stay bit-identical. A slot outside the
+    cache raises on the CPU (nothing written); on CUDA it is skipped and sets `error_flag` (one
+    i32 on the device, set to 1, never cleared) when given. Returns None.""", [
+        Arg("kv_c", TENSOR),
+        Arg("k_pe", TENSOR),
+        Arg("cache", INOUT, dtype="e4m3"),
+        Arg("slot_mapping", TENSOR),
+        Arg("scale_inv", FLOAT, 1.0),
+        Arg("error_flag", OPT_INOUT, None),
+    ], result=lambda: None),
+    Op("mla_kv_gather", """Reads the latent rows of `slots` (i32/i64 [n], every one in range)
+    back to bf16: kv_c_out [n, 512] and k_pe_out [n, 64] = bf16(decode_e4m3(row) * scale),
+    allocated on the cache's device when not given. Returns (kv_c_out, k_pe_out). A bad slot
+    raises on the CPU; on CUDA its rows are zeros and `error_flag` is set when given.""", [
+        Arg("cache", TENSOR, dtype="e4m3"),
+        Arg("slots", TENSOR),
+        Arg("scale", FLOAT, keyword=False),
+        Arg("kv_c_out", OUT, dtype="bf16", alloc=lambda arrays, cache, slots: arrays.empty(
+            (_gather_rows(slots), MLA["kv_lora_rank"]), "bf16", cache)),
+        Arg("k_pe_out", OUT, dtype="bf16", alloc=lambda arrays, cache, slots: arrays.empty(
+            (_gather_rows(slots), MLA["rope"]), "bf16", cache)),
+        Arg("error_flag", OPT_INOUT, None),
+    ], result=lambda kv_c_out, k_pe_out: (kv_c_out, k_pe_out)),
+    Op("mla_kv_pack_quantize_fp8", """Packs a prefix chunk's K and V for FP8 attention: k_out
+    [n, H, 192] = [e4m3(k_nope * k_scale_inv) | e4m3(k_pe * k_scale_inv)] (k_pe [n, 64] or
+    [n, 1, 64] broadcast to every head) and v_out [n, H, 128] = e4m3(v * v_scale_inv). k_nope
+    [n, H, 128] and v [n, H, 128] bf16/f16 may be strided (slices of kv_b_proj's output).
+    v_layout "transposed" writes v_out as a [n, H, 128] view of [H, 128, pitch] memory (tokens
+    contiguous, pitch a multiple of 16 when allocated here), what FP8 prefill_attention reads on
+    Hopper. Returns (k_out, v_out).""", [
+        Arg("k_nope", TENSOR),
+        Arg("k_pe", TENSOR),
+        Arg("v", TENSOR),
+        Arg("k_scale_inv", FLOAT, 1.0),
+        Arg("v_scale_inv", FLOAT, 1.0),
+        Arg("k_out", OUT, dtype="e4m3", alloc=lambda arrays, k_nope: arrays.empty(
+            out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope)),
+        Arg("v_out", OUT, dtype="e4m3", alloc=_v_out),
+        Arg("v_layout", STR, "token_major"),
+    ], result=lambda k_out, v_out: (k_out, v_out)),
+    Op("mla_v_quantize_fp8", """V alone, for a backend whose K comes from mla_rope_quantize_fp8:
+    v_out [n, H, 128] = e4m3(v * v_scale_inv), the V half of mla_kv_pack_quantize_fp8 (same
+    bytes, same checks). v [n, H, 128] bf16/f16 may be strided (contiguous last dim). v_layout as
+    for mla_kv_pack_quantize_fp8 ("transposed": a [n, H, 128] view of [H, 128, pitch] memory,
+    pitch a multiple of 16 when allocated here). Returns v_out.""", [
+        Arg("v", TENSOR),
+        Arg("v_out", OUT, dtype="e4m3", alloc=_v_out),
+        Arg("v_scale_inv", FLOAT, 1.0),
+        Arg("v_layout", STR, "token_major"),
+    ], result=lambda v_out: v_out),
+    # ---- attention (fp8mla/attention.hpp) ----
+    Op("prefill_attention", """Attention over a ragged batch (token-major; cu_seqlens_* int32
+    [batch + 1]; max_seqlen_* upper bounds). q, k [T, H, 192] and v [Tk, H, 128]: e4m3 with
+    one-element f32 descales, or bf16. On CUDA, e4m3 v must be transposed (a [Tk, H, 128] view of
+    [H, 128, >= Tk] memory, keys contiguous) and bf16 v token-major. Causal masking is
+    bottom-right aligned. Returns out (bf16 [Tq, H, 128], allocated when not given), or
+    (out, lse) when `lse` is given or `return_lse` (f32 [Tq, H], natural log; -inf for rows that
+    see no key).""", [
+        Arg("q", TENSOR),
+        Arg("k", TENSOR),
+        Arg("v", TENSOR),
+        Arg("cu_seqlens_q", TENSOR),
+        Arg("cu_seqlens_k", TENSOR),
+        Arg("max_seqlen_q", INT),
+        Arg("max_seqlen_k", INT),
+        Arg("softmax_scale", FLOAT, keyword=True),
+        Arg("causal", BOOL, True),
+        Arg("q_descale", OPT_SCALAR_TENSOR, None),
+        Arg("k_descale", OPT_SCALAR_TENSOR, None),
+        Arg("v_descale", OPT_SCALAR_TENSOR, None),
+        Arg("out", OUT, dtype="bf16", alloc=lambda arrays, q, v: arrays.empty(
+            (q.shape[0], q.shape[1], v.shape[2]), "bf16", q)),
+        Arg("lse", OUT, dtype="f32", alloc=lambda arrays, q: arrays.empty(
+            (q.shape[0], q.shape[1]), "f32", q), when=lambda return_lse: return_lse),
+        Arg("return_lse", PY, False),
+    ], result=lambda out, lse: (out, lse) if lse is not None else out),
+    Op("merge_attention_states", """(o_a, lse_a) merged with (o_b, lse_b) (natural-log LSE):
+    returns (out, out_lse), allocated when not given; `out`/`out_lse` may be o_a/lse_a for an
+    in-place merge.""", [
+        Arg("o_a", TENSOR),
+        Arg("lse_a", TENSOR),
+        Arg("o_b", TENSOR),
+        Arg("lse_b", TENSOR),
+        Arg("out", OUT, dtype="bf16", alloc=lambda arrays, o_a: arrays.empty_like(o_a)),
+        Arg("out_lse", OUT, dtype="f32", alloc=lambda arrays, lse_a: arrays.empty(
+            tuple(lse_a.shape), "f32", lse_a)),
+    ], result=lambda out, out_lse: (out, out_lse)),
+)
+
+
+def _gather_rows(slots) -> int:
+    """Token count of mla_kv_gather's outputs for `slots` (the op checks it is 1-d)."""
+    return slots.shape[0] if len(slots.shape) >= 1 else 1
