@@ -7,7 +7,7 @@ Shapes (DeepSeek MLA prefill): H = 128, Dqk = 192, Dv = 128, causal and not; sin
 Inputs are randn bf16; fp8mla's e4m3 inputs are those divided by a per-tensor scale and cast
 (V transposed, as the FP8 kernel reads it), with the scale as descale. No LSE is asked for.
 
-Each implementation is captured in a CUDA graph and timed by bench/gpu_timing.py: replays queued
+Each implementation is captured in a CUDA graph and timed by bench/common.py: replays queued
 back to back behind a gate, CUDA events around each, median, the SM clock read meanwhile. The card
 lowers its clock once it reaches its power limit, so every implementation is timed in two states
 of the card (MODES): `burst`, rested and then briefly warmed (the state of a short benchmark, and
@@ -22,24 +22,17 @@ mode (> 1: fp8mla faster).
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
 import math
-import os
 import sys
 import time
 
-from anchors_loader import load_anchors
-from gpu_timing import ClockSampler, graphed, run_for, time_queued
+import report
+from common import ClockSampler, graphed, load_anchors, run_for, time_ms, utc_now
+from report import ATTENTION_HEADS as HEADS, ATTENTION_SHAPES as SHAPES, ATTENTION_DQK as DQK, \
+    ATTENTION_DV as DV
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HEADS, DQK, DV = 128, 192, 128
-SHAPES = [("1k", [1024]), ("4k", [4096]), ("8k", [8192]), ("16k", [16384]), ("16x1k", [1024] * 16)]
-# (dtype, causal, shape) -> TFLOP/s targets: (the attention issue's, DESIGN section 9's).
-TARGETS = {("e4m3", True, "8k"): (800.0, 1000.0), ("e4m3", False, "8k"): (900.0, 1100.0),
-           ("e4m3", True, "16x1k"): (550.0, 650.0)}
-BF16_RATIO_TARGET = 0.9  # the BF16 kernel against cuDNN BF16 on the same shapes
 BURST_REST_S = 0.5  # idle before each burst timing, so every implementation starts rested
 BURST_WARM_UP_S = 0.05  # lifts the clock out of idle without reaching the power limit
 SUSTAINED_LOAD_S = 1.0
@@ -60,7 +53,7 @@ def measure(torch, replay, mode, iters, sampler):
     else:
         run_for(torch, replay, SUSTAINED_LOAD_S)
     with sampler.sampling():
-        ms = time_queued(torch, replay, iters)
+        ms = time_ms(torch, replay, iters)
     return ms, sampler.summary()
 
 
@@ -133,111 +126,6 @@ def run_shape(torch, fp8mla, anchors, name, lens, causal, iters, modes, sampler)
     return rows
 
 
-def find(rows, impl, causal, shape, mode):
-    return next((r for r in rows if r["impl"] == impl and r["causal"] == causal
-                 and r["shape"] == shape and r["mode"] == mode and r["status"] == "ok"), None)
-
-
-def judge(rows, modes):
-    lines = []
-    for (dtype, causal, shape), (issue, design) in TARGETS.items():
-        cells = []
-        for mode in modes:
-            r = find(rows, f"fp8mla_{dtype}", causal, shape, mode)
-            got = r["tflops"] if r else None
-            status = ("n/a" if got is None else "both met" if got >= design
-                      else f"issue {'met' if got >= issue else '**MISSED**'}, DESIGN **MISSED**")
-            cells.append(f"{got:.0f} ({status})" if got is not None else "n/a")
-        lines.append(f"| e4m3 {'causal' if causal else 'non-causal'} {shape}: issue >= {issue:.0f}, "
-                     f"DESIGN >= {design:.0f} TFLOP/s | " + " | ".join(cells) + " |")
-    cells = []
-    for mode in modes:
-        worst = min((r.get("ratio_vs_cudnn", 0.0) for r in rows if r["impl"] == "fp8mla_bf16"
-                     and r["mode"] == mode and r["status"] == "ok"), default=0.0)
-        cells.append(f"worst {worst:.2f}x ({'met' if worst >= BF16_RATIO_TARGET else '**MISSED**'})")
-    lines.append(f"| bf16 kernel >= {BF16_RATIO_TARGET}x cuDNN BF16 on every shape | "
-                 + " | ".join(cells) + " |")
-    return lines
-
-
-def clock_cell(r):
-    c = r.get("clock")
-    if not c:
-        return "n/a"
-    capped = f", capped {c['power_capped_share']:.0%}" if c["power_capped_share"] else ""
-    return f"{c['sm_mhz_median']:.0f}{capped}"
-
-
-def markdown(meta, rows, modes):
-    out = [f"<!-- run: attention | {meta['device']} | {meta['date']} -->",
-           f"## {meta['date'][:10]} — {meta['device']}", "",
-           f"- `bench/attention.py`, {meta['date']}, torch {meta['torch']}, fp8mla "
-           f"{meta['fp8mla']}, H = {HEADS}, Dqk = {DQK}, Dv = {DV}, no LSE; each implementation a "
-           f"CUDA graph, {meta['iters']} replays queued back to back, median (bench/gpu_timing.py). "
-           + "; ".join(f"**{m}**: {MODES[m]}" for m in modes) + ". MHz: median SM clock over the "
-           "timed replays (NVML), with the share of samples under the software power cap.", "",
-           "| target | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes),
-           *judge(rows, modes), "",
-           "| shape | causal | impl | TFLOP | " + " | ".join(
-               f"{m} µs | {m} TFLOP/s | vs cuDNN | MHz" for m in modes) + " | max abs diff vs cuDNN |",
-           "|---|---|---|---:|" + "---:|---:|---:|---|" * len(modes) + "---:|"]
-    keys = []
-    for r in rows:
-        key = (r["shape"], r["causal"], r["impl"])
-        if key not in keys:
-            keys.append(key)
-    for shape, causal, impl in keys:
-        cells = [shape, str(causal), impl]
-        diff = ""
-        for mode in modes:
-            r = next(r for r in rows if (r["shape"], r["causal"], r["impl"], r["mode"])
-                     == (shape, causal, impl, mode))
-            if len(cells) == 3:
-                cells.append(f"{r['tflop']:.2f}")
-            if r["status"] != "ok":
-                cells += [r["status"], "", "", ""]
-                continue
-            ratio = f"{r['ratio_vs_cudnn']:.2f}x" if "ratio_vs_cudnn" in r else ""
-            cells += [f"{r['us']:.1f}", f"{r['tflops']:.0f}", ratio, clock_cell(r)]
-            if "max_abs_diff_vs_cudnn" in r:
-                diff = f"{r['max_abs_diff_vs_cudnn']:.3g}"
-        out.append("| " + " | ".join(cells + [diff]) + " |")
-    return "\n".join(out) + "\n"
-
-
-def write_markdown(path, section):
-    header = ("# Prefill attention benchmark results\n\nWritten by `bench/attention.py` (see its "
-              "docstring for the method); newest run first. TFLOP/s counts only the visible "
-              "(unmasked) half for causal rows.\n\n")
-    old = open(path).read() if os.path.exists(path) else header
-    body = old[len(header):] if old.startswith(header) else old
-    with open(path, "w") as f:
-        f.write(header + section + "\n" + body)
-
-
-def plot(path, rows, modes):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(modes), 2, figsize=(11, 4 * len(modes)), sharey=True,
-                             squeeze=False)
-    shapes = [s for s, _ in SHAPES]
-    for axes_row, mode in zip(axes, modes):
-        for ax, causal in zip(axes_row, (True, False)):
-            for i, impl in enumerate(("fp8mla_e4m3", "fp8mla_bf16", "cudnn_bf16")):
-                vals = [(find(rows, impl, causal, s, mode) or {}).get("tflops", 0)
-                        for s in shapes]
-                ax.bar([x + 0.27 * (i - 1) for x in range(len(shapes))], vals, 0.27, label=impl)
-            ax.set_xticks(range(len(shapes)), shapes)
-            ax.set_title(f"{'causal' if causal else 'non-causal'}, {mode}")
-            ax.set_ylabel("TFLOP/s")
-            ax.grid(axis="y", alpha=0.3)
-    axes[0][0].legend()
-    fig.suptitle(f"Prefill attention, H={HEADS}, Dqk={DQK}, Dv={DV}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--anchors")
@@ -266,12 +154,12 @@ def main():
             new = run_shape(torch, fp8mla, anchors, name, lens, causal, args.iters, modes, sampler)
             rows += new
             for r in new:
-                tf = (f"{r['tflops']:7.0f} TFLOP/s {r['us']:9.1f} us {clock_cell(r):>12} MHz"
+                tf = (f"{r['tflops']:7.0f} TFLOP/s {r['us']:9.1f} us {report.clock_cell(r):>12} MHz"
                       if r["status"] == "ok" else r["status"])
                 print(f"{name:>6} {'causal' if causal else 'full':>6} {r['mode']:<9} "
                       f"{r['impl']:<12} {tf} {r.get('ratio_vs_cudnn', float('nan')):5.2f}x "
                       f"diff {r.get('max_abs_diff_vs_cudnn', float('nan')):.3g}", flush=True)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    meta = {"date": utc_now(),
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "fp8mla": fp8mla.__version__, "iters": args.iters,
             "modes": {m: MODES[m] for m in modes}}
@@ -279,13 +167,13 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
     if args.markdown:
-        write_markdown(args.markdown, markdown(meta, rows, modes))
+        report.prepend_attention_section(args.markdown, report.attention_section(meta, rows))
     if args.plot:
         try:
-            plot(args.plot, rows, modes)
+            report.plot_attention(args.plot, rows, modes)
         except ImportError as e:
             print(f"no plot: {e}")
-    print("\n".join(judge(rows, modes)))
+    print("\n".join(report.attention_judgement(rows, modes)))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

@@ -2,18 +2,17 @@
 """The MLA layer's anchor: an eager PyTorch BF16 DeepSeek-V3 attention layer, written from DESIGN
 section 5 the way an engine would write it without fp8mla, timed on the shapes `fp8mla bench
 layer` runs (a single sequence of T new tokens, T = 2k, 8k, 32k, with no prefix or a cached prefix
-of T tokens), then the report that puts both side by side.
+of T tokens); bench/report.py --kind layer puts both side by side.
 
 The eager layer: q_a -> RMSNorm -> q_b; kv_a_with_mqa -> RMSNorm on kv_c -> kv_b; interleaved
 RoPE on q_pe and k_pe; the FP8 latent cache write of the new tokens (e4m3 of [kv_c | k_pe] scattered
 to their slots); the prefix keys gathered from the cache, dequantized and sent through kv_b; cuDNN
 SDPA (anchors.cudnn_sdpa_bf16's backend) over [prefix | new] keys, bottom-right causal; o_proj.
-Weights bf16 (random, U(-1, 1) / sqrt(in)). Timed with anchors.bench (CUDA events, warm-up,
-median) in this process.
+Weights bf16 (random, U(-1, 1) / sqrt(in)). Timed with bench/common.py's timer (CUDA events,
+warm-up, median, host-paced) in this process.
 
-    python3 bench/layer.py --anchors ../shared/anchors --json out/layer_py.json
-    python3 bench/layer.py --report --cli out/layer_cli.json --py out/layer_py.json \\
-        --markdown bench/RESULTS_layer.md
+    python3 bench/layer.py --json out/layer_py.json
+    python3 bench/report.py --kind layer --cli out/layer_cli.json --py out/layer_py.json
 """
 from __future__ import annotations
 
@@ -21,15 +20,12 @@ import argparse
 import datetime
 import json
 import math
-import os
 
-from anchors_loader import load_anchors
+from common import time_ms
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HIDDEN, HEADS, Q_LORA, KV_LORA, ROPE, NOPE, DV = 7168, 128, 1536, 512, 64, 128, 128
 TOKENS = [2048, 8192, 32768]
-# DESIGN section 9 / the layer issue: the FP8 path against the BF16 path and eager PyTorch.
-TARGET_VS_BF16, TARGET_VS_EAGER = 1.5, 2.0
+TIMER = "CUDA events around each call, median (bench/common.py time_ms, host-paced)"
 
 
 class EagerMlaLayer:
@@ -122,7 +118,6 @@ class EagerMlaLayer:
 def run(args):
     import torch
 
-    anchors, _ = load_anchors(args.anchors, "layer.py")
     dev = torch.device("cuda")
     layer = EagerMlaLayer(torch, dev)
     rows = []
@@ -138,9 +133,9 @@ def run(args):
             positions = slots.clone()
             row = {"path": "eager", "tokens": T, "prefix": prefix}
             try:
-                row["ms"] = anchors.bench(
-                    lambda: layer.forward(hidden, cache, prefix_slots, slots, positions),
-                    warmup=args.warmup, iters=args.iters)
+                row["ms"] = time_ms(
+                    torch, lambda: layer.forward(hidden, cache, prefix_slots, slots, positions),
+                    args.iters, args.warmup, queued=False)
                 row["attention_backend"] = layer.attention_backend
             except (RuntimeError, torch.OutOfMemoryError) as e:  # report, do not hide
                 row["error"] = str(e).splitlines()[0][:200]
@@ -150,91 +145,19 @@ def run(args):
             del hidden, cache
             torch.cuda.empty_cache()
     doc = {"bench": "layer", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": datetime.date.today().isoformat(), "rows": rows}
+           "date": datetime.date.today().isoformat(), "timer": TIMER, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
 
 
-def report(args):
-    with open(args.cli) as f:
-        cli = json.load(f)
-    with open(args.py) as f:
-        py = json.load(f)
-    eager = {(r["tokens"], r["prefix"]): r for r in py["rows"]}
-    ours = {(r["path"], r["tokens"], r["prefix"]): r for r in cli["rows"]}
-    lines = [
-        "# MLA layer prefill benchmark results",
-        "",
-        "Written by `bench/layer.py --report` from `fp8mla bench layer --json` (C++, CUDA events "
-        "around `MlaLayer::prefill`) and `bench/layer.py --json` (the eager PyTorch BF16 layer, "
-        "anchors.bench), both run in one device session on the same shapes. DeepSeek-V3 preset, "
-        "one sequence of T new tokens, with no prefix or a cached prefix of T tokens (one-shot "
-        "up to 8192 prefix keys, chunks of 8192 above). Paths: **fp8** = FP8 block-scaled "
-        "weights + the `fp8-hopper` backend (FP8 GEMMs, FP8 attention); **bf16** = the same "
-        "weights + `bf16-hopper` (FP8 GEMMs, BF16 attention); **bf16w** = bf16 weights + "
-        "`bf16-hopper` (all BF16). Ratios are times divided (> 1: the fp8 path is faster). "
-        f"Targets: fp8 >= {TARGET_VS_BF16}x the BF16 path, >= {TARGET_VS_EAGER}x eager PyTorch.",
-        "",
-        f"## Run of {py['date']} on {cli['device']} (torch {py['torch']})",
-        "",
-        "| T | prefix | fp8 ms | bf16 ms | bf16w ms | eager ms | fp8 vs bf16 | fp8 vs bf16w | "
-        "fp8 vs eager | fp8 attention TFLOP/s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for (path, T, prefix), r in sorted(ours.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        if path != "fp8":
-            continue
-        b, bw, e = ours.get(("bf16", T, prefix)), ours.get(("bf16w", T, prefix)), eager.get((T, prefix))
-        e_ms = e.get("ms") if e else None
-
-        def ratio(other, target=None):
-            if other is None:
-                return "—"
-            x = other / r["ms"]
-            mark = "" if target is None else (" ✅" if x >= target else " ❌")
-            return f"{x:.2f}x{mark}"
-
-        tflops = r["attention_tflop"] / (r["attention_ms"] * 1e-3)
-        lines.append(
-            f"| {T} | {prefix} | {r['ms']:.2f} | {b['ms']:.2f} | {bw['ms']:.2f} | "
-            f"{e_ms if e_ms is None else f'{e_ms:.2f}'} | {ratio(b['ms'], TARGET_VS_BF16)} | "
-            f"{ratio(bw['ms'], TARGET_VS_BF16)} | {ratio(e_ms, TARGET_VS_EAGER)} | {tflops:.0f} |")
-    lines += ["", "Per-stage milliseconds (one run with stage events):", "",
-              "| path | T | prefix | projections | prep | prefix keys | attention | merge | o_proj |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for (path, T, prefix), r in sorted(ours.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        lines.append(f"| {path} | {T} | {prefix} | {r['projections_ms']:.2f} | {r['prep_ms']:.2f} | "
-                     f"{r['prefix_ms']:.2f} | {r['attention_ms']:.2f} | {r['merge_ms']:.2f} | "
-                     f"{r['output_ms']:.2f} |")
-    used = sorted({r.get("attention_backend", "") for r in py["rows"] if "ms" in r})
-    lines += ["", f"Eager attention ran on: {', '.join(used)} (cuDNN where it takes the mask)."]
-    if args.analysis:
-        lines += ["", f"Analysis of this run: [{os.path.relpath(args.analysis, os.path.dirname(args.markdown))}]"
-                      f"({os.path.relpath(args.analysis, os.path.dirname(args.markdown))})."]
-    errors = [r for r in py["rows"] if "error" in r]
-    if errors:
-        lines += ["", "Eager PyTorch failures (reported, not hidden):", ""]
-        lines += [f"- T={r['tokens']} prefix={r['prefix']}: {r['error']}" for r in errors]
-    with open(args.markdown, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--anchors", help="directory or file of anchors.py")
     p.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--json", help="write the eager timings here")
-    p.add_argument("--report", action="store_true", help="write the markdown from --cli and --py")
-    p.add_argument("--cli", help="JSON of fp8mla bench layer")
-    p.add_argument("--py", help="JSON of this script's timing run")
-    p.add_argument("--markdown", default=os.path.join(REPO, "bench", "RESULTS_layer.md"))
-    p.add_argument("--analysis", help="with --report: a written analysis of the run to link")
-    args = p.parse_args()
-    report(args) if args.report else run(args)
+    run(p.parse_args())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """MLA prep benchmark of fp8mla's Python ops against the anchors, in one process.
 
 Every implementation runs on the SAME input tensors and is timed by the SAME timer
-(anchors.bench: CUDA events around each call, warm-up, median). Layouts are an engine's
+(bench/common.py: CUDA events around each call, warm-up, median, host-paced). Layouts are an engine's
 (DeepSeek-V3, H = 128): q [T, H, 192] bf16 read as q_nope = q[..., :128], q_pe = q[..., 128:];
 kv [T, H, 256] read as k_nope = kv[..., :128], v = kv[..., 128:]; kv_a [T, 576] read as
 kv_c = kv_a[:, :512], k_pe = kv_a[:, 512:]; the FP8 latent cache [pages, 64, 576]. Inputs are
@@ -27,18 +27,13 @@ and every output written once; the anchors' TB/s uses the same count.
 """
 from __future__ import annotations
 
-import argparse
-import datetime
-import itertools
-import json
-import math
 import os
 import sys
 import traceback
 
-from anchors_loader import load_anchors
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+import report
+from common import MemoryBench, byte_agreement, memory_arguments, print_header, print_rows, \
+    selected, start, write_document
 
 TOKENS = [1, 16, 64, 256, 1024, 4096, 8192, 16384, 65536, 131072]
 HEADS = 128
@@ -52,11 +47,9 @@ INDEX_BYTES = 8             # positions and slots are int64
 COS_SIN_ROW = ROPE * 4      # one f32 row of cos_sin
 
 OPS = ["rope_quant_neox", "rope_quant_interleaved", "kv_pack", "kv_cache_write", "kv_gather"]
-# The anchor of DESIGN section 9's ">= 1.6x torch.compile" target, per op.
-COMPILE_TARGET_ANCHOR = {"rope_quant_neox": "torch_compile", "kv_pack": "torch_compile"}
 
 
-# ---- Byte counts (the same as tools/cli/bench_prep.cpp) ----------------------------------------
+# ---- Byte counts (the same as tools/cli/bench/prep.cpp) ----------------------------------------
 
 def pages_of(t, page_size=PAGE_SIZE):
     return max(1, -(-t // page_size))
@@ -127,14 +120,10 @@ def make_torch_versions(torch):
 
 # ---- The benchmark ----------------------------------------------------------------------------
 
-class Runner:
+class Runner(MemoryBench):
     def __init__(self, torch, anchors, fp8mla, fp8mla_error, args):
-        self.torch, self.anchors, self.fp8mla, self.fp8mla_error = torch, anchors, fp8mla, fp8mla_error
-        self.args = args
+        super().__init__(torch, anchors, fp8mla, fp8mla_error, args)
         self.heads = args.heads
-        props = torch.cuda.get_device_properties(0)
-        self.l2 = int(getattr(props, "L2_cache_size", 0) or 60 * 2**20)
-        self.dev = torch.device("cuda", 0)
         self.versions = make_torch_versions(torch)
         self.cos_sin = None
         if fp8mla is not None:
@@ -146,40 +135,6 @@ class Runner:
         if self.cos_sin is None:
             self.cos_sin = anchors.make_cos_sin_cache(MAX_POS, rope_dim=ROPE, device=self.dev)
             self.cos_sin_source = "anchors.make_cos_sin_cache"
-
-    def time_us(self, fn):
-        return self.anchors.bench(fn, warmup=self.args.warmup, iters=self.args.iters) * 1e3
-
-    def random_bf16(self, shape):
-        """Random non-zero bf16, |x| in [1/32, 16): magnitude in [1/32, 4), times 0.5..4 per
-        block of 64, random sign (as bench/quant.py), made in chunks to bound the float32
-        scratch."""
-        torch = self.torch
-        out = torch.empty(shape, dtype=torch.bfloat16, device=self.dev)
-        flat = out.view(-1)
-        chunk = 1 << 26
-        for start in range(0, flat.numel(), chunk):
-            part = flat[start:start + chunk]
-            n = part.numel()
-            x = torch.empty(n, dtype=torch.float32, device=self.dev).uniform_(1 / 32, 4)
-            if n % 64 == 0:
-                blocks = torch.randint(0, 4, (n // 64, 1), device=self.dev).float()
-                x.view(-1, 64).mul_(torch.pow(2.0, blocks - 1))
-            sign = torch.randint(0, 2, (n,), device=self.dev, dtype=torch.int8).bool()
-            x = torch.where(sign, -x, x)
-            part.copy_(x)
-            del x, sign
-        return out
-
-    def copy_ceiling(self):
-        torch = self.torch
-        n = 1 << 30
-        a = torch.empty(n, dtype=torch.uint8, device=self.dev).random_()
-        b = torch.empty_like(a)
-        us = self.time_us(lambda: b.copy_(a))
-        del a, b
-        torch.cuda.empty_cache()
-        return 2 * n / us / 1e6
 
     # -- inputs of one set --
     def positions(self, t, s):
@@ -227,67 +182,20 @@ class Runner:
             out.append(d)
         return out
 
-    # -- one op at one T: a list of result rows (one per anchor) --
     def run_shape(self, op, t):
-        torch = self.torch
+        """One op at one T: a list of result rows (one per anchor)."""
         nin, nout = count_bytes(op, t, self.heads)
         nbytes = nin + nout
-        sets = max(1, (2 * self.l2) // max(nbytes, 1) + 1)
+        sets = self.sets_for(nbytes)
         xs = self.make_sets(op, t, sets)
-        counter = itertools.count()
-
-        def nxt():
-            return next(counter) % sets
-
         base = {"op": op, "family": op, "label": f"T={t}", "shape": f"T={t} H={self.heads}",
                 "tokens": t, "heads": self.heads, "bytes": nbytes, "bytes_in": nin,
                 "bytes_out": nout, "sets": sets}
-
-        fp8mla_fn, fp8mla_status, fp8mla_out = None, "ok", None
-        if self.fp8mla is None:
-            fp8mla_status = f"unavailable: {self.fp8mla_error}"
-        else:
-            try:
-                fp8mla_fn, fp8mla_snapshot = self.fp8mla_callable(op, xs)
-            except Exception as e:  # recorded, the anchors still run
-                fp8mla_status = f"error: {type(e).__name__}: {e}"
-                traceback.print_exc()
-        fp8mla_us = None
-        if fp8mla_fn is not None:
-            try:
-                fp8mla_us = self.time_us(lambda: fp8mla_fn(nxt()))
-                fp8mla_out = fp8mla_snapshot()  # set 0, written by the first timed call
-            except Exception as e:  # recorded, the anchors still run
-                fp8mla_status = f"error: {type(e).__name__}: {e}"
-                traceback.print_exc()
-
-        rows = []
-        for name, source, fn, ref in self.anchor_callables(op, xs):
-            anchor_us, agreement, status = None, None, "ok"
-            try:
-                anchor_us = self.time_us(lambda: fn(nxt()))
-                if fp8mla_out is not None:
-                    agreement = self.agreement(fp8mla_out, ref())
-            except Exception as e:
-                status = f"error: {type(e).__name__}: {e}"
-                traceback.print_exc()
-            torch.cuda.empty_cache()
-            row = dict(base)
-            row.update({
-                "fp8mla_status": fp8mla_status,
-                "fp8mla_us": fp8mla_us,
-                "fp8mla_tbps": nbytes / fp8mla_us / 1e6 if fp8mla_us else None,
-                "anchor": name,
-                "anchor_source": source,
-                "anchor_status": status,
-                "anchor_us": anchor_us,
-                "anchor_tbps": nbytes / anchor_us / 1e6 if anchor_us else None,
-                "ratio": anchor_us / fp8mla_us if (anchor_us and fp8mla_us) else None,
-                "output_agreement": agreement,
-            })
-            rows.append(row)
-        del xs, fp8mla_out
-        torch.cuda.empty_cache()
+        rows = self.compare(base, sets, lambda: self.fp8mla_callable(op, xs),
+                            self.anchor_callables(op, xs),
+                            lambda ours, theirs: byte_agreement(self.torch, ours, theirs))
+        del xs
+        self.torch.cuda.empty_cache()
         return rows
 
     def fp8mla_callable(self, op, xs):
@@ -330,186 +238,76 @@ class Runner:
         return x["cache"].view(torch.uint8).view(-1, LATENT).index_select(0, x["slots"])
 
     def anchor_callables(self, op, xs):
-        """[(name, source, fn(set), ref() -> set 0's outputs)]."""
+        """[({"anchor": name, "anchor_source": source}, fn(set), "ok", ref() -> set 0's
+        outputs)]."""
         anchors, v = self.anchors, self.versions
         cs = self.cos_sin
 
-        def rope(f):
-            fn = lambda i: f(xs[i]["q_nope"], xs[i]["q_pe"], xs[i]["k_nope"], xs[i]["k_pe"],
-                             xs[i]["pos"], cs)
-            return fn, lambda: fn(0)
+        def timed(name, source, fn, ref=None):
+            return {"anchor": name, "anchor_source": source}, fn, "ok", ref or (lambda: fn(0))
+
+        def rope(name, source, f):
+            return timed(name, source, lambda i: f(xs[i]["q_nope"], xs[i]["q_pe"], xs[i]["k_nope"],
+                                                   xs[i]["k_pe"], xs[i]["pos"], cs))
+
+        def pack(name, source, f):
+            return timed(name, source, lambda i: f(xs[i]["k_nope"], xs[i]["k_pe"], xs[i]["v"],
+                                                   SCALE_INV, SCALE_INV))
 
         if op == "rope_quant_neox":
-            result = [("torch_compile", "anchors.rope_quant_compiled",
-                       *rope(anchors.rope_quant_compiled))]
+            result = [rope("torch_compile", "anchors.rope_quant_compiled",
+                           anchors.rope_quant_compiled)]
             eager = getattr(anchors, "_rope_quant", None)
             if eager is not None:
-                result.append(("torch_eager", "anchors._rope_quant (eager)", *rope(eager)))
+                result.append(rope("torch_eager", "anchors._rope_quant (eager)", eager))
             return result
         if op == "rope_quant_interleaved":
-            return [("torch_compile", "bench/prep.py, torch.compile",
-                     *rope(v["rope_quant_interleaved_compiled"])),
-                    ("torch_eager", "bench/prep.py, eager", *rope(v["rope_quant_interleaved_eager"]))]
+            return [rope("torch_compile", "bench/prep.py, torch.compile",
+                         v["rope_quant_interleaved_compiled"]),
+                    rope("torch_eager", "bench/prep.py, eager", v["rope_quant_interleaved_eager"])]
         if op == "kv_pack":
-            def pack(f):
-                fn = lambda i: f(xs[i]["k_nope"], xs[i]["k_pe"], xs[i]["v"], SCALE_INV, SCALE_INV)
-                return fn, lambda: fn(0)
-            return [("torch_compile", "bench/prep.py, torch.compile", *pack(v["kv_pack_compiled"])),
-                    ("torch_eager", "bench/prep.py, eager", *pack(v["kv_pack_eager"]))]
+            return [pack("torch_compile", "bench/prep.py, torch.compile", v["kv_pack_compiled"]),
+                    pack("torch_eager", "bench/prep.py, eager", v["kv_pack_eager"])]
         if op == "kv_cache_write":
             f = v["cache_write_eager"]
-            fn = lambda i: f(xs[i]["kv_c"], xs[i]["k_pe"], xs[i]["cache"], xs[i]["slots"],
-                             SCALE_INV)
+
+            def write(i):
+                f(xs[i]["kv_c"], xs[i]["k_pe"], xs[i]["cache"], xs[i]["slots"], SCALE_INV)
 
             def ref():
-                fn(0)
+                write(0)
                 return (self.cache_rows(xs[0]),)
-            return [("torch_eager", "bench/prep.py, eager index_copy_", fn, ref)]
+            return [timed("torch_eager", "bench/prep.py, eager index_copy_", write, ref)]
         if op == "kv_gather":
             f = v["gather_eager"]
-            fn = lambda i: f(xs[i]["cache"], xs[i]["slots"], GATHER_SCALE)
-            return [("torch_eager", "bench/prep.py, eager index_select", fn, lambda: fn(0))]
+            return [timed("torch_eager", "bench/prep.py, eager index_select",
+                          lambda i: f(xs[i]["cache"], xs[i]["slots"], GATHER_SCALE))]
         raise ValueError(op)
-
-    def agreement(self, ours, theirs):
-        """Fraction of equal output bytes (set 0), fp8mla vs the anchor. Informational: RoPE in
-        torch rounds x0*c and x1*s separately where fp8mla uses one fma (mla_prep.hpp), so a few
-        FP8 values can differ by one step; the rest should be identical."""
-        torch = self.torch
-
-        def as_bytes(ts):
-            return torch.cat([t.contiguous().view(torch.uint8).reshape(-1) for t in ts])
-        a, b = as_bytes(ours), as_bytes(theirs)
-        if a.numel() != b.numel():
-            return None
-        return (a == b).sum().item() / a.numel()  # no float copy of a 10 GB mask
-
-
-def plot(results, ceiling, path, device):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ops = [op for op in OPS if any(r["op"] == op for r in results)]
-    cols = 2
-    nrows = max(1, math.ceil(len(ops) / cols))
-    fig, axes = plt.subplots(nrows, cols, figsize=(7 * cols, 4.5 * nrows), squeeze=False)
-    colors = {"fp8mla": "tab:red", "torch_compile": "tab:green", "torch_eager": "tab:gray"}
-    for ax, op in zip(axes.flat, ops):
-        series = {}
-        for r in (r for r in results if r["op"] == op):
-            if r["fp8mla_tbps"]:
-                series.setdefault("fp8mla", {})[r["bytes"]] = r["fp8mla_tbps"]
-            if r["anchor_tbps"]:
-                series.setdefault(r["anchor"], {})[r["bytes"]] = r["anchor_tbps"]
-        for impl, pts in sorted(series.items()):
-            xs = sorted(pts)
-            ax.plot(xs, [pts[x] for x in xs], marker="o", color=colors.get(impl),
-                    label=impl, linewidth=1, markersize=4)
-        if ceiling:
-            ax.axhline(ceiling, color="black", linestyle="--", linewidth=1,
-                       label=f"device copy {ceiling:.2f} TB/s")
-        if op in ("rope_quant_neox", "rope_quant_interleaved", "kv_pack"):
-            ax.axhline(3.8, color="tab:red", linestyle=":", linewidth=1, label="target 3.8 TB/s")
-        ax.set_xscale("log")
-        ax.set_xlabel("bytes moved (inputs read + outputs written)")
-        ax.set_ylabel("TB/s")
-        ax.set_title(op)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(ops):]:
-        ax.axis("off")
-    fig.suptitle(f"fp8mla MLA prep ops vs anchors, H={results[0]['heads'] if results else HEADS}, "
-                 f"{device}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--anchors", help="anchors.py or its folder (default: ../shared/anchors)")
-    p.add_argument("--json", default="prep_py.json", help="output JSON (default prep_py.json)")
-    p.add_argument("--plot", default=None, help="output PNG (default: the JSON path with .png)")
-    p.add_argument("--op", default="all", help="comma-separated ops: all, " + ", ".join(OPS))
-    p.add_argument("--tokens", default=None,
-                   help="comma-separated T values (default " + ",".join(map(str, TOKENS)) + ")")
+    p = memory_arguments(__doc__, "prep", OPS, ",".join(map(str, TOKENS)))
     p.add_argument("--heads", type=int, default=HEADS)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=30)
     args = p.parse_args()
-
-    ops = OPS if args.op == "all" else args.op.split(",")
-    for op in ops:
-        if op not in OPS:
-            sys.exit(f"prep.py: unknown op {op!r}; expected one of {OPS}")
-    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else TOKENS
+    ops, tokens = selected(args, "prep.py", OPS, TOKENS)
     if any(t < 1 or t > MAX_POS for t in tokens):
         sys.exit(f"prep.py: --tokens must lie in 1..{MAX_POS}")
 
-    import torch
-    import triton
-    if not torch.cuda.is_available():
-        sys.exit("prep.py: needs a CUDA GPU")
-    anchors, anchors_path = load_anchors(args.anchors, "prep.py")
-    try:
-        import fp8mla
-        fp8mla_error = None
-    except Exception as e:  # the anchors are still timed; fp8mla rows say why they are empty
-        fp8mla, fp8mla_error = None, f"{type(e).__name__}: {e}"
-        print(f"prep.py: fp8mla not importable ({fp8mla_error})", file=sys.stderr)
-
-    runner = Runner(torch, anchors, fp8mla, fp8mla_error, args)
-    device = torch.cuda.get_device_name(0)
-    ceiling = runner.copy_ceiling()
-    print(f"{device}: torch {torch.__version__}, triton {triton.__version__}, anchors {anchors_path}")
+    runner, ceiling = start("prep.py", args, Runner)
     print(f"device copy ceiling {ceiling:.3f} TB/s (1 GiB, read + write); H={args.heads}, "
           f"page size {PAGE_SIZE}; cos_sin from {runner.cos_sin_source}")
-    print(f"{'op':<23} {'shape':<16} {'MB':>10} {'fp8mla us':>10} {'TB/s':>6} "
-          f"{'anchor':<14} {'anchor us':>10} {'TB/s':>6} {'ratio':>6}  agree")
+    print_header(23, 16)
     results = []
     for op in ops:
         for t in tokens:
             rows = runner.run_shape(op, t)
             results += rows
-            for r in rows:
-                def f(v, fmt):
-                    return format(v, fmt) if v is not None else "-"
-                note = "" if r["anchor_status"] == "ok" else r["anchor_status"]
-                if r["fp8mla_status"] != "ok":
-                    note += " fp8mla " + r["fp8mla_status"]
-                print(f"{op:<23} {r['shape']:<16} {r['bytes'] / 1e6:10.3f} "
-                      f"{f(r['fp8mla_us'], '10.2f')} {f(r['fp8mla_tbps'], '6.3f')} "
-                      f"{r['anchor']:<14} {f(r['anchor_us'], '10.2f')} "
-                      f"{f(r['anchor_tbps'], '6.3f')} {f(r['ratio'], '6.2f')}  "
-                      f"{f(r['output_agreement'], '.4f')} {note}", flush=True)
-
-    doc = {
-        "benchmark": "bench/prep.py",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "device": device,
-        "l2_bytes": runner.l2,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "fp8mla_version": getattr(fp8mla, "__version__", None),
-        "anchors": anchors_path,
-        "timer": "anchors.bench: CUDA events around each call, median",
-        "warmup": args.warmup,
-        "iters": args.iters,
-        "heads": args.heads,
-        "page_size": PAGE_SIZE,
-        "max_positions": MAX_POS,
-        "cos_sin": runner.cos_sin_source,
-        "copy_ceiling_tbps": ceiling,
-        "ratio": "anchor us / fp8mla us (> 1: fp8mla faster)",
-        "results": results,
-    }
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as fh:
-        json.dump(doc, fh, indent=1)
-    print(f"wrote {args.json}")
+            print_rows(rows, 23, 16)
+    doc = write_document(args.json, "bench/prep.py", runner, ceiling, results, heads=args.heads,
+                         page_size=PAGE_SIZE, max_positions=MAX_POS, cos_sin=runner.cos_sin_source)
     png = args.plot or os.path.splitext(args.json)[0] + ".png"
     try:
-        plot(results, ceiling, png, device)
+        report.plot_bandwidth("prep", doc, png)
         print(f"wrote {png}")
     except Exception:  # the JSON is what the report reads
         traceback.print_exc()

@@ -1,27 +1,31 @@
 #!/usr/bin/env python3
-"""Writes the quantization benchmark results into bench/RESULTS.md.
+"""The one report writer of the benchmarks: the RESULTS*.md sections and the plots, from the JSON
+files the benchmarks write (every number comes from those files; needs only the Python standard
+library, and matplotlib for the plots).
 
-    python3 bench/report.py --cli OUT/quant_cli.json --py OUT/quant_py.json [--out bench/RESULTS.md]
+    python3 bench/report.py --kind quant --cli OUT/quant_cli.json --py OUT/quant_py.json
+    python3 bench/report.py --kind prep --cli OUT/prep_cli.json --py OUT/prep_py.json
+    python3 bench/report.py --kind attention --py OUT/attention_py.json
+    python3 bench/report.py --kind layer --cli OUT/layer_cli.json --py OUT/layer_py.json
 
-Reads the JSON of `fp8mla bench quant --json` and/or of bench/quant.py and writes one dated
-section (date and device from the JSON) with, per op, the measured tables and the DESIGN section 9
-targets marked met / MISSED. Every number comes from the JSON files. The section replaces one for
-the same runs (same dates and device) if RESULTS.md has it, else it goes first; the others stay.
-Needs only the Python standard library.
-
-    python3 bench/report.py --kind prep --cli OUT/prep_cli.json --py OUT/prep_py.json \
-        [--out bench/RESULTS_prep.md]
-
-does the same for the MLA prep benchmarks (`fp8mla bench prep --json`, bench/prep.py) into
-bench/RESULTS_prep.md by default: RoPE + FP8 Q/K and K/V pack >= 3.8 TB/s at T >= 8k (C++ and
-Python), <= 8 us at T <= 64 (C++ kernel time) and >= 1.6x the torch.compile anchor at T >= 8k
-(Python), each marked met / MISSED; the latent cache write and gather have no target and are
-reported only.
+- quant (`fp8mla bench quant --json`, bench/quant.py) into bench/RESULTS.md: one dated section
+  (date and device from the JSON) with, per op, the measured tables and the DESIGN section 9
+  targets marked met / MISSED. The section replaces one for the same runs (same dates and device)
+  if the file has it, else it goes first; the others stay.
+- prep (`fp8mla bench prep --json`, bench/prep.py) into bench/RESULTS_prep.md, the same way:
+  RoPE + FP8 Q/K and K/V pack >= 3.8 TB/s at T >= 8k (C++ and Python), <= 8 us at T <= 64 (C++
+  kernel time) and >= 1.6x the torch.compile anchor at T >= 8k (Python), each marked met /
+  MISSED; the latent cache write and gather have no target and are reported only.
+- attention (bench/attention.py --json) into bench/RESULTS_attention.md: the run's section goes
+  first (attention.py --markdown writes the same section as it runs).
+- layer (`fp8mla bench layer --json`, bench/layer.py --json) into bench/RESULTS_layer.md (the
+  file is rewritten: one run).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -79,19 +83,115 @@ def status_word(ok):
 
 
 class Check:
-    """One target judged over a set of rows: (rows judged, rows missed, worst value)."""
+    """One target judged over a set of rows: (rows judged, rows missed, worst value); the worst
+    is shown with `fmt_spec` and `unit`."""
 
-    def __init__(self, what, source):
+    def __init__(self, what, source, unit=" TB/s", fmt_spec=".3f", lower_is_worse=True):
         self.what, self.source = what, source
+        self.unit, self.fmt_spec, self.lower_is_worse = unit, fmt_spec, lower_is_worse
         self.judged, self.missed, self.worst = 0, [], None
 
-    def add(self, ok, value, where, lower_is_worse=True):
+    def add(self, ok, value, where):
         self.judged += 1
         if not ok:
             self.missed.append(where)
-        if value is not None and (self.worst is None or
-                                  (value < self.worst if lower_is_worse else value > self.worst)):
+        if value is not None and (self.worst is None or (value < self.worst if self.lower_is_worse
+                                                         else value > self.worst)):
             self.worst = value
+
+
+def check(checks, key, *args, **kwargs):
+    """checks[key], made with Check(*args, **kwargs) the first time."""
+    if key not in checks:
+        checks[key] = Check(*args, **kwargs)
+    return checks[key]
+
+
+def summary(checks):
+    """The targets table: one line per check, in the order they were made."""
+    out = ["### Targets (DESIGN section 9)\n",
+           "| target | measured by | rows judged | worst | missed at | status |",
+           "|---|---|---:|---:|---|---|"]
+    for c in checks.values():
+        if c.judged == 0:
+            out.append(f"| {c.what} | {c.source} | 0 | — | — | not measured (no row at that "
+                       f"size) |")
+            continue
+        missed = ", ".join(c.missed) if c.missed else "—"
+        out.append(f"| {c.what} | {c.source} | {c.judged} | {fmt(c.worst, c.fmt_spec)}{c.unit} | "
+                   f"{missed} | {status_word(not c.missed)} |")
+    return out
+
+
+def python_timer(py):
+    """How the Python benchmark timed (runs before bench/common.py name anchors.bench)."""
+    return "anchors.bench" if str(py.get("timer", "")).startswith("anchors.bench") else \
+        "bench/common.py, host-paced"
+
+
+def run_section(run_id, cli, py, cli_path, py_path, cli_setup, cli_timing, py_setup):
+    """The start of a quant or prep section: its marker, title and one line per run."""
+    device = (cli or py)["device"]
+    dates = [d["date"] for d in (cli, py) if d]
+    lines = [BEGIN.format(run_id), f"## {dates[0][:10]} — {device}", ""]
+    if cli:
+        lines.append(f"- C++: `{os.path.basename(cli_path)}`, {cli['date']}, fp8mla "
+                     f"{cli.get('fp8mla_version')}, CUDA {cli.get('cuda_version')}, {cli_setup}"
+                     f"{cli.get('iters')} timed launches after {cli.get('warmup')} warm-up "
+                     f"(median{cli_timing}), PDL {'on' if cli.get('pdl') else 'off'}, L2 "
+                     f"{cli.get('l2_bytes', 0) / 2**20:.0f} MiB; device copy ceiling "
+                     f"{fmt(cli.get('copy_ceiling_tbps'), '.3f')} TB/s (1 GiB copied).")
+    if py:
+        lines.append(f"- Python: `{os.path.basename(py_path)}`, {py['date']}, torch "
+                     f"{py.get('torch')}, triton {py.get('triton')}, fp8mla "
+                     f"{py.get('fp8mla_version')}, {py_setup}{py.get('iters')} timed calls after "
+                     f"{py.get('warmup')} warm-up (median, {python_timer(py)}); device copy "
+                     f"ceiling {fmt(py.get('copy_ceiling_tbps'), '.3f')} TB/s (1 GiB copied).")
+    if cli and py and cli["device"] != py["device"]:
+        lines.append(f"- **Note:** the two runs name different devices ({cli['device']} / "
+                     f"{py['device']}).")
+    lines.append("")
+    return lines
+
+
+def section_end(lines, checks, body, analysis, plot, extra_summary=()):
+    """The rest of a quant or prep section: targets, plot, analysis, tables, end marker."""
+    lines += summary(checks) + list(extra_summary) + [""]
+    if plot:
+        lines += [f"![TB/s against bytes moved, fp8mla and the anchors]({plot})", ""]
+    if analysis:
+        lines += ["### Why targets are missed (analysis, written by hand)", "", analysis.strip(), ""]
+    lines += body
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+CLI_TABLE = ["| shape | MB | µs | TB/s | copy TB/s (same bytes) | % of copy | check | target |",
+             "|---|---:|---:|---:|---:|---:|---|---|"]
+PY_TABLE = ["| shape | MB | fp8mla µs | fp8mla TB/s | anchor | anchor µs | anchor TB/s | ratio | "
+            "output agreement | target |",
+            "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+
+
+def cli_row(r, shape, target):
+    """A row of a C++ table (CLI_TABLE)."""
+    if r.get("status") != "ok":
+        return f"| {shape} | {mb(r['bytes'])} | — | — | — | — | {r.get('status')} | {target} |"
+    return (f"| {shape} | {mb(r['bytes'])} | {fmt(r.get('us'), '.2f')} | "
+            f"{fmt(r.get('tbps'), '.3f')} | {fmt(r.get('copy_tbps'), '.3f')} | "
+            f"{fmt(r.get('pct_of_copy'), '.1f')}% | {r.get('check', '')} | {target} |")
+
+
+def py_row(r, shape, targets):
+    """A row of a Python table (PY_TABLE): fp8mla and one anchor."""
+    fp8_us = fmt(r.get("fp8mla_us"), ".2f") if r.get("fp8mla_status") == "ok" else \
+        r.get("fp8mla_status", "—")
+    anchor_us = fmt(r.get("anchor_us"), ".2f") if r.get("anchor_status") == "ok" else \
+        r.get("anchor_status", "—")
+    return (f"| {shape} | {mb(r['bytes'])} | {fp8_us} | {fmt(r.get('fp8mla_tbps'), '.3f')} | "
+            f"{r['anchor']} | {anchor_us} | {fmt(r.get('anchor_tbps'), '.3f')} | "
+            f"{fmt(r.get('ratio'), '.2f')} | {fmt(r.get('output_agreement'), '.4f')} | "
+            f"{'; '.join(targets)} |")
 
 
 def bandwidth_row_status(op, nbytes, tbps):
@@ -103,140 +203,69 @@ def bandwidth_row_status(op, nbytes, tbps):
     return ok, f"{status_word(ok)} (≥ {target} TB/s)"
 
 
-def cli_section(doc, checks):
-    out = []
-    results = doc.get("results", [])
-    for op in OPS:
-        rows = [r for r in results if r["op"] == op]
-        if not rows:
-            continue
-        out.append(f"#### {op} — C++ (`fp8mla bench quant`)\n")
-        out.append("| shape | MB | µs | TB/s | copy TB/s (same bytes) | % of copy | check | target |")
-        out.append("|---|---:|---:|---:|---:|---:|---|---|")
-        check = checks.setdefault((op, "bandwidth", "C++"), Check(
-            f"{op}: ≥ {BANDWIDTH_TARGETS.get(op)} TB/s at ≥ {LARGE_BYTES / 1e6:.0f} MB", "C++"))
-        for r in rows:
-            ok_run = r.get("status") == "ok"
-            tbps = r.get("tbps") if ok_run else None
-            ok, target = bandwidth_row_status(op, r["bytes"], tbps)
-            if ok is not None:
-                check.add(ok, tbps, r["shape"])
-            if not ok_run:
-                out.append(f"| {shape_cell(r)} | {mb(r['bytes'])} | — | — | — | — | "
-                           f"{r.get('status')} | {target} |")
-                continue
-            out.append(f"| {shape_cell(r)} | {mb(r['bytes'])} | {fmt(r['us'], '.2f')} | "
-                       f"{fmt(tbps, '.3f')} | {fmt(r.get('copy_tbps'), '.3f')} | "
-                       f"{fmt(r.get('pct_of_copy'), '.1f')}% | {r.get('check', '')} | {target} |")
-        out.append("")
+def cli_section(op, rows, checks):
+    out = [f"#### {op} — C++ (`fp8mla bench quant`)\n", *CLI_TABLE]
+    bw = check(checks, (op, "bandwidth", "C++"),
+               f"{op}: ≥ {BANDWIDTH_TARGETS.get(op)} TB/s at ≥ {LARGE_BYTES / 1e6:.0f} MB", "C++")
+    for r in rows:
+        tbps = r.get("tbps") if r.get("status") == "ok" else None
+        ok, target = bandwidth_row_status(op, r["bytes"], tbps)
+        if ok is not None:
+            bw.add(ok, tbps, r["shape"])
+        out.append(cli_row(r, shape_cell(r), target))
+    out.append("")
     return out
 
 
-def py_section(doc, checks):
-    out = []
-    results = doc.get("results", [])
-    for op in OPS:
-        rows = [r for r in results if r["op"] == op]
-        if not rows:
-            continue
-        out.append(f"#### {op} — Python (`bench/quant.py`), fp8mla vs anchors\n")
-        out.append("| shape | MB | fp8mla µs | fp8mla TB/s | anchor | anchor µs | anchor TB/s | "
-                   "ratio | output agreement | target |")
-        out.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
-        bw = checks.setdefault((op, "bandwidth", "Python"), Check(
-            f"{op}: ≥ {BANDWIDTH_TARGETS.get(op)} TB/s at ≥ {LARGE_BYTES / 1e6:.0f} MB", "Python"))
-        judged_bw = set()
-        for r in rows:
-            targets = []
-            ok, text = bandwidth_row_status(op, r["bytes"], r.get("fp8mla_tbps"))
-            if ok is not None and r["shape"] not in judged_bw:
-                # One fp8mla time per shape, shown on its first row (the others repeat it).
-                judged_bw.add(r["shape"])
-                targets.append(text)
-                bw.add(ok, r.get("fp8mla_tbps"), r["shape"])
-            if op == "per_tensor_static" and r["anchor"] == SEED_ANCHOR:
-                seed = checks.setdefault((op, "seed", "Python"), Check(
-                    f"{op}: never slower than the seed Triton kernel where it runs (ratio ≥ 1)",
-                    "Python"))
-                if r.get("anchor_status") == "ok":
-                    ratio = r.get("ratio")
-                    ok = ratio is not None and ratio >= 1.0
-                    seed.add(ok, ratio, r["shape"])
-                    targets.append(f"{status_word(ok)} (≥ seed)")
-                else:
-                    targets.append("seed n/a")
-            fp8_us = fmt(r.get("fp8mla_us"), ".2f") if r.get("fp8mla_status") == "ok" else \
-                r.get("fp8mla_status", "—")
-            anchor_us = fmt(r.get("anchor_us"), ".2f") if r.get("anchor_status") == "ok" else \
-                r.get("anchor_status", "—")
-            out.append(f"| {shape_cell(r)} | {mb(r['bytes'])} | {fp8_us} | "
-                       f"{fmt(r.get('fp8mla_tbps'), '.3f')} | {r['anchor']} | {anchor_us} | "
-                       f"{fmt(r.get('anchor_tbps'), '.3f')} | {fmt(r.get('ratio'), '.2f')} | "
-                       f"{fmt(r.get('output_agreement'), '.4f')} | {'; '.join(targets)} |")
-        out.append("")
-    return out
-
-
-def summary(checks):
-    out = ["### Targets (DESIGN section 9)\n",
-           "| target | measured by | rows judged | worst | missed at | status |",
-           "|---|---|---:|---:|---|---|"]
-    for (op, kind, source), c in checks.items():
-        if c.judged == 0:
-            out.append(f"| {c.what} | {source} | 0 | — | — | not measured (no row at that size) |")
-            continue
-        unit = "" if kind == "seed" else " TB/s"
-        worst = fmt(c.worst, ".3f" if kind != "seed" else ".2f") + unit
-        missed = ", ".join(c.missed) if c.missed else "—"
-        out.append(f"| {c.what} | {source} | {c.judged} | {worst} | {missed} | "
-                   f"{status_word(not c.missed)} |")
+def py_section(op, rows, checks):
+    out = [f"#### {op} — Python (`bench/quant.py`), fp8mla vs anchors\n", *PY_TABLE]
+    bw = check(checks, (op, "bandwidth", "Python"),
+               f"{op}: ≥ {BANDWIDTH_TARGETS.get(op)} TB/s at ≥ {LARGE_BYTES / 1e6:.0f} MB",
+               "Python")
+    judged_bw = set()
+    for r in rows:
+        targets = []
+        ok, text = bandwidth_row_status(op, r["bytes"], r.get("fp8mla_tbps"))
+        if ok is not None and r["shape"] not in judged_bw:
+            # One fp8mla time per shape, shown on its first row (the others repeat it).
+            judged_bw.add(r["shape"])
+            targets.append(text)
+            bw.add(ok, r.get("fp8mla_tbps"), r["shape"])
+        if op == "per_tensor_static" and r["anchor"] == SEED_ANCHOR:
+            seed = check(
+                checks, (op, "seed", "Python"),
+                f"{op}: never slower than the seed Triton kernel where it runs (ratio ≥ 1)",
+                "Python", unit="", fmt_spec=".2f")
+            if r.get("anchor_status") == "ok":
+                ratio = r.get("ratio")
+                ok = ratio is not None and ratio >= 1.0
+                seed.add(ok, ratio, r["shape"])
+                targets.append(f"{status_word(ok)} (≥ seed)")
+            else:
+                targets.append("seed n/a")
+        out.append(py_row(r, shape_cell(r), targets))
     out.append("")
     return out
 
 
 def build_section(cli, py, cli_path, py_path, analysis=None, plot=None):
     device = (cli or py)["device"]
-    dates = [d["date"] for d in (cli, py) if d]
-    run_id = f"{device} | " + " | ".join(dates)
-    lines = [BEGIN.format(run_id), f"## {dates[0][:10]} — {device}", ""]
-    if cli:
-        lines.append(f"- C++: `{os.path.basename(cli_path)}`, {cli['date']}, fp8mla "
-                     f"{cli.get('fp8mla_version')}, CUDA {cli.get('cuda_version')}, "
-                     f"{cli.get('iters')} timed launches after {cli.get('warmup')} warm-up "
-                     f"(median), PDL {'on' if cli.get('pdl') else 'off'}, L2 "
-                     f"{cli.get('l2_bytes', 0) / 2**20:.0f} MiB; device copy ceiling "
-                     f"{fmt(cli.get('copy_ceiling_tbps'), '.3f')} TB/s (1 GiB copied).")
-    if py:
-        lines.append(f"- Python: `{os.path.basename(py_path)}`, {py['date']}, torch "
-                     f"{py.get('torch')}, triton {py.get('triton')}, fp8mla "
-                     f"{py.get('fp8mla_version')}, {py.get('iters')} timed calls after "
-                     f"{py.get('warmup')} warm-up (median, anchors.bench); device copy ceiling "
-                     f"{fmt(py.get('copy_ceiling_tbps'), '.3f')} TB/s (1 GiB copied).")
-    if cli and py and cli["device"] != py["device"]:
-        lines.append(f"- **Note:** the two runs name different devices ({cli['device']} / "
-                     f"{py['device']}).")
-    lines.append("")
+    run_id = f"{device} | " + " | ".join(d["date"] for d in (cli, py) if d)
+    lines = run_section(run_id, cli, py, cli_path, py_path, "", "", "")
     checks = {}
     body = []
     for op in OPS:
         part = []
-        if cli:
-            part += cli_section({"results": [r for r in cli["results"] if r["op"] == op]}, checks)
-        if py:
-            part += py_section({"results": [r for r in py["results"] if r["op"] == op]}, checks)
+        for doc, section in ((cli, cli_section), (py, py_section)):
+            rows = [r for r in doc["results"] if r["op"] == op] if doc else []
+            if rows:
+                part += section(op, rows, checks)
         if part:
             body.append(f"### {op}\n")
             if op in NOTES:
                 body.append(f"{NOTES[op]}\n")
             body += part
-    lines += summary(checks)
-    if plot:
-        lines += [f"![TB/s against bytes moved, fp8mla and the anchors]({plot})", ""]
-    if analysis:
-        lines += ["### Why targets are missed (analysis, written by hand)", "", analysis.strip(), ""]
-    lines += body
-    lines.append(END)
-    return run_id, "\n".join(lines) + "\n"
+    return run_id, section_end(lines, checks, body, analysis, plot)
 
 
 def update(path, run_id, section, title=TITLE, preamble=PREAMBLE):
@@ -300,69 +329,41 @@ PREP_PREAMBLE = (
     "µs), so the ≤ 8 µs target is judged on the C++ kernel times only.")
 
 
-class PrepCheck(Check):
-    def __init__(self, what, source, unit, fmt_spec, lower_is_worse=True):
-        super().__init__(what, source)
-        self.unit, self.fmt_spec, self.lower_is_worse = unit, fmt_spec, lower_is_worse
-
-    def judge(self, ok, value, where):
-        self.add(ok, value, where, self.lower_is_worse)
-
-
-def prep_check(checks, key, what, source, unit, fmt_spec, lower_is_worse=True):
-    if key not in checks:
-        checks[key] = PrepCheck(what, source, unit, fmt_spec, lower_is_worse)
-    return checks[key]
-
-
 def prep_cli_rows(op, rows, checks):
-    out = [f"#### {op} — C++ (`fp8mla bench prep`)\n",
-           "| shape | MB | µs | TB/s | copy TB/s (same bytes) | % of copy | check | target |",
-           "|---|---:|---:|---:|---:|---:|---|---|"]
+    out = [f"#### {op} — C++ (`fp8mla bench prep`)\n", *CLI_TABLE]
     judged = op in PREP_CLI_JUDGED
     if judged:
-        bw = prep_check(checks, (op, "bandwidth", "C++"),
-                        f"{op}: ≥ {PREP_BANDWIDTH_TBPS} TB/s at T ≥ {PREP_LARGE_TOKENS // 1024}k",
-                        "C++", " TB/s", ".3f")
-        lat = prep_check(checks, (op, "latency", "C++"),
-                         f"{op}: ≤ {PREP_LATENCY_US:g} µs at T ≤ {PREP_SMALL_TOKENS}", "C++",
-                         " µs", ".2f", lower_is_worse=False)
+        bw = check(checks, (op, "bandwidth", "C++"),
+                   f"{op}: ≥ {PREP_BANDWIDTH_TBPS} TB/s at T ≥ {PREP_LARGE_TOKENS // 1024}k", "C++")
+        lat = check(checks, (op, "latency", "C++"),
+                    f"{op}: ≤ {PREP_LATENCY_US:g} µs at T ≤ {PREP_SMALL_TOKENS}", "C++", " µs", ".2f",
+                    lower_is_worse=False)
     for r in sorted(rows, key=lambda r: r["tokens"]):
         ok_run = r.get("status") == "ok"
         targets = []
         if judged and r["tokens"] >= PREP_LARGE_TOKENS:
             tbps = r.get("tbps") if ok_run else None
             ok = tbps is not None and tbps >= PREP_BANDWIDTH_TBPS
-            bw.judge(ok, tbps, r["shape"])
+            bw.add(ok, tbps, r["shape"])
             targets.append(f"{status_word(ok)} (≥ {PREP_BANDWIDTH_TBPS} TB/s)")
         if judged and r["tokens"] <= PREP_SMALL_TOKENS:
             us = r.get("us") if ok_run else None
             ok = us is not None and us <= PREP_LATENCY_US
-            lat.judge(ok, us, r["shape"])
+            lat.add(ok, us, r["shape"])
             targets.append(f"{status_word(ok)} (≤ {PREP_LATENCY_US:g} µs)")
-        target = "; ".join(targets)
-        if not ok_run:
-            out.append(f"| {r['shape']} | {mb(r['bytes'])} | — | — | — | — | {r.get('status')} | "
-                       f"{target} |")
-            continue
-        out.append(f"| {r['shape']} | {mb(r['bytes'])} | {fmt(r.get('us'), '.2f')} | "
-                   f"{fmt(r.get('tbps'), '.3f')} | {fmt(r.get('copy_tbps'), '.3f')} | "
-                   f"{fmt(r.get('pct_of_copy'), '.1f')}% | {r.get('check', '')} | {target} |")
+        out.append(cli_row(r, r["shape"], "; ".join(targets)))
     out.append("")
     return out
 
 
 def prep_py_rows(op, rows, checks):
-    out = [f"#### {op} — Python (`bench/prep.py`), fp8mla vs anchors\n",
-           "| shape | MB | fp8mla µs | fp8mla TB/s | anchor | anchor µs | anchor TB/s | ratio | "
-           "output agreement | target |",
-           "|---|---:|---:|---:|---|---:|---:|---:|---:|---|"]
+    out = [f"#### {op} — Python (`bench/prep.py`), fp8mla vs anchors\n", *PY_TABLE]
     if op in PREP_PY_BANDWIDTH:
-        bw = prep_check(checks, (op, "bandwidth", "Python"),
-                        f"{op}: ≥ {PREP_BANDWIDTH_TBPS} TB/s at T ≥ {PREP_LARGE_TOKENS // 1024}k",
-                        "Python", " TB/s", ".3f")
+        bw = check(checks, (op, "bandwidth", "Python"),
+                   f"{op}: ≥ {PREP_BANDWIDTH_TBPS} TB/s at T ≥ {PREP_LARGE_TOKENS // 1024}k",
+                   "Python")
     if op in PREP_PY_COMPILE:
-        ratio_check = prep_check(
+        ratio_check = check(
             checks, (op, "compile", "Python"),
             f"{op}: ≥ {PREP_COMPILE_RATIO}x the torch.compile anchor at T ≥ "
             f"{PREP_LARGE_TOKENS // 1024}k", "Python", "x", ".2f")
@@ -376,79 +377,42 @@ def prep_py_rows(op, rows, checks):
             judged_bw.add(r["shape"])
             tbps = r.get("fp8mla_tbps") if fp8_ok else None
             ok = tbps is not None and tbps >= PREP_BANDWIDTH_TBPS
-            bw.judge(ok, tbps, r["shape"])
+            bw.add(ok, tbps, r["shape"])
             targets.append(f"{status_word(ok)} (≥ {PREP_BANDWIDTH_TBPS} TB/s)")
         if op in PREP_PY_COMPILE and large and r["anchor"] == PREP_COMPILE_ANCHOR:
             if r.get("anchor_status") == "ok" or not fp8_ok:
                 ratio = r.get("ratio")
                 ok = ratio is not None and ratio >= PREP_COMPILE_RATIO
-                ratio_check.judge(ok, ratio, r["shape"])
+                ratio_check.add(ok, ratio, r["shape"])
                 targets.append(f"{status_word(ok)} (≥ {PREP_COMPILE_RATIO}x)")
             else:
                 targets.append("anchor n/a")
-        fp8_us = fmt(r.get("fp8mla_us"), ".2f") if fp8_ok else r.get("fp8mla_status", "—")
-        anchor_us = fmt(r.get("anchor_us"), ".2f") if r.get("anchor_status") == "ok" else \
-            r.get("anchor_status", "—")
-        out.append(f"| {r['shape']} | {mb(r['bytes'])} | {fp8_us} | "
-                   f"{fmt(r.get('fp8mla_tbps'), '.3f')} | {r['anchor']} | {anchor_us} | "
-                   f"{fmt(r.get('anchor_tbps'), '.3f')} | {fmt(r.get('ratio'), '.2f')} | "
-                   f"{fmt(r.get('output_agreement'), '.4f')} | {'; '.join(targets)} |")
+        out.append(py_row(r, r["shape"], targets))
     out.append("")
     return out
 
 
-def prep_summary(checks, cli):
-    out = ["### Targets (DESIGN section 9)\n",
-           "| target | measured by | rows judged | worst | missed at | status |",
-           "|---|---|---:|---:|---|---|"]
-    for c in checks.values():
-        if c.judged == 0:
-            out.append(f"| {c.what} | {c.source} | 0 | — | — | not measured (no row at that "
-                       f"size) |")
-            continue
-        missed = ", ".join(c.missed) if c.missed else "—"
-        out.append(f"| {c.what} | {c.source} | {c.judged} | {fmt(c.worst, c.fmt_spec)}{c.unit} | "
-                   f"{missed} | {status_word(not c.missed)} |")
-    if cli:
-        rows = cli.get("results", [])
-        bad = [f"{r['op']} {r['shape']}" for r in rows
-               if r.get("status") != "ok" or not (str(r.get("check", "")).startswith("ok") or
-                                                  r.get("check") == "not checked")]
-        unchecked = sum(1 for r in rows if r.get("check") == "not checked")
-        note = f" ({unchecked} not checked)" if unchecked else ""
-        out.append(f"| every C++ row ran and is bit-exact vs the CPU on its first tokens{note} | "
-                   f"C++ | {len(rows)} | — | {', '.join(bad) if bad else '—'} | "
-                   f"{status_word(not bad)} |")
-    out.append("")
-    return out
+def prep_row_checks(cli):
+    """The summary line that every C++ row ran and matched the CPU."""
+    rows = cli.get("results", [])
+    bad = [f"{r['op']} {r['shape']}" for r in rows
+           if r.get("status") != "ok" or not (str(r.get("check", "")).startswith("ok") or
+                                              r.get("check") == "not checked")]
+    unchecked = sum(1 for r in rows if r.get("check") == "not checked")
+    note = f" ({unchecked} not checked)" if unchecked else ""
+    return [f"| every C++ row ran and is bit-exact vs the CPU on its first tokens{note} | "
+            f"C++ | {len(rows)} | — | {', '.join(bad) if bad else '—'} | {status_word(not bad)} |"]
 
 
 def prep_build_section(cli, py, cli_path, py_path, analysis=None, plot=None):
     device = (cli or py)["device"]
-    dates = [d["date"] for d in (cli, py) if d]
-    run_id = f"prep | {device} | " + " | ".join(dates)
-    lines = [BEGIN.format(run_id), f"## {dates[0][:10]} — {device}", ""]
-    if cli:
-        lines.append(f"- C++: `{os.path.basename(cli_path)}`, {cli['date']}, fp8mla "
-                     f"{cli.get('fp8mla_version')}, CUDA {cli.get('cuda_version')}, "
-                     f"H = {cli.get('heads')}, page size {cli.get('page_size')}, RoPE "
-                     f"{cli.get('rope_style')}, {cli.get('iters')} timed launches after "
-                     f"{cli.get('warmup')} warm-up (median; "
-                     f"{'queued, run back to back' if cli.get('queued') else 'host-paced'}), PDL "
-                     f"{'on' if cli.get('pdl') else 'off'}, L2 "
-                     f"{cli.get('l2_bytes', 0) / 2**20:.0f} MiB; device copy ceiling "
-                     f"{fmt(cli.get('copy_ceiling_tbps'), '.3f')} TB/s (1 GiB copied).")
-    if py:
-        lines.append(f"- Python: `{os.path.basename(py_path)}`, {py['date']}, torch "
-                     f"{py.get('torch')}, triton {py.get('triton')}, fp8mla "
-                     f"{py.get('fp8mla_version')}, H = {py.get('heads')}, page size "
-                     f"{py.get('page_size')}, {py.get('iters')} timed calls after "
-                     f"{py.get('warmup')} warm-up (median, anchors.bench); device copy ceiling "
-                     f"{fmt(py.get('copy_ceiling_tbps'), '.3f')} TB/s (1 GiB copied).")
-    if cli and py and cli["device"] != py["device"]:
-        lines.append(f"- **Note:** the two runs name different devices ({cli['device']} / "
-                     f"{py['device']}).")
-    lines.append("")
+    run_id = f"prep | {device} | " + " | ".join(d["date"] for d in (cli, py) if d)
+    cli_setup = (f"H = {cli.get('heads')}, page size {cli.get('page_size')}, RoPE "
+                 f"{cli.get('rope_style')}, ") if cli else ""
+    cli_timing = f"; {'queued, run back to back' if cli.get('queued') else 'host-paced'}" \
+        if cli else ""
+    py_setup = f"H = {py.get('heads')}, page size {py.get('page_size')}, " if py else ""
+    lines = run_section(run_id, cli, py, cli_path, py_path, cli_setup, cli_timing, py_setup)
     checks = {}
     body = []
     for title, cli_ops, py_ops in PREP_GROUPS:
@@ -465,34 +429,273 @@ def prep_build_section(cli, py, cli_path, py_path, analysis=None, plot=None):
         if part:
             body.append(f"### {title}\n")
             body += part
-    lines += prep_summary(checks, cli)
-    if plot:
-        lines += [f"![TB/s against bytes moved, fp8mla and the anchors]({plot})", ""]
+    return run_id, section_end(lines, checks, body, analysis, plot,
+                               prep_row_checks(cli) if cli else ())
+
+
+# ---- Prefill attention (`--kind attention`): bench/attention.py ------------------------------
+
+# The shapes bench/attention.py runs (H, Dqk, Dv; name -> sequence lengths).
+ATTENTION_HEADS, ATTENTION_DQK, ATTENTION_DV = 128, 192, 128
+ATTENTION_SHAPES = [("1k", [1024]), ("4k", [4096]), ("8k", [8192]), ("16k", [16384]),
+                    ("16x1k", [1024] * 16)]
+# (dtype, causal, shape) -> TFLOP/s targets: (the attention issue's, DESIGN section 9's).
+ATTENTION_TARGETS = {("e4m3", True, "8k"): (800.0, 1000.0), ("e4m3", False, "8k"): (900.0, 1100.0),
+                     ("e4m3", True, "16x1k"): (550.0, 650.0)}
+BF16_RATIO_TARGET = 0.9  # the BF16 kernel against cuDNN BF16 on the same shapes
+ATTENTION_HEADER = (
+    "# Prefill attention benchmark results\n\nWritten by `bench/attention.py` (see its docstring "
+    "for the method); newest run first. TFLOP/s counts only the visible (unmasked) half for "
+    "causal rows.\n\n")
+
+
+def find(rows, impl, causal, shape, mode):
+    return next((r for r in rows if r["impl"] == impl and r["causal"] == causal
+                 and r["shape"] == shape and r["mode"] == mode and r["status"] == "ok"), None)
+
+
+def attention_judgement(rows, modes):
+    """The targets table's lines: each target per mode, met or MISSED."""
+    lines = []
+    for (dtype, causal, shape), (issue, design) in ATTENTION_TARGETS.items():
+        cells = []
+        for mode in modes:
+            r = find(rows, f"fp8mla_{dtype}", causal, shape, mode)
+            got = r["tflops"] if r else None
+            status = ("n/a" if got is None else "both met" if got >= design
+                      else f"issue {'met' if got >= issue else '**MISSED**'}, DESIGN **MISSED**")
+            cells.append(f"{got:.0f} ({status})" if got is not None else "n/a")
+        lines.append(f"| e4m3 {'causal' if causal else 'non-causal'} {shape}: issue >= {issue:.0f}, "
+                     f"DESIGN >= {design:.0f} TFLOP/s | " + " | ".join(cells) + " |")
+    cells = []
+    for mode in modes:
+        worst = min((r.get("ratio_vs_cudnn", 0.0) for r in rows if r["impl"] == "fp8mla_bf16"
+                     and r["mode"] == mode and r["status"] == "ok"), default=0.0)
+        cells.append(f"worst {worst:.2f}x ({'met' if worst >= BF16_RATIO_TARGET else '**MISSED**'})")
+    lines.append(f"| bf16 kernel >= {BF16_RATIO_TARGET}x cuDNN BF16 on every shape | "
+                 + " | ".join(cells) + " |")
+    return lines
+
+
+def clock_cell(r):
+    c = r.get("clock")
+    if not c:
+        return "n/a"
+    capped = f", capped {c['power_capped_share']:.0%}" if c["power_capped_share"] else ""
+    return f"{c['sm_mhz_median']:.0f}{capped}"
+
+
+def attention_section(meta, rows):
+    """The markdown section of one bench/attention.py run (meta and rows of its JSON)."""
+    modes = list(meta["modes"])
+    out = [f"<!-- run: attention | {meta['device']} | {meta['date']} -->",
+           f"## {meta['date'][:10]} — {meta['device']}", "",
+           f"- `bench/attention.py`, {meta['date']}, torch {meta['torch']}, fp8mla "
+           f"{meta['fp8mla']}, H = {ATTENTION_HEADS}, Dqk = {ATTENTION_DQK}, Dv = {ATTENTION_DV}, "
+           f"no LSE; each implementation a CUDA graph, {meta['iters']} replays queued back to "
+           "back, median (bench/common.py). "
+           + "; ".join(f"**{m}**: {meta['modes'][m]}" for m in modes) + ". MHz: median SM clock "
+           "over the timed replays (NVML), with the share of samples under the software power "
+           "cap.", "",
+           "| target | " + " | ".join(modes) + " |", "|---|" + "---:|" * len(modes),
+           *attention_judgement(rows, modes), "",
+           "| shape | causal | impl | TFLOP | " + " | ".join(
+               f"{m} µs | {m} TFLOP/s | vs cuDNN | MHz" for m in modes) + " | max abs diff vs cuDNN |",
+           "|---|---|---|---:|" + "---:|---:|---:|---|" * len(modes) + "---:|"]
+    keys = []
+    for r in rows:
+        key = (r["shape"], r["causal"], r["impl"])
+        if key not in keys:
+            keys.append(key)
+    for shape, causal, impl in keys:
+        cells = [shape, str(causal), impl]
+        diff = ""
+        for mode in modes:
+            r = next(r for r in rows if (r["shape"], r["causal"], r["impl"], r["mode"])
+                     == (shape, causal, impl, mode))
+            if len(cells) == 3:
+                cells.append(f"{r['tflop']:.2f}")
+            if r["status"] != "ok":
+                cells += [r["status"], "", "", ""]
+                continue
+            ratio = f"{r['ratio_vs_cudnn']:.2f}x" if "ratio_vs_cudnn" in r else ""
+            cells += [f"{r['us']:.1f}", f"{r['tflops']:.0f}", ratio, clock_cell(r)]
+            if "max_abs_diff_vs_cudnn" in r:
+                diff = f"{r['max_abs_diff_vs_cudnn']:.3g}"
+        out.append("| " + " | ".join(cells + [diff]) + " |")
+    return "\n".join(out) + "\n"
+
+
+def prepend_attention_section(path, section):
+    """Puts `section` first in RESULTS_attention.md (under its header)."""
+    old = open(path).read() if os.path.exists(path) else ATTENTION_HEADER
+    body = old[len(ATTENTION_HEADER):] if old.startswith(ATTENTION_HEADER) else old
+    with open(path, "w") as f:
+        f.write(ATTENTION_HEADER + section + "\n" + body)
+
+
+# ---- MLA layer (`--kind layer`): fp8mla bench layer and bench/layer.py ------------------------
+
+# DESIGN section 9 / the layer issue: the FP8 path against the BF16 path and eager PyTorch.
+LAYER_TARGET_VS_BF16, LAYER_TARGET_VS_EAGER = 1.5, 2.0
+
+
+def layer_markdown(cli, py, markdown_path, analysis=None):
+    """RESULTS_layer.md of one run: the fp8 path against bf16, bf16w and eager, then stages."""
+    eager = {(r["tokens"], r["prefix"]): r for r in py["rows"]}
+    ours = {(r["path"], r["tokens"], r["prefix"]): r for r in cli["rows"]}
+    timer = "bench/common.py, host-paced" if "timer" in py else "anchors.bench"
+    lines = [
+        "# MLA layer prefill benchmark results",
+        "",
+        "Written by `bench/report.py --kind layer` from `fp8mla bench layer --json` (C++, CUDA "
+        "events around `MlaLayer::prefill`) and `bench/layer.py --json` (the eager PyTorch BF16 "
+        f"layer, {timer}), both run in one device session on the same shapes. DeepSeek-V3 preset, "
+        "one sequence of T new tokens, with no prefix or a cached prefix of T tokens (one-shot "
+        "up to 8192 prefix keys, chunks of 8192 above). Paths: **fp8** = FP8 block-scaled "
+        "weights + the `fp8-hopper` backend (FP8 GEMMs, FP8 attention); **bf16** = the same "
+        "weights + `bf16-hopper` (FP8 GEMMs, BF16 attention); **bf16w** = bf16 weights + "
+        "`bf16-hopper` (all BF16). Ratios are times divided (> 1: the fp8 path is faster). "
+        f"Targets: fp8 >= {LAYER_TARGET_VS_BF16}x the BF16 path, >= {LAYER_TARGET_VS_EAGER}x "
+        "eager PyTorch.",
+        "",
+        f"## Run of {py['date']} on {cli['device']} (torch {py['torch']})",
+        "",
+        "| T | prefix | fp8 ms | bf16 ms | bf16w ms | eager ms | fp8 vs bf16 | fp8 vs bf16w | "
+        "fp8 vs eager | fp8 attention TFLOP/s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (path, T, prefix), r in sorted(ours.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        if path != "fp8":
+            continue
+        b, bw, e = ours.get(("bf16", T, prefix)), ours.get(("bf16w", T, prefix)), eager.get((T, prefix))
+        e_ms = e.get("ms") if e else None
+
+        def ratio(other, target=None):
+            if other is None:
+                return "—"
+            x = other / r["ms"]
+            mark = "" if target is None else (" ✅" if x >= target else " ❌")
+            return f"{x:.2f}x{mark}"
+
+        tflops = r["attention_tflop"] / (r["attention_ms"] * 1e-3)
+        lines.append(
+            f"| {T} | {prefix} | {r['ms']:.2f} | {b['ms']:.2f} | {bw['ms']:.2f} | "
+            f"{e_ms if e_ms is None else f'{e_ms:.2f}'} | {ratio(b['ms'], LAYER_TARGET_VS_BF16)} | "
+            f"{ratio(bw['ms'], LAYER_TARGET_VS_BF16)} | {ratio(e_ms, LAYER_TARGET_VS_EAGER)} | "
+            f"{tflops:.0f} |")
+    lines += ["", "Per-stage milliseconds (one run with stage events):", "",
+              "| path | T | prefix | projections | prep | prefix keys | attention | merge | o_proj |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for (path, T, prefix), r in sorted(ours.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        lines.append(f"| {path} | {T} | {prefix} | {r['projections_ms']:.2f} | {r['prep_ms']:.2f} | "
+                     f"{r['prefix_ms']:.2f} | {r['attention_ms']:.2f} | {r['merge_ms']:.2f} | "
+                     f"{r['output_ms']:.2f} |")
+    used = sorted({r.get("attention_backend", "") for r in py["rows"] if "ms" in r})
+    lines += ["", f"Eager attention ran on: {', '.join(used)} (cuDNN where it takes the mask)."]
     if analysis:
-        lines += ["### Why targets are missed (analysis, written by hand)", "", analysis.strip(), ""]
-    lines += body
-    lines.append(END)
-    return run_id, "\n".join(lines) + "\n"
+        link = os.path.relpath(analysis, os.path.dirname(markdown_path))
+        lines += ["", f"Analysis of this run: [{link}]({link})."]
+    errors = [r for r in py["rows"] if "error" in r]
+    if errors:
+        lines += ["", "Eager PyTorch failures (reported, not hidden):", ""]
+        lines += [f"- T={r['tokens']} prefix={r['prefix']}: {r['error']}" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+# ---- Plots ------------------------------------------------------------------------------------
+
+def plot_bandwidth(kind, doc, path):
+    """TB/s against bytes moved (log x), one panel per op, fp8mla and each anchor, the device
+    copy (and for prep the 3.8 TB/s target) as lines: the PNG of bench/quant.py or prep.py."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results, ceiling, device = doc["results"], doc["copy_ceiling_tbps"], doc["device"]
+    order = OPS if kind == "quant" else [g for _, _, ops in PREP_GROUPS for g in ops]
+    ops = [op for op in dict.fromkeys(order) if any(r["op"] == op for r in results)]
+    cols = 2
+    nrows = max(1, math.ceil(len(ops) / cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(7 * cols, 4.5 * nrows), squeeze=False)
+    markers = {"kv_c": "o", "kv_c+k_pe": "s", "per_head": "^", "1M rows": "*", "hidden": "o",
+               "attn_out": "s"}
+    colors = {"fp8mla": "tab:red", "seed_triton": "tab:blue", "torch_eager": "tab:gray",
+              "torch_compile": "tab:green"}
+    for ax, op in zip(axes.flat, ops):
+        series = {}
+        for r in (r for r in results if r["op"] == op):
+            fam = r["family"] if kind == "quant" else None
+            if r["fp8mla_tbps"]:
+                series.setdefault(("fp8mla", fam), {})[r["bytes"]] = r["fp8mla_tbps"]
+            if r["anchor_tbps"]:
+                series.setdefault((r["anchor"], fam), {})[r["bytes"]] = r["anchor_tbps"]
+        for (impl, fam), pts in sorted(series.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+            xs = sorted(pts)
+            ax.plot(xs, [pts[x] for x in xs], marker=markers.get(fam, "o" if fam is None else "x"),
+                    color=colors.get(impl), label=impl if fam is None else f"{impl} ({fam})",
+                    linewidth=1, markersize=4)
+        if ceiling:
+            ax.axhline(ceiling, color="black", linestyle="--", linewidth=1,
+                       label=f"device copy {ceiling:.2f} TB/s")
+        if kind == "prep" and op in PREP_PY_BANDWIDTH:
+            ax.axhline(PREP_BANDWIDTH_TBPS, color="tab:red", linestyle=":", linewidth=1,
+                       label=f"target {PREP_BANDWIDTH_TBPS} TB/s")
+        ax.set_xscale("log")
+        ax.set_xlabel("bytes moved (input + output + scales)" if kind == "quant" else
+                      "bytes moved (inputs read + outputs written)")
+        ax.set_ylabel("TB/s")
+        ax.set_title(op)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6 if kind == "quant" else 7)
+    for ax in list(axes.flat)[len(ops):]:
+        ax.axis("off")
+    fig.suptitle(f"fp8mla quantization vs anchors, {device}" if kind == "quant" else
+                 f"fp8mla MLA prep ops vs anchors, H={doc.get('heads')}, {device}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def plot_attention(path, rows, modes):
+    """TFLOP/s bars per shape, causal and not, one row of panels per mode."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(modes), 2, figsize=(11, 4 * len(modes)), sharey=True,
+                             squeeze=False)
+    shapes = [s for s, _ in ATTENTION_SHAPES]
+    for axes_row, mode in zip(axes, modes):
+        for ax, causal in zip(axes_row, (True, False)):
+            for i, impl in enumerate(("fp8mla_e4m3", "fp8mla_bf16", "cudnn_bf16")):
+                vals = [(find(rows, impl, causal, s, mode) or {}).get("tflops", 0)
+                        for s in shapes]
+                ax.bar([x + 0.27 * (i - 1) for x in range(len(shapes))], vals, 0.27, label=impl)
+            ax.set_xticks(range(len(shapes)), shapes)
+            ax.set_title(f"{'causal' if causal else 'non-causal'}, {mode}")
+            ax.set_ylabel("TFLOP/s")
+            ax.grid(axis="y", alpha=0.3)
+    axes[0][0].legend()
+    fig.suptitle(f"Prefill attention, H={ATTENTION_HEADS}, Dqk={ATTENTION_DQK}, Dv={ATTENTION_DV}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--kind", choices=["quant", "prep"], default="quant",
-                   help="quant: the quantization benchmarks into RESULTS.md (default); prep: the "
-                        "MLA prep benchmarks into RESULTS_prep.md")
-    p.add_argument("--cli", help="JSON of `fp8mla bench quant --json` (or `bench prep`)")
-    p.add_argument("--py", help="JSON of bench/quant.py (or bench/prep.py)")
+    p.add_argument("--kind", choices=["quant", "prep", "attention", "layer"], default="quant",
+                   help="which benchmark's results (default quant)")
+    p.add_argument("--cli", help="JSON of `fp8mla bench KIND --json` (quant, prep, layer)")
+    p.add_argument("--py", help="JSON of bench/KIND.py")
     p.add_argument("--out", default=None,
-                   help="markdown file to update (default bench/RESULTS.md, with --kind prep "
-                        "bench/RESULTS_prep.md)")
-    p.add_argument("--analysis", help="markdown file explaining the misses, placed under the targets")
+                   help="markdown file to update (default bench/RESULTS.md for quant, else "
+                        "bench/RESULTS_KIND.md)")
+    p.add_argument("--analysis", help="markdown file explaining the misses, placed under the "
+                                      "targets (layer: linked)")
     p.add_argument("--plot", help="the run's PNG, linked from the section (path relative to --out)")
     args = p.parse_args()
-    if not args.cli and not args.py:
-        sys.exit("report.py: give --cli and/or --py")
-    out = args.out or os.path.join(here, "RESULTS.md" if args.kind == "quant" else
-                                   "RESULTS_prep.md")
+    out = args.out or os.path.join(
+        here, "RESULTS.md" if args.kind == "quant" else f"RESULTS_{args.kind}.md")
     docs = []
     for path in (args.cli, args.py):
         if path:
@@ -500,13 +703,28 @@ def main():
                 docs.append(json.load(fh))
         else:
             docs.append(None)
+    cli, py = docs
+    if args.kind == "attention":
+        if not py:
+            sys.exit("report.py: --kind attention needs --py")
+        prepend_attention_section(out, attention_section(py["meta"], py["rows"]))
+        print(f"report.py: put the attention run of {py['meta']['date']} first in {out}")
+        return
+    if args.kind == "layer":
+        if not cli or not py:
+            sys.exit("report.py: --kind layer needs --cli and --py")
+        with open(out, "w") as fh:
+            fh.write(layer_markdown(cli, py, out, args.analysis))
+        print(f"report.py: wrote {out}")
+        return
+    if not cli and not py:
+        sys.exit("report.py: give --cli and/or --py")
     analysis = open(args.analysis).read() if args.analysis else None
     if args.kind == "prep":
-        run_id, section = prep_build_section(docs[0], docs[1], args.cli, args.py, analysis,
-                                             args.plot)
+        run_id, section = prep_build_section(cli, py, args.cli, args.py, analysis, args.plot)
         update(out, run_id, section, PREP_TITLE, PREP_PREAMBLE)
     else:
-        run_id, section = build_section(docs[0], docs[1], args.cli, args.py, analysis, args.plot)
+        run_id, section = build_section(cli, py, args.cli, args.py, analysis, args.plot)
         update(out, run_id, section)
     print(f"report.py: wrote the section '{run_id}' into {out}")
 

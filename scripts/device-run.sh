@@ -58,10 +58,9 @@ for b in "${bench_list[@]}"; do
   case "$b" in
     layer)
       "$bin/fp8mla" bench layer --json "$out/layer_cli.json" 2>&1 | tee "$out/layer_cli.log"
-      python3 bench/layer.py --anchors "$anchors" --json "$out/layer_py.json" 2>&1 |
-        tee "$out/layer_py.log"
-      python3 bench/layer.py --report --cli "$out/layer_cli.json" --py "$out/layer_py.json" \
-        --markdown "$out/RESULTS_layer.md" >/dev/null &&
+      python3 bench/layer.py --json "$out/layer_py.json" 2>&1 | tee "$out/layer_py.log"
+      python3 bench/report.py --kind layer --cli "$out/layer_cli.json" --py "$out/layer_py.json" \
+        --out "$out/RESULTS_layer.md" >/dev/null &&
         rows+=("bench layer: $out/RESULTS_layer.md") || rows+=("bench layer: FAILED")
       ;;
     attention)

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "bench/device.hpp"
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/mla_layer.hpp"
-#include "gpu_timer.hpp"
 
 namespace fp8mla::cli {
 

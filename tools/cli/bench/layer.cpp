@@ -8,19 +8,18 @@
 // with the per-stage events. bench/layer.py times an eager PyTorch BF16 layer on the same shapes.
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "bench/harness.hpp"
 #include "commands.hpp"
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_layer.hpp"
 #include "fp8mla/numerics.hpp"
 #include "gpu_layer.hpp"
-#include "gpu_timer.hpp"
 
 namespace fp8mla::cli {
 namespace {
@@ -36,21 +35,27 @@ struct Row {
 };
 
 void write_json(const std::string& path, const std::vector<Row>& rows, const std::string& device) {
-  std::ofstream f(path);
-  if (!f) throw Error(ErrorCategory::kIo, concat("--json: cannot open '", path, "'"));
-  f << "{\n  \"bench\": \"layer\",\n  \"device\": \"" << device
-    << "\",\n  \"preset\": \"deepseek-v3\",\n  \"rows\": [\n";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    f << "    {\"path\": \"" << r.path << "\", \"tokens\": " << r.tokens
-      << ", \"prefix\": " << r.prefix << ", \"ms\": " << r.ms
-      << ", \"attention_tflop\": " << r.attention_tflop
-      << ", \"projections_ms\": " << r.stages.projections << ", \"prep_ms\": " << r.stages.prep
-      << ", \"prefix_ms\": " << r.stages.prefix << ", \"attention_ms\": " << r.stages.attention
-      << ", \"merge_ms\": " << r.stages.merge << ", \"output_ms\": " << r.stages.output << "}"
-      << (i + 1 < rows.size() ? ",\n" : "\n");
+  JsonFields header;
+  header.add("bench", json_string("layer"))
+      .add("device", json_string(device))
+      .add("preset", json_string("deepseek-v3"));
+  std::vector<std::string> objects;
+  for (const Row& r : rows) {
+    objects.push_back(JsonFields()
+                          .add("path", json_string(r.path))
+                          .add("tokens", r.tokens)
+                          .add("prefix", r.prefix)
+                          .add("ms", json_number(r.ms))
+                          .add("attention_tflop", json_number(r.attention_tflop))
+                          .add("projections_ms", json_number(r.stages.projections))
+                          .add("prep_ms", json_number(r.stages.prep))
+                          .add("prefix_ms", json_number(r.stages.prefix))
+                          .add("attention_ms", json_number(r.stages.attention))
+                          .add("merge_ms", json_number(r.stages.merge))
+                          .add("output_ms", json_number(r.stages.output))
+                          .object());
   }
-  f << "  ]\n}\n";
+  write_json_document(path, header, "rows", objects);
 }
 
 }  // namespace

@@ -14,20 +14,15 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
-#include <cstdio>
-#include <fstream>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "bench/harness.hpp"
 #include "commands.hpp"
-#include "cuda/common/runtime.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/quantize.hpp"
-#include "fp8mla/runtime_info.hpp"
-#include "gpu_timer.hpp"
 
 namespace fp8mla::cli {
 namespace {
@@ -42,11 +37,7 @@ constexpr std::int64_t kCheckRows = 128;     // rows compared with the CPU imple
 
 enum class Op { kStatic, kDynamic, kGroupF32, kGroupUe8m0, kNvfp4 };
 
-struct OpInfo {
-  Op op;
-  const char* name;
-  const char* what;
-};
+using OpInfo = OpEntry<Op>;
 
 constexpr OpInfo kOps[] = {
     {Op::kStatic, "per_tensor_static", "per-tensor FP8 e4m3 from bf16, static scale"},
@@ -302,256 +293,100 @@ std::string check_against_cpu(Op op, const Shape& s, const RotatingSets& sets) {
                 scale_diff, "/", scale_count, " scales");
 }
 
-// ---- Measurement -------------------------------------------------------------------------------
+// ---- Run ---------------------------------------------------------------------------------------
 
-struct Options {
-  std::vector<std::string> ops;
+struct Options : CommonOptions {
   std::string shapes = "default";
-  int iters = 100;
-  int warmup = 10;
-  std::string json;
-  bool no_pdl = false;
-  bool no_check = false;
 };
 
-struct Result {
-  const OpInfo* op = nullptr;
+// The NVFP4 global scale, on the device.
+class GlobalScale {
+ public:
+  GlobalScale() {
+    const float value = kNvfp4GlobalScale;
+    cuda::check(cudaMemcpy(buffer_.data(), &value, 4, cudaMemcpyHostToDevice),
+                "cudaMemcpy(global scale)");
+  }
+  const float* get() const { return reinterpret_cast<const float*>(buffer_.data()); }
+
+ private:
+  DeviceBuffer buffer_{4};
+};
+
+struct Case {
+  const OpInfo* op;
   Shape shape;
-  ByteCount bytes;
-  int sets = 0;
-  double us = 0, copy_us = 0;
-  std::int64_t copy_bytes = 0;
-  std::string check;
-  std::string skipped;  // why it did not run, or empty
-  std::string error;    // the fp8mla::Error it raised, or empty
 };
 
-Result make_result(const OpInfo& info, const Shape& shape) {
-  Result r;
-  r.op = &info;
-  r.shape = shape;
-  r.bytes = count_bytes(info.op, shape);
+MemoryResult describe(const Case& c) {
+  const ByteCount b = count_bytes(c.op->op, c.shape);
+  MemoryResult r;
+  r.op = c.op->name;
+  r.shape = shape_text(c.shape);
+  r.label = c.shape.label;
+  r.fields = JsonFields()
+                 .add("rows", c.shape.rows)
+                 .add("cols", c.shape.cols)
+                 .add("bytes", b.total())
+                 .add("bytes_in", b.in)
+                 .add("bytes_out", b.out)
+                 .add("bytes_scales", b.scales)
+                 .inner();
+  r.bytes = b.total();
+  r.skipped = unsupported_reason(c.op->op, c.shape);
   return r;
 }
 
-class Bench {
- public:
-  explicit Bench(const Options& options)
-      : options_(options), props_(cuda::device_props(0)), timer_(options.iters) {}
-
-  std::int64_t rotation_bytes() const { return 2 * props_.l2_bytes; }
-  const cuda::DeviceProps& props() const { return props_; }
-
-  // Device-to-device copy of `bytes` bytes (so 2 * bytes moved), median microseconds.
-  double copy_us(std::int64_t bytes) {
-    if (const auto it = copy_cache_.find(bytes); it != copy_cache_.end()) return it->second;
-    const double us = time_device_copy_us(timer_, pool_, bytes, rotation_bytes(), options_.warmup);
-    copy_cache_[bytes] = us;
-    return us;
-  }
-
-  Result run(const OpInfo& info, const Shape& shape) {
-    Result res = make_result(info, shape);
-    res.skipped = unsupported_reason(info.op, shape);
-    if (!res.skipped.empty()) return res;
-    {
-      const RotatingSets sets(role_bytes(info.op, shape), rotation_bytes());
-      res.sets = sets.sets();
-      pool_.fill(sets.region(0), sets.region_bytes(0), std::uint64_t(shape.rows * shape.cols));
-      for (int role = 1; role < sets.roles(); ++role) {  // poison: unwritten outputs show up
-        cuda::check(cudaMemsetAsync(sets.region(role), 0xFF, std::size_t(sets.region_bytes(role))),
-                    "cudaMemsetAsync(poison)");
-      }
-      std::vector<std::byte*> ptrs(std::size_t(sets.roles()));
-      res.us = timer_.median_us(
-          [&](int k) {
-            const int s = k % sets.sets();
-            for (int role = 0; role < sets.roles(); ++role)
-              ptrs[std::size_t(role)] = sets.at(role, s);
-            run_op(info.op, shape, ptrs.data(), global_scale_, Device::cuda(0));
-          },
-          options_.warmup);
-      res.check = options_.no_check ? "not checked" : check_against_cpu(info.op, shape, sets);
-    }
-    res.copy_bytes = (res.bytes.total() + 1) / 2;
-    res.copy_us = copy_us(res.copy_bytes);
-    return res;
-  }
-
- private:
-  const Options& options_;
-  const cuda::DeviceProps& props_;
-  EventTimer timer_;
-  RandomBf16Pool pool_;
-  std::map<std::int64_t, double> copy_cache_;
-  DeviceBuffer global_scale_buffer_{4};
-  const float* global_scale_ = [this] {
-    const float value = kNvfp4GlobalScale;
-    cuda::check(cudaMemcpy(global_scale_buffer_.data(), &value, 4, cudaMemcpyHostToDevice),
-                "cudaMemcpy(global scale)");
-    return reinterpret_cast<const float*>(global_scale_buffer_.data());
-  }();
-};
-
-// ---- Output ------------------------------------------------------------------------------------
-
-void write_json(const std::string& path, const Options& options, const Bench& bench,
-                double ceiling_tbps, const std::vector<Result>& results) {
-  std::ofstream f(path);
-  if (!f) throw Error(ErrorCategory::kIo, concat("--json: cannot open '", path, "' for writing"));
-  const BuildInfo build = build_info();
-  f << "{\n  \"benchmark\": \"fp8mla bench quant\",\n";
-  f << "  \"date\": " << json_string(utc_now()) << ",\n";
-  f << "  \"device\": " << json_string(bench.props().name) << ",\n";
-  f << "  \"sm_count\": " << bench.props().sm_count << ",\n";
-  f << "  \"l2_bytes\": " << bench.props().l2_bytes << ",\n";
-  f << "  \"fp8mla_version\": " << json_string(build.version) << ",\n";
-  f << "  \"cuda_version\": " << json_string(build.cuda_version) << ",\n";
-  f << "  \"timer\": \"CUDA events around each launch, default stream, median\",\n";
-  f << "  \"iters\": " << options.iters << ",\n  \"warmup\": " << options.warmup << ",\n";
-  f << "  \"pdl\": " << (options.no_pdl ? "false" : "true") << ",\n";
-  f << "  \"shapes\": " << json_string(options.shapes) << ",\n";
-  f << "  \"copy_ceiling_tbps\": " << json_number(ceiling_tbps) << ",\n";
-  f << "  \"results\": [";
-  bool first = true;
-  for (const Result& r : results) {
-    f << (first ? "\n" : ",\n") << "    {";
-    first = false;
-    f << "\"op\": " << json_string(r.op->name)
-      << ", \"shape\": " << json_string(shape_text(r.shape))
-      << ", \"label\": " << json_string(r.shape.label) << ", \"rows\": " << r.shape.rows
-      << ", \"cols\": " << r.shape.cols << ", \"bytes\": " << r.bytes.total()
-      << ", \"bytes_in\": " << r.bytes.in << ", \"bytes_out\": " << r.bytes.out
-      << ", \"bytes_scales\": " << r.bytes.scales;
-    if (!r.skipped.empty() || !r.error.empty()) {
-      f << ", \"status\": "
-        << json_string(r.error.empty() ? "unsupported: " + r.skipped : "error: " + r.error) << "}";
-      continue;
-    }
-    f << ", \"status\": \"ok\", \"sets\": " << r.sets << ", \"us\": " << json_number(r.us)
-      << ", \"tbps\": " << json_number(tbps(r.bytes.total(), r.us))
-      << ", \"copy_bytes_moved\": " << 2 * r.copy_bytes
-      << ", \"copy_us\": " << json_number(r.copy_us)
-      << ", \"copy_tbps\": " << json_number(tbps(2 * r.copy_bytes, r.copy_us))
-      << ", \"pct_of_copy\": " << json_number(100.0 * r.copy_us / r.us)
-      << ", \"check\": " << json_string(r.check) << "}";
-  }
-  f << "\n  ]\n}\n";
-  if (!f) throw Error(ErrorCategory::kIo, concat("--json: writing '", path, "' failed"));
-}
-
-void print_row(const Result& r) {
-  const double mb = double(r.bytes.total()) / 1e6;
-  if (!r.skipped.empty() || !r.error.empty()) {
-    std::printf("%-22s %-15s %-30s %10.3f  %s: %s\n", r.op->name, shape_text(r.shape).c_str(),
-                r.shape.label.c_str(), mb, r.error.empty() ? "skipped" : "ERROR",
-                r.error.empty() ? r.skipped.c_str() : r.error.c_str());
-  } else {
-    std::printf("%-22s %-15s %-30s %10.3f %10.2f %7.3f %10.2f %7.3f %6.1f%%  %s\n", r.op->name,
-                shape_text(r.shape).c_str(), r.shape.label.c_str(), mb, r.us,
-                tbps(r.bytes.total(), r.us), r.copy_us, tbps(2 * r.copy_bytes, r.copy_us),
-                100.0 * r.copy_us / r.us, r.check.c_str());
-  }
-  std::fflush(stdout);
+void measure(const Case& c, MemoryBench& bench, const GlobalScale& global_scale, MemoryResult& r) {
+  const RotatingSets sets(role_bytes(c.op->op, c.shape), bench.rotation_bytes());
+  r.sets = sets.sets();
+  bench.pool().fill(sets.region(0), sets.region_bytes(0),
+                    std::uint64_t(c.shape.rows * c.shape.cols));
+  for (int role = 1; role < sets.roles(); ++role) poison(sets, role);
+  std::vector<std::byte*> ptrs;
+  r.us = bench.time_us([&](int k) {
+    sets.pointers(k % sets.sets(), ptrs);
+    run_op(c.op->op, c.shape, ptrs.data(), global_scale.get(), Device::cuda(0));
+  });
+  r.check = bench.options().no_check ? "not checked" : check_against_cpu(c.op->op, c.shape, sets);
 }
 
 void run_bench_quant(const Options& options) {
-  if (options.iters < 1 || options.warmup < 0) {
-    throw Error(ErrorCategory::kInvalidArgument,
-                concat("--iters must be >= 1 and --warmup >= 0, got ", options.iters, " and ",
-                       options.warmup));
+  check_timing_options(options);
+  std::vector<Case> cases;  // every shape list is validated before any GPU work
+  for (std::size_t op : select_ops(options.ops, names_of(kOps))) {
+    for (const Shape& s : shapes_for(kOps[op].op, options.shapes)) cases.push_back({&kOps[op], s});
   }
-  std::vector<const OpInfo*> ops;
-  for (const std::string& name : options.ops) {
-    bool found = false;
-    for (const OpInfo& info : kOps) {
-      if (name == "all" || name == info.name) {
-        if (std::find(ops.begin(), ops.end(), &info) == ops.end()) ops.push_back(&info);
-        found = true;
-      }
-    }
-    if (!found) {
-      std::string known = "all";
-      for (const OpInfo& info : kOps) known += concat(", ", info.name);
-      throw Error(ErrorCategory::kInvalidArgument,
-                  concat("--op: expected one of ", known, "; got '", name, "'"));
-    }
-  }
-  if (ops.empty()) {
-    for (const OpInfo& info : kOps) ops.push_back(&info);
-  }
-  std::vector<std::vector<Shape>> shapes;  // validate every shape list before any GPU work
-  for (const OpInfo* info : ops) shapes.push_back(shapes_for(info->op, options.shapes));
-
-  cuda::check(cudaSetDevice(0), "cudaSetDevice(0)");
-  cuda::set_pdl_enabled(!options.no_pdl);
-  Bench bench(options);
-  const cuda::DeviceProps& props = bench.props();
-  const std::int64_t ceiling_bytes = std::int64_t(1) << 30;
-  const double ceiling_tbps = tbps(2 * ceiling_bytes, bench.copy_us(ceiling_bytes));
-  std::printf(
-      "fp8mla bench quant on cuda:0 %s (%d SMs, L2 %.0f MiB): %d timed launches after %d "
-      "warm-up, median; PDL %s\n",
-      props.name.c_str(), props.sm_count, double(props.l2_bytes) / (1 << 20), options.iters,
-      options.warmup, options.no_pdl ? "off" : "on");
-  std::printf("device copy ceiling: %.3f TB/s (1 GiB copied, read + write counted)\n",
-              ceiling_tbps);
-  std::printf("%-22s %-15s %-30s %10s %10s %7s %10s %7s %7s  %s\n", "op", "shape", "what", "MB",
-              "us", "TB/s", "copy us", "TB/s", "%copy", "check");
-
-  std::vector<Result> results;
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    for (const Shape& shape : shapes[i]) {
-      try {
-        results.push_back(bench.run(*ops[i], shape));
-      } catch (const Error& e) {  // recorded; the run goes on, and fails at the end
-        cudaGetLastError();       // clear a non-sticky launch error
-        Result failed = make_result(*ops[i], shape);
-        failed.error = e.what();
-        results.push_back(failed);
-      }
-      print_row(results.back());
-    }
-  }
-  if (!options.json.empty()) {
-    write_json(options.json, options, bench, ceiling_tbps, results);
-    std::printf("wrote %s\n", options.json.c_str());
-  }
-  int failures = 0;
-  for (const Result& r : results) {
-    const bool checked_ok = r.check.rfind("ok", 0) == 0 || r.check == "not checked";
-    failures += !r.error.empty() || (r.skipped.empty() && !checked_ok);
-  }
-  if (failures > 0) {
-    throw Error(ErrorCategory::kInternal, concat("bench quant: ", failures,
-                                                 " measurement(s) failed or did not match the CPU "
-                                                 "implementation (see the table above)"));
-  }
+  start_device(options.no_pdl);
+  MemoryBench bench(options, /*queued=*/false);
+  const GlobalScale global_scale;
+  MemoryFamily family{"quant", 22, 15, 30, /*sets_column=*/false, "", "", {}};
+  family.run_fields
+      .add("timer", json_string("CUDA events around each launch, default stream, "
+                                "median"))
+      .add("iters", options.iters)
+      .add("warmup", options.warmup)
+      .add("pdl", json_bool(!options.no_pdl))
+      .add("shapes", json_string(options.shapes));
+  run_memory_bench(
+      family, bench, cases.size(), [&](std::size_t i) { return describe(cases[i]); },
+      [&](std::size_t i, MemoryResult& r) { measure(cases[i], bench, global_scale, r); });
 }
 
 }  // namespace
 
 void add_bench_quant_command(CLI::App& bench) {
-  auto options = std::make_shared<Options>();
-  CLI::App* cmd = bench.add_subcommand(
-      "quant",
+  add_memory_command(
+      bench, "quant",
       "Time the quantization ops on cuda:0 (CUDA events, median, buffers rotated past 2x the L2) "
-      "against a device copy of the same bytes");
-  std::string op_help = "Ops to time, comma-separated: all";
-  for (const OpInfo& info : kOps) op_help += concat(", ", info.name);
-  cmd->add_option("--op", options->ops, op_help)->delimiter(',');
-  cmd->add_option("--shapes", options->shapes,
-                  "Preset (default: T = 1..128k; quick: T = 1, 4k, 128k; large: T = 64k, 128k; "
-                  "per-tensor ops add 1M x 512 and 1M x 384) or a list of RxC, e.g. "
-                  "1048576x512,4096x7168")
-      ->capture_default_str();
-  cmd->add_option("--iters", options->iters, "Timed launches per measurement (median)")
-      ->capture_default_str();
-  cmd->add_option("--warmup", options->warmup, "Untimed launches first")->capture_default_str();
-  cmd->add_option("--json", options->json, "Also write every measurement to this JSON file");
-  cmd->add_flag("--no-pdl", options->no_pdl, "Launch without programmatic dependent launch");
-  cmd->add_flag("--no-check", options->no_check, "Skip the bit-exact check against the CPU");
-  cmd->callback([options] { run_bench_quant(*options); });
+      "against a device copy of the same bytes",
+      names_of(kOps), &run_bench_quant, [](CLI::App& cmd, Options& o) {
+        cmd.add_option("--shapes", o.shapes,
+                       "Preset (default: T = 1..128k; quick: T = 1, 4k, 128k; large: T = 64k, "
+                       "128k; per-tensor ops add 1M x 512 and 1M x 384) or a list of RxC, e.g. "
+                       "1048576x512,4096x7168")
+            ->capture_default_str();
+      });
 }
 
 }  // namespace fp8mla::cli

@@ -17,23 +17,21 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bench/harness.hpp"
 #include "commands.hpp"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
-#include "fp8mla/quantize.hpp"
-#include "fp8mla/runtime_info.hpp"
-#include "gpu_timer.hpp"
+#include "fp8mla/mla_prep.hpp"
 
 namespace fp8mla::cli {
 namespace {
 
-constexpr int kDqk = 192;
-constexpr int kDv = 128;
+constexpr int kDqk = kMlaQkDim;  // 192
+constexpr int kDv = kMlaVDim;    // 128
 
 struct Shape {
   const char* name;
@@ -55,22 +53,13 @@ double visible_pairs(const std::vector<int>& lens, bool causal) {
   return pairs;
 }
 
-// Random e4m3 or bf16 values into `dst` (`count` elements) from the bf16 pool.
+// Random e4m3 (pool values times 16) or bf16 values into `dst` (`count` elements).
 void fill_inputs(const RandomBf16Pool& pool, std::byte* dst, std::int64_t count, bool fp8,
                  std::uint64_t salt) {
-  if (!fp8) {
+  if (fp8) {
+    fill_random_e4m3(pool, dst, count, 16.0f, salt, std::uint64_t(RandomBf16Pool::kElements));
+  } else {
     pool.fill(dst, count * 2, salt);
-    return;
-  }
-  // Quantize pool values (|x| < 16) by 1/16 in chunks through a bf16 staging buffer.
-  const std::int64_t chunk = std::int64_t(1) << 24;
-  DeviceBuffer staging(chunk * 2);
-  for (std::int64_t at = 0; at < count; at += chunk) {
-    const std::int64_t n = std::min(chunk, count - at);
-    pool.fill(staging.data(), n * 2, salt + std::uint64_t(at));
-    const TensorView in(staging.data(), DType::kBF16, {n}, Device::cuda(0));
-    const TensorView out(dst + at, DType::kE4M3, {n}, Device::cuda(0));
-    quantize_fp8(in, out, 16.0f);
   }
 }
 
@@ -138,22 +127,21 @@ Row run_shape(const Shape& shape, bool fp8, bool causal, bool with_lse, int head
 }
 
 void write_json(const std::string& path, const std::vector<Row>& rows, int heads, bool with_lse) {
-  std::ofstream f(path);
-  if (!f) throw Error(ErrorCategory::kIo, concat("--json: cannot open '", path, "' for writing"));
-  const BuildInfo build = build_info();
-  f << "{\n  \"benchmark\": \"attention\",\n  \"date\": " << json_string(utc_now())
-    << ",\n  \"device\": " << json_string(cuda::current_device_props().name)
-    << ",\n  \"fp8mla_version\": " << json_string(build.version) << ",\n  \"heads\": " << heads
-    << ",\n  \"lse\": " << (with_lse ? "true" : "false") << ",\n  \"rows\": [\n";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    f << "    {\"shape\": " << json_string(r.shape) << ", \"dtype\": " << json_string(r.dtype)
-      << ", \"causal\": " << (r.causal ? "true" : "false")
-      << ", \"tflop\": " << json_number(r.tflop) << ", \"us\": " << json_number(r.us)
-      << ", \"tflops\": " << json_number(r.tflop / r.us * 1e6)
-      << ", \"non_finite\": " << r.non_finite << "}" << (i + 1 < rows.size() ? ",\n" : "\n");
+  JsonFields header = document_header("attention", false);
+  header.add("heads", std::int64_t(heads)).add("lse", json_bool(with_lse));
+  std::vector<std::string> objects;
+  for (const Row& r : rows) {
+    objects.push_back(JsonFields()
+                          .add("shape", json_string(r.shape))
+                          .add("dtype", json_string(r.dtype))
+                          .add("causal", json_bool(r.causal))
+                          .add("tflop", json_number(r.tflop))
+                          .add("us", json_number(r.us))
+                          .add("tflops", json_number(r.tflop / r.us * 1e6))
+                          .add("non_finite", r.non_finite)
+                          .object());
   }
-  f << "  ]\n}\n";
+  write_json_document(path, header, "rows", objects);
 }
 
 }  // namespace
