@@ -1,9 +1,9 @@
-// The MLA layer's prefill as one driver over an executor (DESIGN section 5). The driver
-// (run_mla_prefill, mla_layer.cpp) plans nothing itself: it takes the batch's plan and the
-// backend's path and calls the executor's steps in order, choosing the prefix attention in one
-// place. An executor runs each step on its device: the CPU one (mla_layer_cpu.cpp) in host memory
-// with the reference math, the CUDA one (mla_layer_cuda.cpp) in the caller's workspace on a
-// stream, with the batch's metadata uploaded in one copy and CUDA events as stage timers.
+// The MLA layer's prefill as one driver over an executor (docs/design.md section 5). The driver
+// (run_mla_prefill, mla_layer.cpp) takes the batch's plan, which chooses the prefix attention, and
+// the backend's path, and calls the executor's steps in order. An executor runs each step on its
+// device: the CPU one (mla_layer_cpu.cpp) in host memory with the reference math, the CUDA one
+// (mla_layer_cuda.cpp) in the caller's workspace on a stream, with the batch's metadata uploaded
+// in one copy and CUDA events as stage timers.
 #pragma once
 
 #include <cstddef>
