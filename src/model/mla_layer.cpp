@@ -1,11 +1,11 @@
-// MlaLayer: the checks every prefill gets, the batch plan and the path, then the CPU or CUDA
-// implementation (mla_layer_cpu.cpp, mla_layer_cuda.cpp).
+// MlaLayer: the checks every prefill gets, the batch plan and the path, and the driver that runs
+// the prefill's steps on the CPU or CUDA executor (mla_layer_cpu.cpp, mla_layer_cuda.cpp).
 #include "fp8mla/mla_layer.hpp"
 
 #include <algorithm>
 
 #include "fp8mla/error.hpp"
-#include "model/mla_layer_impl.hpp"
+#include "model/mla_executor.hpp"
 
 namespace fp8mla {
 
@@ -45,8 +45,11 @@ void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
     p.prefix_lens.push_back(s.prefix);
   }
   p.tokens = p.cu_q.back();
-  p.chunked = std::int64_t(p.prefix_rows.size()) > options.one_shot_max_prefix;
-  if (!p.chunked) {
+  const std::int64_t prefix_keys = std::int64_t(p.prefix_rows.size());
+  p.prefix_attention = prefix_keys > options.one_shot_max_prefix ? PrefixAttention::kChunked
+                       : prefix_keys > 0                         ? PrefixAttention::kOneShot
+                                                                 : PrefixAttention::kNone;
+  if (p.prefix_attention != PrefixAttention::kChunked) {
     p.chunks.clear();
     return;
   }
@@ -58,28 +61,125 @@ void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
   }
 }
 
-MlaPath choose_mla_path(const AttentionBackend& backend, const TensorView& cache, Device device) {
-  const BackendCapabilities& caps = backend.capabilities();
+MlaPath mla_path(const AttentionBackend& backend) {
   MlaPath path;
-  path.fp8 = caps.prepare_prefill_qkv;
+  path.fp8 = backend.capabilities().prepare_prefill_qkv;
   path.attention_dtype = path.fp8 ? DType::kE4M3 : DType::kBF16;
+  return path;
+}
+
+PrefillAttentionArgs mla_attention_args(const MlaConfig& config, const MlaBatchPlan& plan,
+                                        MlaPath path, const MlaAttendStep& step,
+                                        const MlaAttentionTensors& t, Device d) {
+  const std::int64_t T = plan.tokens, B = plan.sequences, H = config.heads;
+  PrefillAttentionArgs a;
+  a.q = t.q;
+  a.k = t.k;
+  a.v = t.v;
+  a.cu_seqlens_q = TensorView(const_cast<std::int32_t*>(t.cu_q), DType::kI32, {B + 1}, d);
+  a.cu_seqlens_k = TensorView(const_cast<std::int32_t*>(t.cu_k), DType::kI32, {B + 1}, d);
+  a.max_seqlen_q = plan.max_q;
+  a.max_seqlen_k = step.max_seqlen_k;
+  a.softmax_scale = float(config.softmax_scale());
+  a.causal = step.causal;
+  if (path.fp8) {
+    float* descales = const_cast<float*>(t.descales);
+    a.q_descale = TensorView(descales, DType::kF32, {1}, d);
+    a.k_descale = TensorView(descales + 1, DType::kF32, {1}, d);
+    a.v_descale = TensorView(descales + 2, DType::kF32, {1}, d);
+  }
+  a.out = TensorView(t.out, DType::kBF16, {T, H, kMlaVDim}, d);
+  if (t.lse != nullptr) a.lse = TensorView(t.lse, DType::kF32, {T, H}, d);
+  return a;
+}
+
+namespace {
+
+// The check that `backend` serves `path` on `device` with the cache's page size, and packs the
+// FP8 path's V as the executor's attention reads it.
+void check_mla_backend(const AttentionBackend& backend, MlaPath path, const TensorView& cache,
+                       Device device, MlaVLayoutNeed v) {
+  const BackendCapabilities& caps = backend.capabilities();
   BackendRequirements required;
   required.attention_dtype = path.attention_dtype;
   required.page_size = int(cache.ndim() == 3 ? cache.size(1) : 0);
   required.prepare_prefill_qkv = path.fp8;
   required.pack_prefix_chunk_kv = path.fp8;
   check_backend(caps, required, device);
-  return path;
+  if (path.fp8 && caps.v_layout != v.layout) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("MlaLayer::prefill: backend '", caps.name, "' packs V ",
+                       caps.v_layout == VLayout::kTransposed ? "transposed" : "token-major", "; ",
+                       v.reason));
+  }
+}
+
+// Runs `step` as (part of) `stage`, timed by the executor.
+template <typename Step>
+void timed(MlaExecutor& x, double* stage, Step&& step) {
+  x.start_stage(stage);
+  step();
+  x.stop_stage();
+}
+
+// The attention of the extend tokens over their sequences' prefix and extend keys, as the plan
+// chose it.
+void attend_batch(MlaExecutor& x, const MlaBatchPlan& p, MlaStageTimes& t) {
+  switch (p.prefix_attention) {
+    case PrefixAttention::kNone:
+      timed(x, &t.attention, [&] { x.attend({MlaKeys::kExtend, 0, p.max_q, true, false}); });
+      return;
+    case PrefixAttention::kOneShot:
+      timed(x, &t.prefix, [&] {
+        x.prefix_keys(0, std::int64_t(p.prefix_rows.size()));
+        x.assemble_one_shot();
+      });
+      timed(x, &t.attention, [&] {
+        x.attend({MlaKeys::kOneShot, 0, p.max_k_one_shot, true, false});
+      });
+      return;
+    case PrefixAttention::kChunked:
+      timed(x, &t.attention, [&] { x.attend({MlaKeys::kExtend, 0, p.max_q, true, true}); });
+      for (std::size_t i = 0; i < p.chunks.size(); ++i) {
+        const PrefixChunk& chunk = p.chunks[i];
+        timed(x, &t.prefix, [&] { x.prefix_keys(p.chunk_first_row[i], chunk.keys()); });
+        timed(x, &t.attention, [&] {
+          x.attend({MlaKeys::kPrefix, i, chunk.max_seqlen_k, false, false});
+        });
+        timed(x, &t.merge, [&] { x.merge(); });
+      }
+      return;
+  }
+}
+
+}  // namespace
+
+void run_mla_prefill(MlaExecutor& x, const MlaPrefillCall& call) {
+  x.check_batch(call);
+  // No extend token: no query to attend and no cache row to write.
+  if (call.plan.tokens == 0) {
+    if (call.times != nullptr) *call.times = {};
+    return;
+  }
+  x.begin(call);
+  MlaStageTimes t{};
+  timed(x, &t.projections, [&] { x.project(); });
+  timed(x, &t.prep, [&] { x.prep(); });
+  attend_batch(x, call.plan, t);
+  timed(x, &t.output, [&] { x.output(); });
+  x.finish();
+  if (call.times != nullptr) *call.times = t;
 }
 
 MlaLayer::MlaLayer(MlaConfig config, const MlaWeights& weights, Device device)
     : config_(std::move(config)), device_(device) {
+  impl_ = std::make_unique<Impl>();
   if (!device.is_cuda()) {
-    impl_ = make_cpu_mla_layer(config_, weights);
+    impl_->executor = make_cpu_mla_executor(config_, weights);
     return;
   }
 #ifdef FP8MLA_WITH_CUDA
-  impl_ = make_cuda_mla_layer(config_, weights, device);
+  impl_->executor = make_cuda_mla_executor(config_, weights, device);
 #else
   throw Error(
       ErrorCategory::kUnsupported,
@@ -92,7 +192,7 @@ MlaLayer::MlaLayer(MlaLayer&&) noexcept = default;
 MlaLayer& MlaLayer::operator=(MlaLayer&&) noexcept = default;
 
 const std::vector<std::string>& MlaLayer::projection_notes() const {
-  return impl_->projection_notes();
+  return impl_->executor->projection_notes();
 }
 
 std::size_t MlaLayer::workspace_bytes(const MlaWorkspaceLimits& limits,
@@ -104,9 +204,7 @@ std::size_t MlaLayer::workspace_bytes(const MlaWorkspaceLimits& limits,
                        limits.max_tokens, ", max_sequences ", limits.max_sequences,
                        ", max_prefix_tokens ", limits.max_prefix_tokens));
   }
-  const MlaPath path{backend.capabilities().prepare_prefill_qkv,
-                     backend.capabilities().prepare_prefill_qkv ? DType::kE4M3 : DType::kBF16};
-  return impl_->workspace_bytes(limits, options, path);
+  return impl_->executor->workspace_bytes(limits, options, mla_path(backend));
 }
 
 void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,
@@ -154,9 +252,10 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
                           cache.describe());
           });
   plan_mla_batch(c, batch, options, impl_->plan);
-  const MlaPath path = choose_mla_path(backend, cache, device_);
-  impl_->prefill(
-      {hidden, impl_->plan, cache, backend, options, out, workspace, path, times, stream});
+  const MlaPath path = mla_path(backend);
+  check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
+  run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, backend, options, out, workspace,
+                                     path, times, stream});
 }
 
 }  // namespace fp8mla

@@ -1,6 +1,7 @@
-// MlaLayer on the CPU, the reference: the dense steps in model/cpu_math, the attention and the
-// FP8 transition through the attention backend, the other MLA ops through fp8mla's public ops
-// (their CPU implementations), in the order and at the precision the CUDA layer uses.
+// The MLA layer's CPU executor, the reference: the dense steps in model/cpu_math, the attention
+// and the FP8 transition through the attention backend, the other MLA ops through fp8mla's public
+// ops (their CPU implementations), in the order and at the precision the CUDA executor uses. Each
+// prefill's buffers are host vectors, allocated by the step that fills them.
 #include <chrono>
 #include <cstring>
 
@@ -8,7 +9,7 @@
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "model/cpu_math.hpp"
-#include "model/mla_layer_impl.hpp"
+#include "model/mla_executor.hpp"
 
 namespace fp8mla {
 namespace {
@@ -20,7 +21,8 @@ double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-// Keys and values of one attention call: [n, H, 192] and [n, H, 128], e4m3 or bf16 bytes.
+// Keys and values of one attention call: [n, H, 192] and [n, H, 128], token-major e4m3 or bf16
+// bytes.
 struct KeysValues {
   std::vector<std::uint8_t> k, v;
   std::int64_t tokens = 0;
@@ -52,9 +54,19 @@ std::string note(const char* name, const CpuProjection& p) {
                             : "bf16 GEMM, f32 math");
 }
 
-class CpuMlaLayer final : public MlaLayer::Impl {
+// The buffers of one prefill.
+struct CpuWork {
+  Bits q, kv_a, kv_c, kv;            // projections of the extend tokens
+  std::vector<std::uint8_t> q_attn;  // the attention's Q, [T, H, 192]
+  KeysValues extend, prefix, one_shot;
+  Bits attn, chunk_out;  // [T, H, 128]
+  std::vector<float> lse, chunk_lse;
+};
+
+class CpuMlaExecutor final : public MlaExecutor {
  public:
-  CpuMlaLayer(const MlaConfig& config, const MlaWeights& weights) : c_(config), weights_(weights) {
+  CpuMlaExecutor(const MlaConfig& config, const MlaWeights& weights)
+      : c_(config), weights_(weights) {
     if (c_.q_lora_rank > 0) {
       q_a_ = CpuProjection(weights.q_a_proj);
       q_b_ = CpuProjection(weights.q_b_proj);
@@ -80,259 +92,273 @@ class CpuMlaLayer final : public MlaLayer::Impl {
                               MlaPath) const override {
     return 0;
   }
-  void prefill(const MlaPrefillCall& call) override;
+  MlaVLayoutNeed fp8_v_layout() const override {
+    return {VLayout::kTokenMajor, "the CPU layer concatenates token-major V"};
+  }
+
+  void check_batch(const MlaPrefillCall&) override {}  // the CPU ops check every slot themselves
+  void begin(const MlaPrefillCall& call) override {
+    call_ = &call;
+    const std::int64_t T = call.plan.tokens, H = c_.heads;
+    w_ = {};
+    w_.attn.resize(std::size_t(T * H * kMlaVDim));
+    w_.lse.resize(std::size_t(T * H));
+    if (call.plan.prefix_attention == PrefixAttention::kChunked) {
+      w_.chunk_out.resize(w_.attn.size());
+      w_.chunk_lse.resize(w_.lse.size());
+    }
+    const MlaFp8Scales& scales = call.options.fp8;
+    descales_[0] = 1.0f / scales.q_scale_inv;
+    descales_[1] = 1.0f / scales.k_scale_inv;
+    descales_[2] = 1.0f / scales.v_scale_inv;
+  }
+  void project() override;
+  void prep() override;
+  void prefix_keys(std::int64_t first_row, std::int64_t rows) override;
+  void assemble_one_shot() override;
+  void attend(const MlaAttendStep& step) override;
+  void merge() override {
+    const std::int64_t T = call_->plan.tokens, H = c_.heads;
+    merge_attention_states_inplace(TensorView(w_.attn.data(), DType::kBF16, {T, H, kMlaVDim}),
+                                   TensorView(w_.lse.data(), DType::kF32, {T, H}),
+                                   TensorView(w_.chunk_out.data(), DType::kBF16, {T, H, kMlaVDim}),
+                                   TensorView(w_.chunk_lse.data(), DType::kF32, {T, H}));
+  }
+  void output() override {
+    const std::int64_t T = call_->plan.tokens;
+    o_(w_.attn, T,
+       std::span<std::uint16_t>(call_->out.data_as<std::uint16_t>(), std::size_t(T * c_.hidden)));
+  }
+  void finish() override { w_ = {}; }  // the buffers live for one prefill
+  // Wall time.
+  void start_stage(double* stage) override {
+    stage_ = stage;
+    stage_start_ = Clock::now();
+  }
+  void stop_stage() override { *stage_ += ms_since(stage_start_); }
 
  private:
+  int element_bytes() const { return call_->path.fp8 ? 1 : 2; }
+  // Views of the [n, H, 128] k_nope and v inside a [n, H, 256] kv_b output.
+  TensorView k_nope_of(Bits& kvb, std::int64_t n) const {
+    return TensorView(kvb.data(), DType::kBF16, {n, c_.heads, kMlaNopeDim},
+                      {c_.heads * 256, 256, 1});
+  }
+  TensorView v_of(Bits& kvb, std::int64_t n) const {
+    return TensorView(kvb.data() + kMlaNopeDim, DType::kBF16, {n, c_.heads, kMlaVDim},
+                      {c_.heads * 256, 256, 1});
+  }
+  void prep_fp8(const LatentCacheWrite& write);
+  void prep_bf16(const LatentCacheWrite& write);
+
   MlaConfig c_;
   MlaWeights weights_;  // the norms are read from here
   CpuProjection q_a_, q_b_, q_, kv_a_, kv_b_, o_;
   std::vector<float> cos_sin_;  // [max_position, 64]
   std::vector<std::string> notes_;
+  const MlaPrefillCall* call_ = nullptr;  // of the prefill between begin() and finish()
+  float descales_[3] = {1, 1, 1};         // q, k, v
+  CpuWork w_;
+  double* stage_ = nullptr;
+  Clock::time_point stage_start_;
 };
 
-void CpuMlaLayer::prefill(const MlaPrefillCall& call) {
-  const MlaBatchPlan& plan = call.plan;
-  const AttentionBackend& backend = call.backend;
-  const MlaPrefillOptions& options = call.options;
-  const std::int64_t T = plan.tokens, H = c_.heads, B = plan.sequences;
-  const bool fp8 = call.path.fp8;
-  if (fp8 && backend.capabilities().v_layout != VLayout::kTokenMajor) {
-    throw Error(ErrorCategory::kUnsupported,
-                concat("MlaLayer::prefill: backend '", backend.capabilities().name,
-                       "' packs V transposed; the CPU layer concatenates token-major V"));
-  }
-  MlaStageTimes t{};
-  auto start = Clock::now();
-
-  // ---- projections of the extend tokens ----
+void CpuMlaExecutor::project() {
+  const std::int64_t T = call_->plan.tokens;
   const std::int64_t qw = c_.q_width(), kvw = c_.kv_b_width(), latent = kMlaLatentDim;
-  Bits q(std::size_t(T * qw)), kv_a(std::size_t(T * latent)),
-      kv_c(std::size_t(T * c_.kv_lora_rank)), kv(std::size_t(T * kvw));
-  const std::span<const std::uint16_t> xs(call.hidden.data_as<const std::uint16_t>(),
+  w_.q.resize(std::size_t(T * qw));
+  w_.kv_a.resize(std::size_t(T * latent));
+  w_.kv_c.resize(std::size_t(T * c_.kv_lora_rank));
+  w_.kv.resize(std::size_t(T * kvw));
+  const std::span<const std::uint16_t> xs(call_->hidden.data_as<const std::uint16_t>(),
                                           std::size_t(T * c_.hidden));
   if (c_.q_lora_rank > 0) {
     Bits qa(std::size_t(T * c_.q_lora_rank)), qa_n(qa.size());
     q_a_(xs, T, qa);
     model::rms_norm(qa.data(), T, c_.q_lora_rank, c_.q_lora_rank, weights_.q_a_layernorm,
                     c_.rms_norm_eps, qa_n.data());
-    q_b_(qa_n, T, q);
+    q_b_(qa_n, T, w_.q);
   } else {
-    q_(xs, T, q);
+    q_(xs, T, w_.q);
   }
-  kv_a_(xs, T, kv_a);
-  model::rms_norm(kv_a.data(), T, c_.kv_lora_rank, latent, weights_.kv_a_layernorm, c_.rms_norm_eps,
-                  kv_c.data());
-  kv_b_(kv_c, T, kv);
-  t.projections = ms_since(start);
+  kv_a_(xs, T, w_.kv_a);
+  model::rms_norm(w_.kv_a.data(), T, c_.kv_lora_rank, latent, weights_.kv_a_layernorm,
+                  c_.rms_norm_eps, w_.kv_c.data());
+  kv_b_(w_.kv_c, T, w_.kv);
+}
 
-  const DType attn_dtype = call.path.attention_dtype;
-  const int eb = fp8 ? 1 : 2;
-  const float cache_scale = 1.0f / options.cache_scale_inv;
-  const MlaFp8Scales& scales = options.fp8;
-
-  // Views into the [n, H, 256] kv_b output.
-  auto kv_views = [&](Bits& kvb, std::int64_t n, TensorView& k_nope, TensorView& v) {
-    k_nope = TensorView(kvb.data(), DType::kBF16, {n, H, kMlaNopeDim}, {H * 256, 256, 1});
-    v = TensorView(kvb.data() + kMlaNopeDim, DType::kBF16, {n, H, kMlaVDim}, {H * 256, 256, 1});
-  };
-  // Prefix keys of cache `rows`: gathered, through kv_b, then e4m3 (pack) or kept bf16.
-  auto prefix_keys = [&](std::span<const std::int64_t> rows) {
-    KeysValues kvp;
-    const std::int64_t n = std::int64_t(rows.size());
-    kvp.tokens = n;
-    kvp.k.resize(std::size_t(n * H * kMlaQkDim * eb));
-    kvp.v.resize(std::size_t(n * H * kMlaVDim * eb));
-    if (n == 0) return kvp;
-    Bits c_rows(std::size_t(n * c_.kv_lora_rank)), pe(std::size_t(n * kMlaRopeDim)),
-        kvb(std::size_t(n * kvw));
-    mla_kv_gather(call.cache, TensorView(const_cast<std::int64_t*>(rows.data()), DType::kI64, {n}),
-                  cache_scale, TensorView(c_rows.data(), DType::kBF16, {n, c_.kv_lora_rank}),
-                  TensorView(pe.data(), DType::kBF16, {n, kMlaRopeDim}));
-    kv_b_(c_rows, n, kvb);
-    TensorView k_nope, v;
-    kv_views(kvb, n, k_nope, v);
-    if (fp8) {
-      MlaKvPackArgs a;
-      a.k_nope = k_nope;
-      a.k_pe = TensorView(pe.data(), DType::kBF16, {n, kMlaRopeDim});
-      a.v = v;
-      a.k_scale_inv = scales.k_scale_inv;
-      a.v_scale_inv = scales.v_scale_inv;
-      a.k_out = TensorView(kvp.k.data(), DType::kE4M3, {n, H, kMlaQkDim});
-      a.v_out = TensorView(kvp.v.data(), DType::kE4M3, {n, H, kMlaVDim});
-      backend.pack_prefix_chunk_kv(a);
-      return kvp;
-    }
-    auto* k = reinterpret_cast<std::uint16_t*>(kvp.k.data());
-    auto* vv = reinterpret_cast<std::uint16_t*>(kvp.v.data());
-    for (std::int64_t r = 0; r < n; ++r) {
-      for (std::int64_t h = 0; h < H; ++h) {
-        const std::uint16_t* src = kvb.data() + (r * H + h) * 256;
-        std::memcpy(k + (r * H + h) * kMlaQkDim, src, 2 * kMlaNopeDim);
-        std::memcpy(k + (r * H + h) * kMlaQkDim + kMlaNopeDim, pe.data() + r * kMlaRopeDim,
-                    2 * kMlaRopeDim);
-        std::memcpy(vv + (r * H + h) * kMlaVDim, src + kMlaNopeDim, 2 * kMlaVDim);
-      }
-    }
-    return kvp;
-  };
-
-  // ---- prep: RoPE, FP8 Q/K/V (FP8 path) or bf16 RoPE (BF16 path), latent cache write ----
-  start = Clock::now();
-  std::vector<std::uint8_t> q_attn(std::size_t(T * H * kMlaQkDim * eb));
-  KeysValues extend;
-  extend.tokens = T;
-  extend.k.resize(std::size_t(T * H * kMlaQkDim * eb));
-  extend.v.resize(std::size_t(T * H * kMlaVDim * eb));
-  TensorView k_nope, v;
-  kv_views(kv, T, k_nope, v);
-  const TensorView kv_c_view(kv_c.data(), DType::kBF16, {T, c_.kv_lora_rank});
+void CpuMlaExecutor::prep() {
+  const std::int64_t T = call_->plan.tokens, H = c_.heads;
+  const int eb = element_bytes();
+  w_.q_attn.resize(std::size_t(T * H * kMlaQkDim * eb));
+  w_.extend.tokens = T;
+  w_.extend.k.resize(std::size_t(T * H * kMlaQkDim * eb));
+  w_.extend.v.resize(std::size_t(T * H * kMlaVDim * eb));
   LatentCacheWrite write;
-  write.cache = call.cache;
-  write.slot_mapping = TensorView(const_cast<std::int64_t*>(plan.slots.data()), DType::kI64, {T});
-  write.scale_inv = options.cache_scale_inv;
-  if (fp8) {
-    MlaRopeQuantizeArgs a;
-    a.q_nope = TensorView(q.data(), DType::kBF16, {T, H, kMlaNopeDim}, {qw, kMlaQkDim, 1});
-    a.q_pe =
-        TensorView(q.data() + kMlaNopeDim, DType::kBF16, {T, H, kMlaRopeDim}, {qw, kMlaQkDim, 1});
-    a.k_nope = k_nope;
-    a.k_pe = TensorView(kv_a.data() + c_.kv_lora_rank, DType::kBF16, {T, kMlaRopeDim}, {latent, 1});
-    a.positions = TensorView(const_cast<std::int64_t*>(plan.positions.data()), DType::kI64, {T});
-    a.cos_sin = TensorView(cos_sin_.data(), DType::kF32, {c_.max_position, kMlaRopeDim});
-    a.q_scale_inv = scales.q_scale_inv;
-    a.k_scale_inv = scales.k_scale_inv;
-    a.q_out = TensorView(q_attn.data(), DType::kE4M3, {T, H, kMlaQkDim});
-    a.k_out = TensorView(extend.k.data(), DType::kE4M3, {T, H, kMlaQkDim});
-    a.cache_write = write;
-    a.kv_c = kv_c_view;
-    PrepareQkvArgs hook;
-    hook.qk = a;
-    hook.v = v;
-    hook.v_scale_inv = scales.v_scale_inv;
-    hook.v_out = TensorView(extend.v.data(), DType::kE4M3, {T, H, kMlaVDim});
-    backend.prepare_prefill_qkv(hook);
+  write.cache = call_->cache;
+  write.slot_mapping =
+      TensorView(const_cast<std::int64_t*>(call_->plan.slots.data()), DType::kI64, {T});
+  write.scale_inv = call_->options.cache_scale_inv;
+  if (call_->path.fp8) {
+    prep_fp8(write);
   } else {
-    Bits k_pe(std::size_t(T * kMlaRopeDim));
-    auto* qb = reinterpret_cast<std::uint16_t*>(q_attn.data());
-    auto* kb = reinterpret_cast<std::uint16_t*>(extend.k.data());
-    auto* vb = reinterpret_cast<std::uint16_t*>(extend.v.data());
-    for (std::int64_t r = 0; r < T; ++r) {
-      const float* cs = cos_sin_.data() + plan.positions[std::size_t(r)] * kMlaRopeDim;
-      std::memcpy(k_pe.data() + r * kMlaRopeDim, kv_a.data() + r * latent + c_.kv_lora_rank,
+    prep_bf16(write);
+  }
+}
+
+// RoPE and e4m3 Q/K, e4m3 V and the cache write: the backend's hook.
+void CpuMlaExecutor::prep_fp8(const LatentCacheWrite& write) {
+  const MlaBatchPlan& plan = call_->plan;
+  const MlaFp8Scales& scales = call_->options.fp8;
+  const std::int64_t T = plan.tokens, H = c_.heads, qw = c_.q_width();
+  MlaRopeQuantizeArgs a;
+  a.q_nope = TensorView(w_.q.data(), DType::kBF16, {T, H, kMlaNopeDim}, {qw, kMlaQkDim, 1});
+  a.q_pe =
+      TensorView(w_.q.data() + kMlaNopeDim, DType::kBF16, {T, H, kMlaRopeDim}, {qw, kMlaQkDim, 1});
+  a.k_nope = k_nope_of(w_.kv, T);
+  a.k_pe = TensorView(w_.kv_a.data() + c_.kv_lora_rank, DType::kBF16, {T, kMlaRopeDim},
+                      {kMlaLatentDim, 1});
+  a.positions = TensorView(const_cast<std::int64_t*>(plan.positions.data()), DType::kI64, {T});
+  a.cos_sin = TensorView(cos_sin_.data(), DType::kF32, {c_.max_position, kMlaRopeDim});
+  a.q_scale_inv = scales.q_scale_inv;
+  a.k_scale_inv = scales.k_scale_inv;
+  a.q_out = TensorView(w_.q_attn.data(), DType::kE4M3, {T, H, kMlaQkDim});
+  a.k_out = TensorView(w_.extend.k.data(), DType::kE4M3, {T, H, kMlaQkDim});
+  a.cache_write = write;
+  a.kv_c = TensorView(w_.kv_c.data(), DType::kBF16, {T, c_.kv_lora_rank});
+  PrepareQkvArgs hook;
+  hook.qk = a;
+  hook.v = v_of(w_.kv, T);
+  hook.v_scale_inv = scales.v_scale_inv;
+  hook.v_out = TensorView(w_.extend.v.data(), DType::kE4M3, {T, H, kMlaVDim});
+  call_->backend.prepare_prefill_qkv(hook);
+}
+
+// bf16 RoPE of q_pe and k_pe, K = [k_nope | k_pe] and V per head, and the cache write.
+void CpuMlaExecutor::prep_bf16(const LatentCacheWrite& write) {
+  const MlaBatchPlan& plan = call_->plan;
+  const std::int64_t T = plan.tokens, H = c_.heads, qw = c_.q_width(), latent = kMlaLatentDim;
+  Bits k_pe(std::size_t(T * kMlaRopeDim));
+  auto* qb = reinterpret_cast<std::uint16_t*>(w_.q_attn.data());
+  auto* kb = reinterpret_cast<std::uint16_t*>(w_.extend.k.data());
+  auto* vb = reinterpret_cast<std::uint16_t*>(w_.extend.v.data());
+  const std::uint16_t* kv = w_.kv.data();
+  for (std::int64_t r = 0; r < T; ++r) {
+    const float* cs = cos_sin_.data() + plan.positions[std::size_t(r)] * kMlaRopeDim;
+    std::memcpy(k_pe.data() + r * kMlaRopeDim, w_.kv_a.data() + r * latent + c_.kv_lora_rank,
+                2 * kMlaRopeDim);
+    model::rope_bf16(k_pe.data() + r * kMlaRopeDim, cs);
+    for (std::int64_t h = 0; h < H; ++h) {
+      std::uint16_t* qr = qb + (r * H + h) * kMlaQkDim;
+      std::memcpy(qr, w_.q.data() + r * qw + h * kMlaQkDim, 2 * kMlaQkDim);
+      model::rope_bf16(qr + kMlaNopeDim, cs);
+      std::uint16_t* kr = kb + (r * H + h) * kMlaQkDim;
+      std::memcpy(kr, kv + (r * H + h) * 256, 2 * kMlaNopeDim);
+      std::memcpy(kr + kMlaNopeDim, k_pe.data() + r * kMlaRopeDim, 2 * kMlaRopeDim);
+      std::memcpy(vb + (r * H + h) * kMlaVDim, kv + (r * H + h) * 256 + kMlaNopeDim, 2 * kMlaVDim);
+    }
+  }
+  mla_kv_cache_write(TensorView(w_.kv_c.data(), DType::kBF16, {T, c_.kv_lora_rank}),
+                     TensorView(k_pe.data(), DType::kBF16, {T, kMlaRopeDim}), write);
+}
+
+// Gathered from the cache, through kv_b, then e4m3 (the backend's pack) or kept bf16.
+void CpuMlaExecutor::prefix_keys(std::int64_t first_row, std::int64_t n) {
+  const std::span<const std::int64_t> rows =
+      std::span(call_->plan.prefix_rows).subspan(std::size_t(first_row), std::size_t(n));
+  const std::int64_t H = c_.heads, eb = element_bytes();
+  KeysValues& kvp = w_.prefix;
+  kvp = {};
+  kvp.tokens = n;
+  kvp.k.resize(std::size_t(n * H * kMlaQkDim * eb));
+  kvp.v.resize(std::size_t(n * H * kMlaVDim * eb));
+  if (n == 0) return;
+  Bits c_rows(std::size_t(n * c_.kv_lora_rank)), pe(std::size_t(n * kMlaRopeDim)),
+      kvb(std::size_t(n * c_.kv_b_width()));
+  mla_kv_gather(call_->cache, TensorView(const_cast<std::int64_t*>(rows.data()), DType::kI64, {n}),
+                1.0f / call_->options.cache_scale_inv,
+                TensorView(c_rows.data(), DType::kBF16, {n, c_.kv_lora_rank}),
+                TensorView(pe.data(), DType::kBF16, {n, kMlaRopeDim}));
+  kv_b_(c_rows, n, kvb);
+  if (call_->path.fp8) {
+    MlaKvPackArgs a;
+    a.k_nope = k_nope_of(kvb, n);
+    a.k_pe = TensorView(pe.data(), DType::kBF16, {n, kMlaRopeDim});
+    a.v = v_of(kvb, n);
+    a.k_scale_inv = call_->options.fp8.k_scale_inv;
+    a.v_scale_inv = call_->options.fp8.v_scale_inv;
+    a.k_out = TensorView(kvp.k.data(), DType::kE4M3, {n, H, kMlaQkDim});
+    a.v_out = TensorView(kvp.v.data(), DType::kE4M3, {n, H, kMlaVDim});
+    call_->backend.pack_prefix_chunk_kv(a);
+    return;
+  }
+  auto* k = reinterpret_cast<std::uint16_t*>(kvp.k.data());
+  auto* vv = reinterpret_cast<std::uint16_t*>(kvp.v.data());
+  for (std::int64_t r = 0; r < n; ++r) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::uint16_t* src = kvb.data() + (r * H + h) * 256;
+      std::memcpy(k + (r * H + h) * kMlaQkDim, src, 2 * kMlaNopeDim);
+      std::memcpy(k + (r * H + h) * kMlaQkDim + kMlaNopeDim, pe.data() + r * kMlaRopeDim,
                   2 * kMlaRopeDim);
-      model::rope_bf16(k_pe.data() + r * kMlaRopeDim, cs);
-      for (std::int64_t h = 0; h < H; ++h) {
-        std::uint16_t* qr = qb + (r * H + h) * kMlaQkDim;
-        std::memcpy(qr, q.data() + r * qw + h * kMlaQkDim, 2 * kMlaQkDim);
-        model::rope_bf16(qr + kMlaNopeDim, cs);
-        std::uint16_t* kr = kb + (r * H + h) * kMlaQkDim;
-        std::memcpy(kr, kv.data() + (r * H + h) * 256, 2 * kMlaNopeDim);
-        std::memcpy(kr + kMlaNopeDim, k_pe.data() + r * kMlaRopeDim, 2 * kMlaRopeDim);
-        std::memcpy(vb + (r * H + h) * kMlaVDim, kv.data() + (r * H + h) * 256 + kMlaNopeDim,
-                    2 * kMlaVDim);
-      }
+      std::memcpy(vv + (r * H + h) * kMlaVDim, src + kMlaNopeDim, 2 * kMlaVDim);
     }
-    mla_kv_cache_write(kv_c_view, TensorView(k_pe.data(), DType::kBF16, {T, kMlaRopeDim}), write);
   }
-  t.prep = ms_since(start);
+}
 
-  // ---- attention ----
-  Bits attn(std::size_t(T * H * kMlaVDim));
-  std::vector<float> lse(std::size_t(T * H));
-  float descales[3] = {1.0f / scales.q_scale_inv, 1.0f / scales.k_scale_inv,
-                       1.0f / scales.v_scale_inv};
-  // One call: the queries against keys `kvs` laid out per cu_k.
-  auto attend = [&](const KeysValues& kvs, const std::vector<std::int32_t>& cu_k,
-                    std::int32_t max_k, bool causal, Bits& o, std::vector<float>* lse_out) {
-    PrefillAttentionArgs a;
-    a.q = TensorView(q_attn.data(), attn_dtype, {T, H, kMlaQkDim});
-    a.k =
-        TensorView(const_cast<std::uint8_t*>(kvs.k.data()), attn_dtype, {kvs.tokens, H, kMlaQkDim});
-    a.v =
-        TensorView(const_cast<std::uint8_t*>(kvs.v.data()), attn_dtype, {kvs.tokens, H, kMlaVDim});
-    a.cu_seqlens_q = TensorView(const_cast<std::int32_t*>(plan.cu_q.data()), DType::kI32, {B + 1});
-    a.cu_seqlens_k = TensorView(const_cast<std::int32_t*>(cu_k.data()), DType::kI32, {B + 1});
-    a.max_seqlen_q = plan.max_q;
-    a.max_seqlen_k = max_k;
-    a.softmax_scale = float(c_.softmax_scale());
-    a.causal = causal;
-    if (fp8) {
-      a.q_descale = TensorView(&descales[0], DType::kF32, {1});
-      a.k_descale = TensorView(&descales[1], DType::kF32, {1});
-      a.v_descale = TensorView(&descales[2], DType::kF32, {1});
-    }
-    a.out = TensorView(o.data(), DType::kBF16, {T, H, kMlaVDim});
-    if (lse_out != nullptr) a.lse = TensorView(lse_out->data(), DType::kF32, {T, H});
-    backend.prefill_attention(a);
+void CpuMlaExecutor::assemble_one_shot() {
+  const MlaBatchPlan& plan = call_->plan;
+  const std::int64_t H = c_.heads, eb = element_bytes();
+  const KeysValues &prefix = w_.prefix, &extend = w_.extend;
+  KeysValues& all = w_.one_shot;
+  all.tokens = prefix.tokens + plan.tokens;
+  all.k.resize(std::size_t(all.tokens * H * kMlaQkDim * eb));
+  all.v.resize(std::size_t(all.tokens * H * kMlaVDim * eb));
+  const std::int64_t krow = H * kMlaQkDim * eb, vrow = H * kMlaVDim * eb;
+  std::int64_t at = 0, p_at = 0, e_at = 0;
+  // Copies `rows` key/value rows of `from`, starting at row `from_at`, to row `at` of `all`.
+  auto append = [&](const KeysValues& from, std::int64_t& from_at, std::int64_t rows) {
+    std::memcpy(all.k.data() + at * krow, from.k.data() + from_at * krow, std::size_t(rows * krow));
+    std::memcpy(all.v.data() + at * vrow, from.v.data() + from_at * vrow, std::size_t(rows * vrow));
+    at += rows;
+    from_at += rows;
   };
-  if (!plan.chunked) {
-    start = Clock::now();
-    const KeysValues prefix = prefix_keys(plan.prefix_rows);
-    t.prefix = ms_since(start);
-    start = Clock::now();
-    // Per sequence: its prefix keys, then its extend keys.
-    KeysValues all;
-    all.tokens = prefix.tokens + T;
-    all.k.resize(std::size_t(all.tokens * H * kMlaQkDim * eb));
-    all.v.resize(std::size_t(all.tokens * H * kMlaVDim * eb));
-    const std::int64_t krow = H * kMlaQkDim * eb, vrow = H * kMlaVDim * eb;
-    std::int64_t at = 0, p_at = 0, e_at = 0;
-    // Copies `rows` key/value rows of `from`, starting at row `from_at`, to row `at` of `all`.
-    auto append = [&](const KeysValues& from, std::int64_t& from_at, std::int64_t rows) {
-      std::memcpy(all.k.data() + at * krow, from.k.data() + from_at * krow,
-                  std::size_t(rows * krow));
-      std::memcpy(all.v.data() + at * vrow, from.v.data() + from_at * vrow,
-                  std::size_t(rows * vrow));
-      at += rows;
-      from_at += rows;
-    };
-    for (std::int64_t b = 0; b < B; ++b) {
-      const std::int64_t e = plan.cu_q[std::size_t(b + 1)] - plan.cu_q[std::size_t(b)];
-      append(prefix, p_at,
-             plan.cu_k_one_shot[std::size_t(b + 1)] - plan.cu_k_one_shot[std::size_t(b)] - e);
-      append(extend, e_at, e);
-    }
-    attend(all, plan.cu_k_one_shot, plan.max_k_one_shot, true, attn, nullptr);
-    t.attention = ms_since(start);
-  } else {
-    start = Clock::now();
-    attend(extend, plan.cu_q, plan.max_q, true, attn, &lse);
-    t.attention = ms_since(start);
-    Bits chunk_out(attn.size());
-    std::vector<float> chunk_lse(lse.size());
-    for (std::size_t i = 0; i < plan.chunks.size(); ++i) {
-      const PrefixChunk& chunk = plan.chunks[i];
-      start = Clock::now();
-      const KeysValues keys = prefix_keys(
-          std::span(plan.prefix_rows)
-              .subspan(std::size_t(plan.chunk_first_row[i]), std::size_t(chunk.keys())));
-      t.prefix += ms_since(start);
-      start = Clock::now();
-      attend(keys, chunk.cu_seqlens_k, chunk.max_seqlen_k, false, chunk_out, &chunk_lse);
-      t.attention += ms_since(start);
-      start = Clock::now();
-      merge_attention_states_inplace(TensorView(attn.data(), DType::kBF16, {T, H, kMlaVDim}),
-                                     TensorView(lse.data(), DType::kF32, {T, H}),
-                                     TensorView(chunk_out.data(), DType::kBF16, {T, H, kMlaVDim}),
-                                     TensorView(chunk_lse.data(), DType::kF32, {T, H}));
-      t.merge += ms_since(start);
-    }
+  for (std::int64_t b = 0; b < plan.sequences; ++b) {
+    const std::int64_t e = plan.cu_q[std::size_t(b + 1)] - plan.cu_q[std::size_t(b)];
+    append(prefix, p_at,
+           plan.cu_k_one_shot[std::size_t(b + 1)] - plan.cu_k_one_shot[std::size_t(b)] - e);
+    append(extend, e_at, e);
   }
+}
 
-  // ---- o_proj ----
-  start = Clock::now();
-  o_(attn, T,
-     std::span<std::uint16_t>(call.out.data_as<std::uint16_t>(), std::size_t(T * c_.hidden)));
-  t.output = ms_since(start);
-  if (call.times != nullptr) *call.times = t;
+void CpuMlaExecutor::attend(const MlaAttendStep& step) {
+  const MlaBatchPlan& plan = call_->plan;
+  const std::int64_t T = plan.tokens, H = c_.heads;
+  const DType adt = call_->path.attention_dtype;
+  const bool chunk = step.keys == MlaKeys::kPrefix;
+  const KeysValues& kvs = step.keys == MlaKeys::kExtend ? w_.extend
+                          : chunk                       ? w_.prefix
+                                                        : w_.one_shot;
+  const std::vector<std::int32_t>& cu_k = step.keys == MlaKeys::kExtend ? plan.cu_q
+                                          : chunk ? plan.chunks[step.chunk].cu_seqlens_k
+                                                  : plan.cu_k_one_shot;
+  MlaAttentionTensors t;
+  t.q = TensorView(w_.q_attn.data(), adt, {T, H, kMlaQkDim});
+  t.k = TensorView(const_cast<std::uint8_t*>(kvs.k.data()), adt, {kvs.tokens, H, kMlaQkDim});
+  t.v = TensorView(const_cast<std::uint8_t*>(kvs.v.data()), adt, {kvs.tokens, H, kMlaVDim});
+  t.cu_q = plan.cu_q.data();
+  t.cu_k = cu_k.data();
+  t.descales = descales_;
+  t.out = chunk ? w_.chunk_out.data() : w_.attn.data();
+  t.lse = chunk ? w_.chunk_lse.data() : step.lse ? w_.lse.data() : nullptr;
+  call_->backend.prefill_attention(
+      mla_attention_args(c_, plan, call_->path, step, t, Device::cpu()));
 }
 
 }  // namespace
 
-std::unique_ptr<MlaLayer::Impl> make_cpu_mla_layer(const MlaConfig& config,
+std::unique_ptr<MlaExecutor> make_cpu_mla_executor(const MlaConfig& config,
                                                    const MlaWeights& weights) {
-  return std::make_unique<CpuMlaLayer>(config, weights);
+  return std::make_unique<CpuMlaExecutor>(config, weights);
 }
 
 }  // namespace fp8mla

@@ -1,7 +1,8 @@
-// MlaLayer on a CUDA device: the projections through cuBLASLt (cuda/model/cublas_linear), RMSNorm
-// and the BF16 path's RoPE through the layer's kernels (cuda/model/layer_kernels), everything else
-// through fp8mla's ops and the attention backend, in the CPU layer's order. Device memory comes
-// from the caller's workspace (model/mla_workspace).
+// The MLA layer's CUDA executor: the projections through cuBLASLt (cuda/model/cublas_linear),
+// RMSNorm and the BF16 path's RoPE through the layer's kernels (cuda/model/layer_kernels),
+// everything else through fp8mla's ops and the attention backend, in the CPU executor's order, on
+// the call's stream. Device memory comes from the caller's workspace (model/mla_workspace), the
+// batch's metadata from one host-to-device copy, the stage times from CUDA events.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -20,7 +21,7 @@
 #include "fp8mla/numerics.hpp"
 #include "fp8mla/quantize.hpp"
 #include "model/cpu_math.hpp"
-#include "model/mla_layer_impl.hpp"
+#include "model/mla_executor.hpp"
 #include "model/mla_workspace.hpp"
 
 namespace fp8mla {
@@ -79,9 +80,15 @@ struct Projection {
   }
 };
 
-class CudaMlaLayer final : public MlaLayer::Impl {
+// Keys and values of one attention call, as the kernel reads them.
+struct KeysValues {
+  TensorView k, v;
+  std::int64_t v_pitch = 0;  // FP8: bytes between the dims of the transposed V
+};
+
+class CudaMlaExecutor final : public MlaExecutor {
  public:
-  CudaMlaLayer(const MlaConfig& config, const MlaWeights& weights, Device device)
+  CudaMlaExecutor(const MlaConfig& config, const MlaWeights& weights, Device device)
       : c_(config), device_(device) {
     check(cudaSetDevice(device.index), "cudaSetDevice(MlaLayer)");
     const auto add = [&](std::optional<Projection>& slot, const char* name,
@@ -109,38 +116,86 @@ class CudaMlaLayer final : public MlaLayer::Impl {
   }
 
   const std::vector<std::string>& projection_notes() const override { return notes_; }
-
   std::size_t workspace_bytes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& options,
                               MlaPath path) const override {
     return mla_workspace_bytes(c_, work_sizes(limits, options, path.fp8));
   }
+  MlaVLayoutNeed fp8_v_layout() const override {
+    return {VLayout::kTransposed, "FP8 attention on Hopper reads it transposed"};
+  }
 
-  void prefill(const MlaPrefillCall& call) override;
+  void check_batch(const MlaPrefillCall& call) override;
+  void begin(const MlaPrefillCall& call) override;
+  void start_stage(double* stage) override { timer_.start(stream_, stage); }
+  void stop_stage() override { timer_.stop(stream_); }
+  void project() override;
+  void prep() override;
+  void prefix_keys(std::int64_t first_row, std::int64_t rows) override;
+  void assemble_one_shot() override;
+  void attend(const MlaAttendStep& step) override;
+  void merge() override;
+  void output() override;
+  void finish() override { timer_.finish(); }
 
  private:
   // y = x W^T for `rows` rows of x (bf16, contiguous); FP8 projections quantize x first.
-  void project(Projection& p, const std::uint16_t* x, std::int64_t rows, std::uint16_t* y,
-               const MlaBuffers& b, cudaStream_t stream) {
+  void project(Projection& p, const std::uint16_t* x, std::int64_t rows, std::uint16_t* y) {
     if (rows == 0) return;
     if (!p.fp8) {
-      p.gemm->run(x, nullptr, rows, y, b.cublas, b.cublas_bytes, stream);
+      p.gemm->run(x, nullptr, rows, y, b_.cublas, b_.cublas_bytes, stream_);
       return;
     }
     const Device d = device_;
     quantize_fp8_per_token_group(
         TensorView(const_cast<std::uint16_t*>(x), DType::kBF16, {rows, p.in}, d),
-        TensorView(b.gemm_x, DType::kE4M3, {rows, p.in}, d),
-        TensorView(b.gemm_x_scales, DType::kF32, {rows, p.in / kWeightBlock}, {1, rows}, d),
-        GroupQuantOptions{.group_size = int(kWeightBlock)}, stream);
-    p.gemm->run(b.gemm_x, b.gemm_x_scales, rows, y, b.cublas, b.cublas_bytes, stream);
+        TensorView(b_.gemm_x, DType::kE4M3, {rows, p.in}, d),
+        TensorView(b_.gemm_x_scales, DType::kF32, {rows, p.in / kWeightBlock}, {1, rows}, d),
+        GroupQuantOptions{.group_size = int(kWeightBlock)}, stream_);
+    p.gemm->run(b_.gemm_x, b_.gemm_x_scales, rows, y, b_.cublas, b_.cublas_bytes, stream_);
   }
 
   void rms_norm(const std::uint16_t* x, std::int64_t x_stride, const DeviceBuffer& weight,
-                int width, std::int64_t rows, std::uint16_t* y, cudaStream_t stream) const {
+                int width, std::int64_t rows, std::uint16_t* y) const {
     cuda::model::rms_norm(
         {x, x_stride, weight.as<std::uint16_t>(), y, width, rows, width, float(c_.rms_norm_eps)},
-        stream);
+        stream_);
   }
+
+  // Views: [n, H, 128] k_nope and v inside a [n, H, 256] kv_b output; a transposed e4m3 V.
+  TensorView k_nope_of(std::uint16_t* kv, std::int64_t n) const {
+    return TensorView(kv, DType::kBF16, {n, c_.heads, kMlaNopeDim}, {c_.heads * 256, 256, 1},
+                      device_);
+  }
+  TensorView v_of(std::uint16_t* kv, std::int64_t n) const {
+    return TensorView(kv + kMlaNopeDim, DType::kBF16, {n, c_.heads, kMlaVDim},
+                      {c_.heads * 256, 256, 1}, device_);
+  }
+  TensorView v8_of(std::uint8_t* v, std::int64_t n, std::int64_t pitch) const {
+    return TensorView(v, DType::kE4M3, {n, c_.heads, kMlaVDim}, {1, kMlaVDim * pitch, pitch},
+                      device_);
+  }
+  TensorView rows_of(void* data, DType dtype, std::int64_t n, std::int64_t width) const {
+    return TensorView(data, dtype, {n, c_.heads, width}, device_);
+  }
+
+  // The BF16 path's K = [k_nope | k_pe] per head, from a [n, H, 256] kv_b output and k_pe rows
+  // shared by the heads (RoPE'd when the caller adds positions).
+  cuda::model::RopeAssembleParams k_assembly(const std::uint16_t* kv, std::int64_t n,
+                                             const std::uint16_t* k_pe, std::int64_t k_pe_stride,
+                                             std::uint16_t* k_out) const {
+    cuda::model::RopeAssembleParams r;
+    r.tokens = n;
+    r.heads = c_.heads;
+    r.k_nope = kv;
+    r.k_nope_token_stride = c_.heads * 256;
+    r.k_nope_head_stride = 256;
+    r.k_pe = k_pe;
+    r.k_pe_stride = k_pe_stride;
+    r.k_out = k_out;
+    return r;
+  }
+  void prep_fp8(const LatentCacheWrite& write, const TensorView& kv_c);
+  void prep_bf16(const LatentCacheWrite& write, const TensorView& kv_c);
 
   MlaConfig c_;
   Device device_;
@@ -150,24 +205,18 @@ class CudaMlaLayer final : public MlaLayer::Impl {
   std::vector<std::string> notes_;
   std::vector<std::byte> staging_;  // host image of the batch metadata
   cuda::StageTimer timer_;
+  // The prefill between begin() and finish(): its call, stream, workspace pieces and the keys of
+  // its attention calls.
+  const MlaPrefillCall* call_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  MlaBuffers b_{};
+  KeysValues extend_, prefix_, one_shot_;
 };
 
-void CudaMlaLayer::prefill(const MlaPrefillCall& call) {
-  const MlaBatchPlan& plan = call.plan;
-  const AttentionBackend& backend = call.backend;
-  const MlaPrefillOptions& options = call.options;
-  const bool fp8 = call.path.fp8;
-  const std::int64_t T = plan.tokens, B = plan.sequences, H = c_.heads;
-  const Device d = device_;
-  const auto stream = reinterpret_cast<cudaStream_t>(call.stream);
-  if (fp8 && backend.capabilities().v_layout != VLayout::kTransposed) {
-    throw Error(ErrorCategory::kUnsupported,
-                concat("MlaLayer::prefill: backend '", backend.capabilities().name,
-                       "' packs V token-major; FP8 attention on Hopper reads it transposed"));
-  }
-  // Every slot in the cache: the CUDA ops would skip a bad one without telling the host.
+// Every slot in the cache: the CUDA ops would skip a bad one without telling the host.
+void CudaMlaExecutor::check_batch(const MlaPrefillCall& call) {
   const std::int64_t cache_rows = call.cache.size(0) * call.cache.size(1);
-  for (const std::vector<std::int64_t>* slots : {&plan.slots, &plan.prefix_rows}) {
+  for (const std::vector<std::int64_t>* slots : {&call.plan.slots, &call.plan.prefix_rows}) {
     for (std::int64_t s : *slots) {
       if (s < 0 || s >= cache_rows) {
         throw Error(
@@ -176,11 +225,15 @@ void CudaMlaLayer::prefill(const MlaPrefillCall& call) {
       }
     }
   }
-  if (T == 0) {
-    if (call.times != nullptr) *call.times = {};
-    return;
-  }
-  const WorkSizes s = work_sizes(plan, fp8);
+}
+
+void CudaMlaExecutor::begin(const MlaPrefillCall& call) {
+  const MlaBatchPlan& plan = call.plan;
+  const std::int64_t T = plan.tokens, B = plan.sequences;
+  const Device d = device_;
+  call_ = &call;
+  stream_ = reinterpret_cast<cudaStream_t>(call.stream);
+  const WorkSizes s = work_sizes(plan, call.path.fp8);
   const TensorView& ws = call.workspace;
   const std::size_t needed = mla_workspace_bytes(c_, s);
   const std::size_t ws_bytes = std::size_t(ws.numel()) * std::size_t(dtype_size(ws.dtype()));
@@ -193,268 +246,219 @@ void CudaMlaLayer::prefill(const MlaPrefillCall& call) {
                " sequences, ", s.prefix_rows, " prefix tokens); got ", ws.describe()));
   }
   check(cudaSetDevice(d.index), "cudaSetDevice(MlaLayer)");
-  const MlaBuffers b = carve_mla_workspace(static_cast<std::byte*>(ws.data()), c_, s);
+  b_ = carve_mla_workspace(static_cast<std::byte*>(ws.data()), c_, s);
 
-  // ---- the batch's metadata: one copy from the host ----
-  // Every piece is written below; the alignment gaps between them are never read.
-  staging_.resize(std::size_t(b.meta_end - b.meta_begin));
+  // The batch's metadata: one copy from the host. Every piece is written below; the alignment
+  // gaps between them are never read.
+  staging_.resize(std::size_t(b_.meta_end - b_.meta_begin));
   const auto stage = [&](void* device_at, const void* host, std::size_t bytes) {
     if (bytes > 0)
-      std::memcpy(staging_.data() + (static_cast<std::byte*>(device_at) - b.meta_begin), host,
+      std::memcpy(staging_.data() + (static_cast<std::byte*>(device_at) - b_.meta_begin), host,
                   bytes);
   };
-  stage(b.positions, plan.positions.data(), plan.positions.size() * 8);
-  stage(b.slots, plan.slots.data(), plan.slots.size() * 8);
-  stage(b.prefix_rows, plan.prefix_rows.data(), plan.prefix_rows.size() * 8);
-  stage(b.cu_q, plan.cu_q.data(), plan.cu_q.size() * 4);
-  stage(b.cu_k_one_shot, plan.cu_k_one_shot.data(), plan.cu_k_one_shot.size() * 4);
+  stage(b_.positions, plan.positions.data(), plan.positions.size() * 8);
+  stage(b_.slots, plan.slots.data(), plan.slots.size() * 8);
+  stage(b_.prefix_rows, plan.prefix_rows.data(), plan.prefix_rows.size() * 8);
+  stage(b_.cu_q, plan.cu_q.data(), plan.cu_q.size() * 4);
+  stage(b_.cu_k_one_shot, plan.cu_k_one_shot.data(), plan.cu_k_one_shot.size() * 4);
   for (std::size_t i = 0; i < plan.chunks.size(); ++i) {
-    stage(b.chunk_cu_k + i * std::size_t(B + 1), plan.chunks[i].cu_seqlens_k.data(),
+    stage(b_.chunk_cu_k + i * std::size_t(B + 1), plan.chunks[i].cu_seqlens_k.data(),
           std::size_t(B + 1) * 4);
   }
-  const float descales[3] = {1.0f / options.fp8.q_scale_inv, 1.0f / options.fp8.k_scale_inv,
-                             1.0f / options.fp8.v_scale_inv};
-  stage(b.descales, descales, sizeof(descales));
-  check(cudaMemcpyAsync(b.meta_begin, staging_.data(), staging_.size(), cudaMemcpyHostToDevice,
-                        stream),
+  const MlaFp8Scales& scales = call.options.fp8;
+  const float descales[3] = {1.0f / scales.q_scale_inv, 1.0f / scales.k_scale_inv,
+                             1.0f / scales.v_scale_inv};
+  stage(b_.descales, descales, sizeof(descales));
+  check(cudaMemcpyAsync(b_.meta_begin, staging_.data(), staging_.size(), cudaMemcpyHostToDevice,
+                        stream_),
         "cudaMemcpyAsync(MlaLayer batch metadata)");
-
-  MlaStageTimes t{};
   timer_.begin(call.times != nullptr);
+}
 
-  // ---- projections of the extend tokens ----
-  timer_.start(stream, &t.projections);
-  const auto* hidden = call.hidden.data_as<const std::uint16_t>();
+void CudaMlaExecutor::project() {
+  const std::int64_t T = call_->plan.tokens;
+  const auto* hidden = call_->hidden.data_as<const std::uint16_t>();
   if (c_.q_lora_rank > 0) {
-    project(*q_a_, hidden, T, b.q_a, b, stream);
-    rms_norm(b.q_a, c_.q_lora_rank, q_a_norm_, int(c_.q_lora_rank), T, b.q_a_norm, stream);
-    project(*q_b_, b.q_a_norm, T, b.q, b, stream);
+    project(*q_a_, hidden, T, b_.q_a);
+    rms_norm(b_.q_a, c_.q_lora_rank, q_a_norm_, int(c_.q_lora_rank), T, b_.q_a_norm);
+    project(*q_b_, b_.q_a_norm, T, b_.q);
   } else {
-    project(*q_b_, hidden, T, b.q, b, stream);
+    project(*q_b_, hidden, T, b_.q);
   }
-  project(*kv_a_, hidden, T, b.kv_a, b, stream);
-  rms_norm(b.kv_a, kMlaLatentDim, kv_a_norm_, int(c_.kv_lora_rank), T, b.kv_c, stream);
-  project(*kv_b_, b.kv_c, T, b.kv, b, stream);
-  timer_.stop(stream);
+  project(*kv_a_, hidden, T, b_.kv_a);
+  rms_norm(b_.kv_a, kMlaLatentDim, kv_a_norm_, int(c_.kv_lora_rank), T, b_.kv_c);
+  project(*kv_b_, b_.kv_c, T, b_.kv);
+}
 
-  // Views: [n, H, 128] k_nope and v inside a [n, H, 256] kv_b output; a transposed e4m3 V.
-  const auto k_nope_of = [&](std::uint16_t* kv, std::int64_t n) {
-    return TensorView(kv, DType::kBF16, {n, H, kMlaNopeDim}, {H * 256, 256, 1}, d);
-  };
-  const auto v_of = [&](std::uint16_t* kv, std::int64_t n) {
-    return TensorView(kv + kMlaNopeDim, DType::kBF16, {n, H, kMlaVDim}, {H * 256, 256, 1}, d);
-  };
-  const auto v8_of = [&](std::uint8_t* v, std::int64_t n, std::int64_t pitch) {
-    return TensorView(v, DType::kE4M3, {n, H, kMlaVDim}, {1, kMlaVDim * pitch, pitch}, d);
-  };
-  const auto rows_of = [&](void* data, DType dtype, std::int64_t n, std::int64_t width) {
-    return TensorView(data, dtype, {n, H, width}, d);
-  };
-
-  // The BF16 path's K = [k_nope | k_pe] per head, from a [n, H, 256] kv_b output and k_pe rows
-  // shared by the heads (RoPE'd when the caller adds positions).
-  const auto k_assembly = [&](const std::uint16_t* kv, std::int64_t n, const std::uint16_t* k_pe,
-                              std::int64_t k_pe_stride, std::uint16_t* k_out) {
-    cuda::model::RopeAssembleParams r;
-    r.tokens = n;
-    r.heads = H;
-    r.k_nope = kv;
-    r.k_nope_token_stride = H * 256;
-    r.k_nope_head_stride = 256;
-    r.k_pe = k_pe;
-    r.k_pe_stride = k_pe_stride;
-    r.k_out = k_out;
-    return r;
-  };
-
-  // ---- prep: RoPE, FP8 Q/K/V (hook) or bf16 RoPE, latent cache write ----
-  timer_.start(stream, &t.prep);
+void CudaMlaExecutor::prep() {
+  const std::int64_t T = call_->plan.tokens;
+  const DType adt = call_->path.attention_dtype;
   LatentCacheWrite write;
-  write.cache = call.cache;
-  write.slot_mapping = TensorView(b.slots, DType::kI64, {T}, d);
-  write.scale_inv = options.cache_scale_inv;
-  const TensorView kv_c_view(b.kv_c, DType::kBF16, {T, c_.kv_lora_rank}, d);
-  const TensorView k_pe_raw(b.kv_a + c_.kv_lora_rank, DType::kBF16, {T, kMlaRopeDim},
-                            {kMlaLatentDim, 1}, d);
-  const TensorView positions(b.positions, DType::kI64, {T}, d);
-  const TensorView cos_sin(cos_sin_.as<float>(), DType::kF32, {c_.max_position, kMlaRopeDim}, d);
-  const std::int64_t qw = c_.q_width();
-  if (fp8) {
-    PrepareQkvArgs hook;
-    MlaRopeQuantizeArgs& a = hook.qk;
-    a.q_nope = TensorView(b.q, DType::kBF16, {T, H, kMlaNopeDim}, {qw, kMlaQkDim, 1}, d);
-    a.q_pe =
-        TensorView(b.q + kMlaNopeDim, DType::kBF16, {T, H, kMlaRopeDim}, {qw, kMlaQkDim, 1}, d);
-    a.k_nope = k_nope_of(b.kv, T);
-    a.k_pe = k_pe_raw;
-    a.positions = positions;
-    a.cos_sin = cos_sin;
-    a.q_scale_inv = options.fp8.q_scale_inv;
-    a.k_scale_inv = options.fp8.k_scale_inv;
-    a.q_out = rows_of(b.q8, DType::kE4M3, T, kMlaQkDim);
-    a.k_out = rows_of(b.k8, DType::kE4M3, T, kMlaQkDim);
-    a.cache_write = write;
-    a.kv_c = kv_c_view;
-    hook.v = v_of(b.kv, T);
-    hook.v_scale_inv = options.fp8.v_scale_inv;
-    hook.v_out = v8_of(b.v8, T, v_pitch(T));
-    backend.prepare_prefill_qkv(hook, call.stream);
+  write.cache = call_->cache;
+  write.slot_mapping = TensorView(b_.slots, DType::kI64, {T}, device_);
+  write.scale_inv = call_->options.cache_scale_inv;
+  const TensorView kv_c(b_.kv_c, DType::kBF16, {T, c_.kv_lora_rank}, device_);
+  if (call_->path.fp8) {
+    prep_fp8(write, kv_c);
+    extend_ = {rows_of(b_.k8, adt, T, kMlaQkDim), v8_of(b_.v8, T, v_pitch(T)), v_pitch(T)};
   } else {
-    cuda::model::RopeAssembleParams r =
-        k_assembly(b.kv, T, b.kv_a + c_.kv_lora_rank, kMlaLatentDim, b.k16);
-    r.k_pe_out = b.k_pe16;
-    r.q_pe = b.q + kMlaNopeDim;
-    r.q_token_stride = qw;
-    r.q_head_stride = kMlaQkDim;
-    r.positions = b.positions;
-    r.cos_sin = cos_sin_.as<float>();
-    cuda::model::rope_assemble_bf16(r, stream);
-    mla_kv_cache_write(kv_c_view, TensorView(b.k_pe16, DType::kBF16, {T, kMlaRopeDim}, d), write,
-                       call.stream);
+    prep_bf16(write, kv_c);
+    extend_ = {rows_of(b_.k16, adt, T, kMlaQkDim), v_of(b_.kv, T), 0};
   }
-  timer_.stop(stream);
+}
 
-  // Keys and values of one attention call, as the kernel reads them.
-  struct KeysValues {
-    TensorView k, v;
-    std::int64_t v_pitch = 0;  // FP8: bytes between the dims of the transposed V
-  };
-  const DType adt = call.path.attention_dtype;
-  const KeysValues extend =
-      fp8 ? KeysValues{rows_of(b.k8, adt, T, kMlaQkDim), v8_of(b.v8, T, v_pitch(T)), v_pitch(T)}
-          : KeysValues{rows_of(b.k16, adt, T, kMlaQkDim), v_of(b.kv, T), 0};
-  // The prefix keys of cache `rows` (device i64, n of them): gather, kv_b, pack or assemble.
-  const auto prefix_keys = [&](const std::int64_t* rows, std::int64_t n) {
-    mla_kv_gather(call.cache, TensorView(const_cast<std::int64_t*>(rows), DType::kI64, {n}, d),
-                  1.0f / options.cache_scale_inv,
-                  TensorView(b.prefix_c, DType::kBF16, {n, c_.kv_lora_rank}, d),
-                  TensorView(b.prefix_pe, DType::kBF16, {n, kMlaRopeDim}, d), {}, call.stream);
-    project(*kv_b_, b.prefix_c, n, b.prefix_kv, b, stream);
-    if (fp8) {
-      MlaKvPackArgs a;
-      a.k_nope = k_nope_of(b.prefix_kv, n);
-      a.k_pe = TensorView(b.prefix_pe, DType::kBF16, {n, kMlaRopeDim}, d);
-      a.v = v_of(b.prefix_kv, n);
-      a.k_scale_inv = options.fp8.k_scale_inv;
-      a.v_scale_inv = options.fp8.v_scale_inv;
-      a.k_out = rows_of(b.prefix_k8, adt, n, kMlaQkDim);
-      a.v_out = v8_of(b.prefix_v8, n, v_pitch(n));
-      a.v_layout = VLayout::kTransposed;
-      backend.pack_prefix_chunk_kv(a, call.stream);
-      return KeysValues{a.k_out, a.v_out, v_pitch(n)};
-    }
-    cuda::model::rope_assemble_bf16(
-        k_assembly(b.prefix_kv, n, b.prefix_pe, kMlaRopeDim, b.prefix_k16), stream);
-    return KeysValues{rows_of(b.prefix_k16, adt, n, kMlaQkDim), v_of(b.prefix_kv, n), 0};
-  };
-  const TensorView q_view =
-      fp8 ? rows_of(b.q8, adt, T, kMlaQkDim) : rows_of(b.q, adt, T, kMlaQkDim);
-  const auto attend = [&](const KeysValues& kv, const std::int32_t* cu_k, std::int32_t max_k,
-                          bool causal, std::uint16_t* out, float* lse) {
-    PrefillAttentionArgs a;
-    a.q = q_view;
-    a.k = kv.k;
-    a.v = kv.v;
-    a.cu_seqlens_q = TensorView(b.cu_q, DType::kI32, {B + 1}, d);
-    a.cu_seqlens_k = TensorView(const_cast<std::int32_t*>(cu_k), DType::kI32, {B + 1}, d);
-    a.max_seqlen_q = plan.max_q;
-    a.max_seqlen_k = max_k;
-    a.softmax_scale = float(c_.softmax_scale());
-    a.causal = causal;
-    if (fp8) {
-      a.q_descale = TensorView(b.descales, DType::kF32, {1}, d);
-      a.k_descale = TensorView(b.descales + 1, DType::kF32, {1}, d);
-      a.v_descale = TensorView(b.descales + 2, DType::kF32, {1}, d);
-    }
-    a.out = rows_of(out, DType::kBF16, T, kMlaVDim);
-    if (lse != nullptr) a.lse = TensorView(lse, DType::kF32, {T, H}, d);
-    backend.prefill_attention(a, call.stream);
-  };
+// RoPE and e4m3 Q/K, e4m3 V transposed and the cache write: the backend's hook.
+void CudaMlaExecutor::prep_fp8(const LatentCacheWrite& write, const TensorView& kv_c) {
+  const std::int64_t T = call_->plan.tokens, H = c_.heads, qw = c_.q_width();
+  const Device d = device_;
+  const MlaFp8Scales& scales = call_->options.fp8;
+  PrepareQkvArgs hook;
+  MlaRopeQuantizeArgs& a = hook.qk;
+  a.q_nope = TensorView(b_.q, DType::kBF16, {T, H, kMlaNopeDim}, {qw, kMlaQkDim, 1}, d);
+  a.q_pe = TensorView(b_.q + kMlaNopeDim, DType::kBF16, {T, H, kMlaRopeDim}, {qw, kMlaQkDim, 1}, d);
+  a.k_nope = k_nope_of(b_.kv, T);
+  a.k_pe =
+      TensorView(b_.kv_a + c_.kv_lora_rank, DType::kBF16, {T, kMlaRopeDim}, {kMlaLatentDim, 1}, d);
+  a.positions = TensorView(b_.positions, DType::kI64, {T}, d);
+  a.cos_sin = TensorView(cos_sin_.as<float>(), DType::kF32, {c_.max_position, kMlaRopeDim}, d);
+  a.q_scale_inv = scales.q_scale_inv;
+  a.k_scale_inv = scales.k_scale_inv;
+  a.q_out = rows_of(b_.q8, DType::kE4M3, T, kMlaQkDim);
+  a.k_out = rows_of(b_.k8, DType::kE4M3, T, kMlaQkDim);
+  a.cache_write = write;
+  a.kv_c = kv_c;
+  hook.v = v_of(b_.kv, T);
+  hook.v_scale_inv = scales.v_scale_inv;
+  hook.v_out = v8_of(b_.v8, T, v_pitch(T));
+  call_->backend.prepare_prefill_qkv(hook, call_->stream);
+}
 
-  if (!plan.chunked && plan.prefix_rows.empty()) {
-    timer_.start(stream, &t.attention);
-    attend(extend, b.cu_q, plan.max_q, true, b.attn, nullptr);
-    timer_.stop(stream);
-  } else if (!plan.chunked) {
-    timer_.start(stream, &t.prefix);
-    const std::int64_t P = std::int64_t(plan.prefix_rows.size());
-    const KeysValues prefix = prefix_keys(b.prefix_rows, P);
-    // Each sequence's prefix keys, then its extend keys, one copy per run of rows.
-    const std::int64_t n = P + T, pitch = v_pitch(n), eb = fp8 ? 1 : 2;
-    const std::int64_t k_row = H * kMlaQkDim * eb;
-    const auto copy_rows = [&](const KeysValues& from, std::int64_t from_row, std::int64_t to_row,
-                               std::int64_t rows) {
-      if (rows == 0) return;
-      check(cudaMemcpyAsync(b.one_shot_k + to_row * k_row,
-                            static_cast<const std::uint8_t*>(from.k.data()) + from_row * k_row,
-                            std::size_t(rows * k_row), cudaMemcpyDeviceToDevice, stream),
-            "cudaMemcpyAsync(one-shot K)");
-      const auto* v = static_cast<const std::uint8_t*>(from.v.data());
-      if (fp8) {  // [H * 128][pitch] bytes: a column range of every row
-        check(cudaMemcpy2DAsync(b.one_shot_v + to_row, std::size_t(pitch), v + from_row,
-                                std::size_t(from.v_pitch), std::size_t(rows),
-                                std::size_t(H * kMlaVDim), cudaMemcpyDeviceToDevice, stream),
-              "cudaMemcpy2DAsync(one-shot V)");
-      } else {  // token-major rows of 128 bf16, 256 apart in the kv_b output
-        check(cudaMemcpy2DAsync(b.one_shot_v + to_row * H * kMlaVDim * 2, kMlaVDim * 2,
-                                v + from_row * from.v.stride(0) * 2,
-                                std::size_t(from.v.stride(1) * 2), kMlaVDim * 2,
-                                std::size_t(rows * H), cudaMemcpyDeviceToDevice, stream),
-              "cudaMemcpy2DAsync(one-shot V)");
-      }
-    };
-    std::int64_t prefix_at = 0;
-    for (std::int64_t i = 0; i < B; ++i) {
-      const std::int64_t k0 = plan.cu_k_one_shot[std::size_t(i)];
-      const std::int64_t q0 = plan.cu_q[std::size_t(i)], e = plan.cu_q[std::size_t(i + 1)] - q0;
-      const std::int64_t p = plan.cu_k_one_shot[std::size_t(i + 1)] - k0 - e;
-      copy_rows(prefix, prefix_at, k0, p);
-      copy_rows(extend, q0, k0 + p, e);
-      prefix_at += p;
-    }
-    timer_.stop(stream);
-    timer_.start(stream, &t.attention);
-    const KeysValues all = fp8 ? KeysValues{rows_of(b.one_shot_k, adt, n, kMlaQkDim),
-                                            v8_of(b.one_shot_v, n, pitch), pitch}
-                               : KeysValues{rows_of(b.one_shot_k, adt, n, kMlaQkDim),
-                                            rows_of(b.one_shot_v, adt, n, kMlaVDim), 0};
-    attend(all, b.cu_k_one_shot, plan.max_k_one_shot, true, b.attn, nullptr);
-    timer_.stop(stream);
-  } else {
-    timer_.start(stream, &t.attention);
-    attend(extend, b.cu_q, plan.max_q, true, b.attn, b.lse);
-    timer_.stop(stream);
-    for (std::size_t i = 0; i < plan.chunks.size(); ++i) {
-      const PrefixChunk& chunk = plan.chunks[i];
-      timer_.start(stream, &t.prefix);
-      const KeysValues keys = prefix_keys(b.prefix_rows + plan.chunk_first_row[i], chunk.keys());
-      timer_.stop(stream);
-      timer_.start(stream, &t.attention);
-      attend(keys, b.chunk_cu_k + i * std::size_t(B + 1), chunk.max_seqlen_k, false, b.chunk_out,
-             b.chunk_lse);
-      timer_.stop(stream);
-      timer_.start(stream, &t.merge);
-      merge_attention_states_inplace(rows_of(b.attn, DType::kBF16, T, kMlaVDim),
-                                     TensorView(b.lse, DType::kF32, {T, H}, d),
-                                     rows_of(b.chunk_out, DType::kBF16, T, kMlaVDim),
-                                     TensorView(b.chunk_lse, DType::kF32, {T, H}, d), call.stream);
-      timer_.stop(stream);
-    }
+// bf16 RoPE of q_pe (in place) and k_pe, K = [k_nope | k_pe] per head, and the cache write.
+void CudaMlaExecutor::prep_bf16(const LatentCacheWrite& write, const TensorView& kv_c) {
+  const std::int64_t T = call_->plan.tokens;
+  cuda::model::RopeAssembleParams r =
+      k_assembly(b_.kv, T, b_.kv_a + c_.kv_lora_rank, kMlaLatentDim, b_.k16);
+  r.k_pe_out = b_.k_pe16;
+  r.q_pe = b_.q + kMlaNopeDim;
+  r.q_token_stride = c_.q_width();
+  r.q_head_stride = kMlaQkDim;
+  r.positions = b_.positions;
+  r.cos_sin = cos_sin_.as<float>();
+  cuda::model::rope_assemble_bf16(r, stream_);
+  mla_kv_cache_write(kv_c, TensorView(b_.k_pe16, DType::kBF16, {T, kMlaRopeDim}, device_), write,
+                     call_->stream);
+}
+
+// Gathered from the cache, through kv_b, then packed to e4m3 (V transposed) or assembled bf16.
+void CudaMlaExecutor::prefix_keys(std::int64_t first_row, std::int64_t n) {
+  const Device d = device_;
+  const DType adt = call_->path.attention_dtype;
+  mla_kv_gather(call_->cache, TensorView(b_.prefix_rows + first_row, DType::kI64, {n}, d),
+                1.0f / call_->options.cache_scale_inv,
+                TensorView(b_.prefix_c, DType::kBF16, {n, c_.kv_lora_rank}, d),
+                TensorView(b_.prefix_pe, DType::kBF16, {n, kMlaRopeDim}, d), {}, call_->stream);
+  project(*kv_b_, b_.prefix_c, n, b_.prefix_kv);
+  if (call_->path.fp8) {
+    MlaKvPackArgs a;
+    a.k_nope = k_nope_of(b_.prefix_kv, n);
+    a.k_pe = TensorView(b_.prefix_pe, DType::kBF16, {n, kMlaRopeDim}, d);
+    a.v = v_of(b_.prefix_kv, n);
+    a.k_scale_inv = call_->options.fp8.k_scale_inv;
+    a.v_scale_inv = call_->options.fp8.v_scale_inv;
+    a.k_out = rows_of(b_.prefix_k8, adt, n, kMlaQkDim);
+    a.v_out = v8_of(b_.prefix_v8, n, v_pitch(n));
+    a.v_layout = VLayout::kTransposed;
+    call_->backend.pack_prefix_chunk_kv(a, call_->stream);
+    prefix_ = {a.k_out, a.v_out, v_pitch(n)};
+    return;
   }
+  cuda::model::rope_assemble_bf16(
+      k_assembly(b_.prefix_kv, n, b_.prefix_pe, kMlaRopeDim, b_.prefix_k16), stream_);
+  prefix_ = {rows_of(b_.prefix_k16, adt, n, kMlaQkDim), v_of(b_.prefix_kv, n), 0};
+}
 
-  // ---- o_proj ----
-  timer_.start(stream, &t.output);
-  project(*o_, b.attn, T, call.out.data_as<std::uint16_t>(), b, stream);
-  timer_.stop(stream);
-  timer_.finish();
-  if (call.times != nullptr) *call.times = t;
+// One copy per run of rows: each sequence's prefix keys, then its extend keys.
+void CudaMlaExecutor::assemble_one_shot() {
+  const MlaBatchPlan& plan = call_->plan;
+  const bool fp8 = call_->path.fp8;
+  const DType adt = call_->path.attention_dtype;
+  const std::int64_t T = plan.tokens, H = c_.heads, P = std::int64_t(plan.prefix_rows.size());
+  const std::int64_t n = P + T, pitch = v_pitch(n), eb = fp8 ? 1 : 2;
+  const std::int64_t k_row = H * kMlaQkDim * eb;
+  const auto copy_rows = [&](const KeysValues& from, std::int64_t from_row, std::int64_t to_row,
+                             std::int64_t rows) {
+    if (rows == 0) return;
+    check(cudaMemcpyAsync(b_.one_shot_k + to_row * k_row,
+                          static_cast<const std::uint8_t*>(from.k.data()) + from_row * k_row,
+                          std::size_t(rows * k_row), cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpyAsync(one-shot K)");
+    const auto* v = static_cast<const std::uint8_t*>(from.v.data());
+    if (fp8) {  // [H * 128][pitch] bytes: a column range of every row
+      check(cudaMemcpy2DAsync(b_.one_shot_v + to_row, std::size_t(pitch), v + from_row,
+                              std::size_t(from.v_pitch), std::size_t(rows),
+                              std::size_t(H * kMlaVDim), cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpy2DAsync(one-shot V)");
+    } else {  // token-major rows of 128 bf16, 256 apart in the kv_b output
+      check(
+          cudaMemcpy2DAsync(b_.one_shot_v + to_row * H * kMlaVDim * 2, kMlaVDim * 2,
+                            v + from_row * from.v.stride(0) * 2, std::size_t(from.v.stride(1) * 2),
+                            kMlaVDim * 2, std::size_t(rows * H), cudaMemcpyDeviceToDevice, stream_),
+          "cudaMemcpy2DAsync(one-shot V)");
+    }
+  };
+  std::int64_t prefix_at = 0;
+  for (std::int64_t i = 0; i < plan.sequences; ++i) {
+    const std::int64_t k0 = plan.cu_k_one_shot[std::size_t(i)];
+    const std::int64_t q0 = plan.cu_q[std::size_t(i)], e = plan.cu_q[std::size_t(i + 1)] - q0;
+    const std::int64_t p = plan.cu_k_one_shot[std::size_t(i + 1)] - k0 - e;
+    copy_rows(prefix_, prefix_at, k0, p);
+    copy_rows(extend_, q0, k0 + p, e);
+    prefix_at += p;
+  }
+  one_shot_ = fp8 ? KeysValues{rows_of(b_.one_shot_k, adt, n, kMlaQkDim),
+                               v8_of(b_.one_shot_v, n, pitch), pitch}
+                  : KeysValues{rows_of(b_.one_shot_k, adt, n, kMlaQkDim),
+                               rows_of(b_.one_shot_v, adt, n, kMlaVDim), 0};
+}
+
+void CudaMlaExecutor::attend(const MlaAttendStep& step) {
+  const MlaBatchPlan& plan = call_->plan;
+  const std::int64_t T = plan.tokens;
+  const DType adt = call_->path.attention_dtype;
+  const bool chunk = step.keys == MlaKeys::kPrefix;
+  const KeysValues& kv = step.keys == MlaKeys::kExtend ? extend_ : chunk ? prefix_ : one_shot_;
+  MlaAttentionTensors t;
+  t.q = call_->path.fp8 ? rows_of(b_.q8, adt, T, kMlaQkDim) : rows_of(b_.q, adt, T, kMlaQkDim);
+  t.k = kv.k;
+  t.v = kv.v;
+  t.cu_q = b_.cu_q;
+  t.cu_k = step.keys == MlaKeys::kExtend ? b_.cu_q
+           : chunk ? b_.chunk_cu_k + step.chunk * std::size_t(plan.sequences + 1)
+                   : b_.cu_k_one_shot;
+  t.descales = b_.descales;
+  t.out = chunk ? b_.chunk_out : b_.attn;
+  t.lse = chunk ? b_.chunk_lse : step.lse ? b_.lse : nullptr;
+  call_->backend.prefill_attention(mla_attention_args(c_, plan, call_->path, step, t, device_),
+                                   call_->stream);
+}
+
+void CudaMlaExecutor::merge() {
+  const std::int64_t T = call_->plan.tokens, H = c_.heads;
+  merge_attention_states_inplace(
+      rows_of(b_.attn, DType::kBF16, T, kMlaVDim), TensorView(b_.lse, DType::kF32, {T, H}, device_),
+      rows_of(b_.chunk_out, DType::kBF16, T, kMlaVDim),
+      TensorView(b_.chunk_lse, DType::kF32, {T, H}, device_), call_->stream);
+}
+
+void CudaMlaExecutor::output() {
+  project(*o_, b_.attn, call_->plan.tokens, call_->out.data_as<std::uint16_t>());
 }
 
 }  // namespace
 
-std::unique_ptr<MlaLayer::Impl> make_cuda_mla_layer(const MlaConfig& config,
+std::unique_ptr<MlaExecutor> make_cuda_mla_executor(const MlaConfig& config,
                                                     const MlaWeights& weights, Device device) {
-  return std::make_unique<CudaMlaLayer>(config, weights, device);
+  return std::make_unique<CudaMlaExecutor>(config, weights, device);
 }
 
 }  // namespace fp8mla

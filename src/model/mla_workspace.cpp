@@ -124,7 +124,7 @@ WorkSizes work_sizes(const MlaBatchPlan& plan, bool fp8) {
   s.tokens = plan.tokens;
   s.sequences = plan.sequences;
   s.prefix_rows = std::int64_t(plan.prefix_rows.size());
-  s.one_shot_prefix = plan.chunked ? 0 : s.prefix_rows;
+  s.one_shot_prefix = plan.prefix_attention == PrefixAttention::kChunked ? 0 : s.prefix_rows;
   for (const PrefixChunk& chunk : plan.chunks) s.chunk_keys = std::max(s.chunk_keys, chunk.keys());
   s.chunks = std::int64_t(plan.chunks.size());
   s.fp8 = fp8;

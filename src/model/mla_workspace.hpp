@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "fp8mla/mla_layer.hpp"
-#include "model/mla_layer_impl.hpp"
+#include "model/mla_executor.hpp"
 
 namespace fp8mla {
 

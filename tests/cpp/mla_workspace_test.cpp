@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <random>
 
-#include "model/mla_layer_impl.hpp"
+#include "model/mla_executor.hpp"
 #include "model/mla_workspace.hpp"
 
 namespace fp8mla {

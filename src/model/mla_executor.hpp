@@ -1,0 +1,153 @@
+// The MLA layer's prefill as one driver over an executor (docs/design.md section 5). The driver
+// (run_mla_prefill, mla_layer.cpp) takes the batch's plan, which chooses the prefix attention, and
+// the backend's path, and calls the executor's steps in order. An executor runs each step on its
+// device: the CPU one (mla_layer_cpu.cpp) in host memory with the reference math, the CUDA one
+// (mla_layer_cuda.cpp) in the caller's workspace on a stream, with the batch's metadata uploaded
+// in one copy and CUDA events as stage timers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fp8mla/mla_layer.hpp"
+#include "model/prefix_chunks.hpp"
+
+namespace fp8mla {
+
+// How the extend tokens attend to the cached prefixes: no prefix in the batch; prefix and extend
+// keys together (one-shot); or the extend keys causally, then each prefix chunk, merged by LSE.
+enum class PrefixAttention { kNone, kOneShot, kChunked };
+
+// A batch as the layer's steps see it.
+struct MlaBatchPlan {
+  std::int64_t tokens = 0;                     // T: extend tokens
+  std::int64_t sequences = 0;                  // B
+  std::vector<std::int64_t> positions, slots;  // [T]: position and cache slot of each extend token
+  std::vector<std::int32_t> cu_q;              // [B + 1]: query offsets, also the extend keys'
+  std::int32_t max_q = 0;
+  std::vector<std::int64_t> prefix_lens;  // [B]
+  std::vector<std::int64_t> prefix_rows;  // cache slots of every prefix token, in sequence order
+  PrefixAttention prefix_attention = PrefixAttention::kNone;
+  // One-shot: each sequence's keys are its prefix, then its extend tokens.
+  std::vector<std::int32_t> cu_k_one_shot;  // [B + 1]
+  std::int32_t max_k_one_shot = 0;
+  // Chunked: chunk c holds prefix_rows[chunk_first_row[c], + chunks[c].keys()).
+  std::vector<PrefixChunk> chunks;
+  std::vector<std::int64_t> chunk_first_row;
+};
+
+// Checks the batch against `config` (lengths, slot counts, positions) and plans it into `plan`,
+// whose vectors keep their capacity from one batch to the next; the prefix attention is chosen
+// here (chunked above options.one_shot_max_prefix prefix keys).
+void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
+                    const MlaPrefillOptions& options, MlaBatchPlan& plan);
+
+// The path a backend runs: its prepare_prefill_qkv hook decides.
+struct MlaPath {
+  bool fp8 = false;
+  DType attention_dtype = DType::kBF16;
+};
+MlaPath mla_path(const AttentionBackend& backend);
+
+// Everything prefill gets, checked by MlaLayer::prefill before the driver sees it.
+struct MlaPrefillCall {
+  const TensorView& hidden;
+  const MlaBatchPlan& plan;
+  const TensorView& cache;
+  const AttentionBackend& backend;
+  const MlaPrefillOptions& options;
+  const TensorView& out;
+  const TensorView& workspace;
+  MlaPath path;
+  MlaStageTimes* times;
+  CudaStream stream;
+};
+
+// The keys of one attention call: the extend tokens' (cu_seqlens_k = the plan's cu_q), each
+// sequence's prefix then extend keys (cu_k_one_shot), or the prefix keys prefix_keys() built last
+// (the chunk's cu_seqlens_k; the call writes the chunk's output and LSE, which merge() folds in).
+enum class MlaKeys { kExtend, kOneShot, kPrefix };
+
+struct MlaAttendStep {
+  MlaKeys keys = MlaKeys::kExtend;
+  std::size_t chunk = 0;  // kPrefix: the chunk of the plan
+  std::int32_t max_seqlen_k = 0;
+  bool causal = true;
+  bool lse = false;  // kExtend: the layer's output with its LSE, for the chunks to merge into
+};
+
+// The tensors of one attention call as an executor lays them out: q, k, v views; cu_q, cu_k,
+// descales (q, k, v; read on the FP8 path), out bf16 [T, H, 128] and lse f32 [T, H] (or null)
+// in the executor's memory.
+struct MlaAttentionTensors {
+  TensorView q, k, v;
+  const std::int32_t *cu_q, *cu_k;
+  const float* descales;
+  std::uint16_t* out;
+  float* lse;
+};
+// The attention call's arguments: the tensors above on `device`, the plan's sizes, the step's.
+PrefillAttentionArgs mla_attention_args(const MlaConfig& config, const MlaBatchPlan& plan,
+                                        MlaPath path, const MlaAttendStep& step,
+                                        const MlaAttentionTensors& tensors, Device device);
+
+// The FP8 V layout an executor's attention reads, and why (for the error when a backend packs
+// V another way).
+struct MlaVLayoutNeed {
+  VLayout layout;
+  const char* reason;
+};
+
+// A device's implementation of the prefill's steps, called by run_mla_prefill in this order:
+// check_batch, begin, project, prep, then per the plan's prefix attention prefix_keys,
+// assemble_one_shot, attend and merge, then output and finish; each step between start_stage
+// and stop_stage of the stage it counts to.
+class MlaExecutor {
+ public:
+  virtual ~MlaExecutor() = default;
+  virtual const std::vector<std::string>& projection_notes() const = 0;
+  virtual std::size_t workspace_bytes(const MlaWorkspaceLimits& limits,
+                                      const MlaPrefillOptions& options, MlaPath path) const = 0;
+  virtual MlaVLayoutNeed fp8_v_layout() const = 0;
+
+  // What the executor checks on the host before anything runs (also for a batch with no extend
+  // tokens, which then ends here).
+  virtual void check_batch(const MlaPrefillCall& call) = 0;
+  // Takes the call's memory and metadata; the steps below work on it until finish().
+  virtual void begin(const MlaPrefillCall& call) = 0;
+  virtual void start_stage(double* stage) = 0;  // the step(s) until stop_stage add to *stage
+  virtual void stop_stage() = 0;
+  virtual void project() = 0;  // q, kv_a, RMSNorm, kv_b of the extend tokens
+  virtual void prep() = 0;     // RoPE, FP8 Q/K/V (the hook) or bf16 RoPE, latent cache write
+  // The attention keys of prefix_rows[first_row, + rows): gathered, kv_b, packed or assembled.
+  virtual void prefix_keys(std::int64_t first_row, std::int64_t rows) = 0;
+  // Each sequence's prefix keys (from prefix_keys over all of them), then its extend keys.
+  virtual void assemble_one_shot() = 0;
+  virtual void attend(const MlaAttendStep& step) = 0;
+  virtual void merge() = 0;   // the last chunk's output into the layer's, by LSE
+  virtual void output() = 0;  // o_proj into the call's `out`
+  virtual void finish() = 0;  // the stage times are in place after it
+};
+
+// The layer's prefill: the executor's steps for the planned call; *call.times when given.
+void run_mla_prefill(MlaExecutor& executor, const MlaPrefillCall& call);
+
+std::unique_ptr<MlaExecutor> make_cpu_mla_executor(const MlaConfig& config,
+                                                   const MlaWeights& weights);
+#ifdef FP8MLA_WITH_CUDA
+std::unique_ptr<MlaExecutor> make_cuda_mla_executor(const MlaConfig& config,
+                                                    const MlaWeights& weights, Device device);
+#endif
+
+// The layer's state behind the public class: the plan of the current prefill (reused so that
+// planning allocates nothing) and the executor of the layer's device.
+class MlaLayer::Impl {
+ public:
+  MlaBatchPlan plan;
+  std::unique_ptr<MlaExecutor> executor;
+};
+
+}  // namespace fp8mla
