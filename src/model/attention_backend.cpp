@@ -109,8 +109,7 @@ void add_unique(std::vector<T>& items, const T& item) {
 BackendCapabilities capabilities_of(const BackendSpec& spec) {
   BackendCapabilities caps;
   caps.name = spec.name;
-  caps.prepare_prefill_qkv = spec.fp8;
-  caps.pack_prefix_chunk_kv = spec.fp8;
+  caps.prepare_prefill_qkv = caps.pack_prefix_chunk_kv = spec.fp8;
   caps.v_layout = spec.v_layout;
   const auto takes = [&](DType dtype) { return spec.fp8 || dtype == DType::kBF16; };
   if (spec.device == DeviceType::kCPU) {
