@@ -1,5 +1,5 @@
-# Installs fp8mla as a CMake package: find_package(fp8mla) then link fp8mla::fp8mla (and
-# fp8mla::model, the MLA layer, where it was built).
+# Installs fp8mla as a CMake package: find_package(fp8mla) then link fp8mla::fp8mla (the ops, the
+# attention backends and the MLA layer) and fp8mla::model (safetensors weights), where it was built.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 

@@ -26,7 +26,9 @@ struct BackendCapabilities {
   std::vector<std::pair<int, int>> head_dims;  // (Dqk, Dv)
   int min_page_size = 1;
   int max_page_size = 128;
-  std::vector<std::string> output_quant;   // fused output quantization keys
+  // Fused output quantization keys: empty for every backend, as none fuses it yet (a layer that
+  // asks for one gets a "Missing: fused output quantization" error).
+  std::vector<std::string> output_quant;
   std::vector<std::string> architectures;  // "cpu", "sm_90a", ...
   bool prepare_prefill_qkv = false;
   bool pack_prefix_chunk_kv = false;
@@ -69,10 +71,12 @@ class AttentionBackend {
 };
 
 // "cpu" (FP8 hook and pack, e4m3 and bf16 attention), "cpu-bf16" (bf16 attention, no hook),
-// "fp8-hopper" (the hook and pack writing V transposed, e4m3 and bf16 attention on sm_90a) or
-// "bf16-hopper" (bf16 attention on sm_90a, no hook); another name is an
-// ErrorCategory::kInvalidArgument error listing the known ones. Each runs fp8mla's ops, on the
-// device of the tensors it is given.
+// "fp8-hopper" (the hook and pack writing V transposed, e4m3 and bf16 attention) or "bf16-hopper"
+// (bf16 attention, no hook); another name is an ErrorCategory::kInvalidArgument error listing the
+// known ones. Each runs fp8mla's ops, on the device of the tensors it is given. The Hopper ones
+// declare the dtypes and head dims of the compiled kernel variants (compiled_attention_variants,
+// fp8mla/kernel_registry.hpp) and the architecture they were built for: none in a build without
+// CUDA, where check_backend rejects them.
 std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name);
 std::vector<std::string> attention_backend_names();
 

@@ -44,7 +44,8 @@ std::string mla_tensor_name(int layer, const std::string& leaf);
 
 // Views of layer `layer`'s weights in `file` (which must outlive them), checked against `config`:
 // a missing tensor, a wrong shape or dtype, or a mix of bf16 and e4m3 projections is an error
-// naming the tensor, what was expected and what the file holds.
+// naming the tensor, what was expected and what the file holds. In fp8mla::model, with the
+// safetensors reader (fp8mla/safetensors.hpp); the rest of this header is in fp8mla::fp8mla.
 MlaWeights load_mla_weights(const SafetensorsFile& file, const MlaConfig& config, int layer);
 
 // Random weights from `seed` (entries ~ U(-1, 1) / sqrt(in), norms ~ 1 +- 0.1); e4m3 weights are

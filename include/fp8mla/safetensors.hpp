@@ -2,7 +2,8 @@
 // little-endian header length, a JSON header {"name": {"dtype", "shape", "data_offsets"}, ...},
 // then the tensor bytes. The reader maps the file and checks the header against it (dtypes,
 // shapes, offsets inside the file, byte counts): a malformed or truncated file is an
-// ErrorCategory::kIo error naming the file and what is wrong.
+// ErrorCategory::kIo error naming the file and what is wrong. In fp8mla::model: it parses the
+// header with nlohmann_json, so a build without it has no fp8mla::model.
 #pragma once
 
 #include <cstddef>

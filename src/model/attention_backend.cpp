@@ -1,8 +1,10 @@
 #include "fp8mla/attention_backend.hpp"
 
 #include <algorithm>
+#include <iterator>
 
 #include "fp8mla/error.hpp"
+#include "fp8mla/kernel_registry.hpp"
 #include "fp8mla/quantize.hpp"
 #include "fp8mla/runtime_info.hpp"
 
@@ -45,8 +47,12 @@ std::string join(const std::vector<T>& items, auto text) {
   return s.empty() ? "none" : s;
 }
 
-// A backend made of fp8mla's ops, which run where their tensors are: the CPU backends and the
-// Hopper ones differ in what they declare (architecture, V layout), not in code.
+std::string join(const std::vector<std::string>& items) {
+  return join(items, [](const std::string& s) { return s; });
+}
+
+// A backend made of fp8mla's ops, which run where their tensors are: backends differ in what they
+// declare (kBackends), not in code.
 class OpsBackend final : public AttentionBackend {
  public:
   explicit OpsBackend(BackendCapabilities caps) : caps_(std::move(caps)) {}
@@ -74,21 +80,53 @@ class OpsBackend final : public AttentionBackend {
   BackendCapabilities caps_;
 };
 
-BackendCapabilities capabilities_of(std::string_view name) {
+// The backends, by what they declare. A CUDA backend takes the attention dtypes and head dims of
+// the kernels this build compiled (compiled_attention_variants: none without CUDA) and runs on the
+// architecture they were compiled for.
+struct BackendSpec {
+  const char* name;
+  DeviceType device;
+  bool fp8;  // e4m3 attention (besides bf16), the prepare_prefill_qkv hook and pack_prefix_chunk_kv
+  VLayout v_layout;  // of the FP8 V the hook and the pack write
+};
+// FP8 P V on Hopper reads V with contiguous tokens (wgmma's K-major operand). bf16-hopper has no
+// hook or pack, so its layout is never used.
+constexpr BackendSpec kBackends[] = {
+    {"cpu", DeviceType::kCPU, true, VLayout::kTokenMajor},
+    {"cpu-bf16", DeviceType::kCPU, false, VLayout::kTokenMajor},
+    {"fp8-hopper", DeviceType::kCUDA, true, VLayout::kTransposed},
+    {"bf16-hopper", DeviceType::kCUDA, false, VLayout::kTransposed},
+};
+
+// The (Dqk, Dv) pairs the CPU attention is checked at: MLA's and smaller ones.
+constexpr std::pair<int, int> kCpuHeadDims[] = {{192, 128}, {128, 128}, {64, 64}, {128, 64}};
+
+template <typename T>
+void add_unique(std::vector<T>& items, const T& item) {
+  if (std::find(items.begin(), items.end(), item) == items.end()) items.push_back(item);
+}
+
+BackendCapabilities capabilities_of(const BackendSpec& spec) {
   BackendCapabilities caps;
-  caps.name = std::string(name);
-  const bool hopper = name.ends_with("-hopper");
-  const bool fp8 = name == "cpu" || name == "fp8-hopper";
-  caps.attention_dtypes = fp8 ? std::vector{DType::kE4M3, DType::kBF16} : std::vector{DType::kBF16};
-  // The CPU attention takes any of these; the Hopper kernels are compiled for MLA's dims.
-  caps.head_dims =
-      hopper ? std::vector<std::pair<int, int>>{{192, 128}}
-             : std::vector<std::pair<int, int>>{{192, 128}, {128, 128}, {64, 64}, {128, 64}};
-  caps.architectures = {hopper ? "sm_90a" : "cpu"};
-  caps.prepare_prefill_qkv = fp8;
-  caps.pack_prefix_chunk_kv = fp8;
-  // FP8 P V on Hopper reads V with contiguous tokens (wgmma's K-major operand).
-  caps.v_layout = hopper ? VLayout::kTransposed : VLayout::kTokenMajor;
+  caps.name = spec.name;
+  caps.prepare_prefill_qkv = caps.pack_prefix_chunk_kv = spec.fp8;
+  caps.v_layout = spec.v_layout;
+  const auto takes = [&](DType dtype) { return spec.fp8 || dtype == DType::kBF16; };
+  if (spec.device == DeviceType::kCPU) {
+    for (DType dtype : {DType::kE4M3, DType::kBF16}) {
+      if (takes(dtype)) caps.attention_dtypes.push_back(dtype);
+    }
+    caps.head_dims.assign(std::begin(kCpuHeadDims), std::end(kCpuHeadDims));
+    caps.architectures = {"cpu"};
+    return caps;
+  }
+  for (const AttentionVariantKey& key : compiled_attention_variants()) {
+    if (!takes(key.dtype)) continue;
+    add_unique(caps.attention_dtypes, key.dtype);
+    add_unique(caps.head_dims, {key.head_dim_qk, key.head_dim_v});
+  }
+  const std::string arch = build_info().cuda_arch;
+  if (!arch.empty()) caps.architectures = {arch};
   return caps;
 }
 
@@ -123,7 +161,6 @@ void check_backend(const BackendCapabilities& caps, const BackendRequirements& r
     missing.push_back(concat("architecture ", arch));
   }
   if (missing.empty()) return;
-  const auto text = [](const std::string& s) { return s; };
   throw Error(
       ErrorCategory::kUnsupported,
       concat(
@@ -137,10 +174,10 @@ void check_backend(const BackendCapabilities& caps, const BackendRequirements& r
           ". Supported: attention dtypes ", join(caps.attention_dtypes, dtype_name), ", head dims ",
           join(caps.head_dims, [](const auto& d) { return concat(d.first, "/", d.second); }),
           ", page sizes ", caps.min_page_size, "-", caps.max_page_size, ", output quantization ",
-          join(caps.output_quant, text), ", prepare_prefill_qkv ",
+          join(caps.output_quant), ", prepare_prefill_qkv ",
           caps.prepare_prefill_qkv ? "yes" : "no", ", pack_prefix_chunk_kv ",
-          caps.pack_prefix_chunk_kv ? "yes" : "no", ", architectures ",
-          join(caps.architectures, text), ". Missing: ", join(missing, text), "."));
+          caps.pack_prefix_chunk_kv ? "yes" : "no", ", architectures ", join(caps.architectures),
+          ". Missing: ", join(missing), "."));
 }
 
 void AttentionBackend::prepare_prefill_qkv(const PrepareQkvArgs&, CudaStream) const {
@@ -154,18 +191,18 @@ void AttentionBackend::pack_prefix_chunk_kv(const MlaKvPackArgs&, CudaStream) co
 }
 
 std::unique_ptr<AttentionBackend> make_attention_backend(std::string_view name) {
-  const std::vector<std::string> names = attention_backend_names();
-  if (std::find(names.begin(), names.end(), name) != names.end())
-    return std::make_unique<OpsBackend>(capabilities_of(name));
-  std::string known;
-  for (const std::string& n : attention_backend_names())
-    known += concat(known.empty() ? "" : ", ", n);
-  throw Error(ErrorCategory::kInvalidArgument,
-              concat("unknown attention backend '", name, "'; known: ", known));
+  for (const BackendSpec& spec : kBackends) {
+    if (spec.name == name) return std::make_unique<OpsBackend>(capabilities_of(spec));
+  }
+  throw Error(
+      ErrorCategory::kInvalidArgument,
+      concat("unknown attention backend '", name, "'; known: ", join(attention_backend_names())));
 }
 
 std::vector<std::string> attention_backend_names() {
-  return {"cpu", "cpu-bf16", "fp8-hopper", "bf16-hopper"};
+  std::vector<std::string> names;
+  for (const BackendSpec& spec : kBackends) names.emplace_back(spec.name);
+  return names;
 }
 
 }  // namespace fp8mla

@@ -1,31 +1,17 @@
+// Generated MLA layer weights and their DeepSeek names (fp8mla/mla_weights.hpp); loading them from
+// a safetensors file is mla_weights_load.cpp.
 #include "fp8mla/mla_weights.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <random>
 
 #include "fp8mla/error.hpp"
 #include "fp8mla/numerics.hpp"
+#include "model/mla_weight_specs.hpp"
 
 namespace fp8mla {
-namespace {
-
-std::int64_t blocks(std::int64_t n) {
-  return (n + kWeightBlock - 1) / kWeightBlock;
-}
-
-// One projection's expected shape, and whether the layer has it.
-struct ProjectionSpec {
-  const char* name;
-  MlaProjection MlaWeights::*member;
-  std::int64_t out, in;
-};
-struct NormSpec {
-  const char* name;
-  TensorView MlaWeights::*member;
-  std::int64_t size;
-};
+namespace model {
 
 std::vector<ProjectionSpec> projections(const MlaConfig& c) {
   std::vector<ProjectionSpec> specs;
@@ -50,64 +36,16 @@ std::vector<NormSpec> norms(const MlaConfig& c) {
   return specs;
 }
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += concat(i ? ", " : "", shape[i]);
-  return s + "]";
-}
+}  // namespace model
 
-const SafetensorsTensor& expect(const SafetensorsFile& file, const std::string& name,
-                                std::initializer_list<DType> dtypes,
-                                const std::vector<std::int64_t>& shape) {
-  const SafetensorsTensor& t = file.at(name);
-  const bool dtype_ok = std::find(dtypes.begin(), dtypes.end(), t.dtype) != dtypes.end();
-  std::string wanted;
-  for (DType d : dtypes) wanted += concat(wanted.empty() ? "" : " or ", dtype_name(d));
-  if (!dtype_ok || t.shape != shape) {
-    throw Error(ErrorCategory::kInvalidArgument,
-                concat("'", file.path(), "': tensor '", name, "': expected ", wanted, " ",
-                       shape_text(shape), ", got ", dtype_name(t.dtype), " ", shape_text(t.shape)));
-  }
-  return t;
-}
-
-}  // namespace
+using model::norms;
+using model::NormSpec;
+using model::projections;
+using model::ProjectionSpec;
+using model::weight_blocks;
 
 std::string mla_tensor_name(int layer, const std::string& leaf) {
   return concat("model.layers.", layer, ".self_attn.", leaf);
-}
-
-MlaWeights load_mla_weights(const SafetensorsFile& file, const MlaConfig& config, int layer) {
-  MlaWeights w;
-  bool first = true;
-  for (const ProjectionSpec& p : projections(config)) {
-    const std::string name = mla_tensor_name(layer, concat(p.name, ".weight"));
-    const SafetensorsTensor& t = expect(file, name, {DType::kBF16, DType::kE4M3}, {p.out, p.in});
-    const WeightFormat format =
-        t.dtype == DType::kE4M3 ? WeightFormat::kFp8Block : WeightFormat::kBf16;
-    if (first) w.format = format;
-    if (format != w.format) {
-      throw Error(ErrorCategory::kInvalidArgument,
-                  concat("'", file.path(), "': tensor '", name, "' is ", dtype_name(t.dtype),
-                         " while the layer's first projection is ",
-                         w.format == WeightFormat::kBf16 ? "bf16" : "e4m3",
-                         "; expected one format for every projection"));
-    }
-    first = false;
-    MlaProjection& proj = w.*(p.member);
-    proj.weight = t.view();
-    if (format == WeightFormat::kFp8Block) {
-      proj.scale_inv = expect(file, mla_tensor_name(layer, concat(p.name, ".weight_scale_inv")),
-                              {DType::kF32}, {blocks(p.out), blocks(p.in)})
-                           .view();
-    }
-  }
-  for (const NormSpec& n : norms(config)) {
-    w.*(n.member) =
-        expect(file, mla_tensor_name(layer, concat(n.name, ".weight")), {DType::kBF16}, {n.size})
-            .view();
-  }
-  return w;
 }
 
 MlaWeights generate_mla_weights(const MlaConfig& config, WeightFormat format, std::uint64_t seed) {
@@ -119,7 +57,8 @@ MlaWeights generate_mla_weights(const MlaConfig& config, WeightFormat format, st
   std::int64_t total = 0;
   for (const ProjectionSpec& p : projs) {
     total += round16(p.out * p.in * weight_bytes);
-    if (format == WeightFormat::kFp8Block) total += round16(blocks(p.out) * blocks(p.in) * 4);
+    if (format == WeightFormat::kFp8Block)
+      total += round16(weight_blocks(p.out) * weight_blocks(p.in) * 4);
   }
   for (const NormSpec& n : ns) total += round16(n.size * 2);
 
@@ -147,7 +86,7 @@ MlaWeights generate_mla_weights(const MlaConfig& config, WeightFormat format, st
       proj.weight = TensorView(data, DType::kBF16, {p.out, p.in});
       continue;
     }
-    const std::int64_t bo = blocks(p.out), bi = blocks(p.in);
+    const std::int64_t bo = weight_blocks(p.out), bi = weight_blocks(p.in);
     auto* scales = reinterpret_cast<float*>(take(bo * bi * 4));
     auto* out = reinterpret_cast<std::uint8_t*>(data);
     for (std::int64_t r0 = 0; r0 < bo; ++r0) {

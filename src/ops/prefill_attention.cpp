@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "cuda/attention/prefill_registry.hpp"
 #include "fp8mla/attention.hpp"
 #include "ops/device_dispatch.hpp"
 #include "ops/prefill_attention_params.hpp"

@@ -4,11 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "fp8mla/dtype.hpp"
-#include "fp8mla/kernel_registry.hpp"
-#include "fp8mla/stream.hpp"
 
 namespace fp8mla {
 
@@ -57,15 +54,5 @@ struct PrefillAttentionParams {
 namespace cpu {
 void prefill_attention(const PrefillAttentionParams& p);
 }  // namespace cpu
-
-namespace cuda {
-// Launches the compiled variant `key` (src/cuda/attention/prefill_variants.def) on p; a key that
-// was not compiled is an ErrorCategory::kUnsupported error listing the compiled ones.
-void prefill_attention(const AttentionVariantKey& key, const PrefillAttentionParams& p,
-                       CudaStream stream);
-std::vector<AttentionVariantKey> compiled_prefill_variants();
-// One-time set-up of variant `key` on the current device (same error for a missing key).
-void prepare_prefill_variant(const AttentionVariantKey& key);
-}  // namespace cuda
 
 }  // namespace fp8mla

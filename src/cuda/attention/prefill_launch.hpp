@@ -1,5 +1,5 @@
 // Host entry of one compiled prefill attention variant. Declared here for the variant table
-// (prefill_variants.cu); defined in prefill_launch.cuh and instantiated once per variant by the
+// (prefill_registry.cpp); defined in prefill_launch.cuh and instantiated once per variant by the
 // files CMake generates from prefill_variants.def.
 #pragma once
 
