@@ -126,9 +126,9 @@ class PrefillConsumer {
   // Q K^T's promotions (see compute_qk): the e4m3 LSE needs three, O alone none.
   static constexpr int kQkParts = Traits::kFp8 && kRowSum ? 3 : 1;
 
-  // One work tile's main loop: its registers (locals of run(); held in this struct instead, they
-  // come out of ptxas scheduled differently) and its ring position. Turn `it` scores key tile
-  // n_blocks - 1 - it.
+  // The main loop's state for one work tile: references to run()'s registers and partial sums
+  // (made members of this struct, they came out of ptxas scheduled differently) and the ring
+  // position. Turn `it` scores key tile n_blocks - 1 - it.
   struct Tile {
     __device__ Tile(const TileWork& work, int r, OnlineSoftmax<Traits, kRowSum>& sm,
                     float (&acc)[Traits::kORegs], float (&scores)[64],

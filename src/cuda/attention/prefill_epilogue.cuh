@@ -31,13 +31,12 @@ class Bf16OutputEpilogue {
  public:
   __device__ explicit Bf16OutputEpilogue(const PrefillKernelParams& p) : p_(p) {}
 
-  // `row`: the sequence-local query row of the thread's row half 0; o: e4m3's with the ones
-  // columns.
+  // `row`: the sequence-local query row of the thread's row half 0; o: the sum of P V, not
+  // normalized (e4m3: with the ones columns).
   template <bool kRowSum>
   __device__ __forceinline__ void store(const TileWork& w, int row,
                                         const OnlineSoftmax<Traits, kRowSum>& softmax,
                                         float v_scale, const float (&o)[Traits::kORegs]) const {
-    const PrefillKernelParams& p = p_;
     const int c = threadIdx.x % 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -53,8 +52,8 @@ class Bf16OutputEpilogue {
             : "f"(o[4 * j + 2 * h + 1] * inv), "f"(o[4 * j + 2 * h] * inv));
       }
       const std::int64_t token = w.q_start + r;
-      std::uint16_t* dst = p.out + token * p.out_token_stride + w.head * p.out_head_stride;
-      if (p.out_vectors) {
+      std::uint16_t* dst = p_.out + token * p_.out_token_stride + w.head * p_.out_head_stride;
+      if (p_.out_vectors) {
         const bool odd = c & 1;
 #pragma unroll
         for (int j = 0; j < 16; j += 2) {
@@ -71,8 +70,8 @@ class Bf16OutputEpilogue {
           *reinterpret_cast<std::uint32_t*>(dst + 8 * j + 2 * c) = words[j];
         }
       }
-      if (p.lse != nullptr && c == 0 && r < w.q_len) {
-        p.lse[token * p.lse_token_stride + w.head * p.lse_head_stride] = softmax.lse(h);
+      if (p_.lse != nullptr && c == 0 && r < w.q_len) {
+        p_.lse[token * p_.lse_token_stride + w.head * p_.lse_head_stride] = softmax.lse(h);
       }
     }
   }

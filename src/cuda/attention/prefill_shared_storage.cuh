@@ -13,7 +13,8 @@
 namespace fp8mla::cuda::attention {
 
 // The mbarriers of the load pipeline. The producer's loads complete on the full barriers; each
-// consumer warp arrives on a stage's empty barriers once it no longer reads that stage.
+// consumer warp arrives on a stage's empty barriers once it no longer reads that stage. One
+// array with int offsets: separate arrays (64-bit indexing) change the producer's code.
 template <int kStages>
 struct PipelineBarriers {
   std::uint64_t words[1 + 4 * kStages];  // q_full, k_full[], v_full[], k_empty[], v_empty[]
@@ -31,6 +32,7 @@ template <typename Traits>
 struct alignas(1024) OutputPartialSums {
   float4 slots[Traits::kConsumerWarpgroups][Traits::kORegs / 4][128];
 
+  // Consumer warpgroup cw's (an int offset, as for the barriers).
   __device__ const float4* of(int cw) const { return slots[0][0] + cw * 32 * Traits::kORegs; }
 };
 struct NoOutputPartialSums {};
