@@ -1,7 +1,9 @@
-// Epilogue of the prefill kernel: O / l (times the V descale) to bf16 with the caller's strides,
-// and the natural-log LSE. For e4m3, l is the sum of the rounded P that O accumulated (the ones
-// columns, o[64 + 2h]); the LSE always uses the f32 sum of the unrounded P. Rows that saw no key
-// write O = 0 and LSE = -inf; rows past the sequence's queries write nothing.
+// Epilogue of the prefill kernel: a consumer warpgroup hands it each finished work tile, O (not
+// yet normalized) and the softmax's row state of its 64 rows. This one stores O / l (times the V
+// descale) as bf16 with the caller's strides, and the natural-log LSE. For e4m3, l is the sum of
+// the rounded P that O accumulated (the ones columns, o[64 + 2h]); the LSE always uses the f32 sum
+// of the unrounded P. Rows that saw no key write O = 0 and LSE = -inf; rows past the sequence's
+// queries write nothing.
 #pragma once
 
 #include <cstdint>
@@ -20,51 +22,62 @@ __device__ __forceinline__ void exchange_pair(std::uint32_t (&x)[2], bool odd) {
   x[1] = odd ? x[1] : other;
 }
 
-// `row` is the sequence-local query row of the thread's row half 0. A quad holds a row's 128
-// dims as 16 blocks of 8, two per lane and block. With p.out_vectors, lane pairs exchange words so
-// that each lane stores 8 bytes at once and a quad whole 32-byte sectors: half-sector stores cost
-// short sequences about a tenth of their time, the exchanges little.
-template <typename Traits, bool kRowSum>
-__device__ __forceinline__ void store_output(const PrefillKernelParams& p, const TileWork& w,
-                                             int row, const OnlineSoftmax<Traits, kRowSum>& softmax,
-                                             float v_scale, const float (&o)[Traits::kORegs]) {
-  const int c = threadIdx.x % 4;
+// The bf16 output and the LSE. A quad holds a row's 128 dims as 16 blocks of 8, two per lane and
+// block. With p.out_vectors, lane pairs exchange words so that each lane stores 8 bytes at once
+// and a quad whole 32-byte sectors: half-sector stores cost short sequences about a tenth of
+// their time, the exchanges little.
+template <typename Traits>
+class Bf16OutputEpilogue {
+ public:
+  __device__ explicit Bf16OutputEpilogue(const PrefillKernelParams& p) : p_(p) {}
+
+  // `row`: the sequence-local query row of the thread's row half 0; o: the sum of P V, not
+  // normalized (e4m3: with the ones columns).
+  template <bool kRowSum>
+  __device__ __forceinline__ void store(const TileWork& w, int row,
+                                        const OnlineSoftmax<Traits, kRowSum>& softmax,
+                                        float v_scale, const float (&o)[Traits::kORegs]) const {
+    const int c = threadIdx.x % 4;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row + 8 * h;  // the same for the four lanes of a quad
-    const float sum = softmax.row_sum[h];
-    const float o_sum = Traits::kOnesRows > 0 ? o[64 + 2 * h] : sum;
-    const float inv = o_sum > 0.0f ? v_scale / o_sum : 0.0f;
-    std::uint32_t words[16];  // block j: dims 8j + 2c, 8j + 2c + 1
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      asm("cvt.rn.bf16x2.f32 %0, %1, %2;"
-          : "=r"(words[j])
-          : "f"(o[4 * j + 2 * h + 1] * inv), "f"(o[4 * j + 2 * h] * inv));
-    }
-    const std::int64_t token = w.q_start + r;
-    std::uint16_t* out = p.out + token * p.out_token_stride + w.head * p.out_head_stride;
-    if (p.out_vectors) {
-      const bool odd = c & 1;
-#pragma unroll
-      for (int j = 0; j < 16; j += 2) {
-        std::uint32_t x[2] = {words[j], words[j + 1]};
-        exchange_pair(x, odd);  // every lane, whether its row exists or not
-        // Lane c: dims 2 (c & 2) .. + 3 of block j + c % 2.
-        if (r < w.q_len) {
-          *reinterpret_cast<uint2*>(out + 8 * (j + odd) + 2 * (c & 2)) = make_uint2(x[0], x[1]);
-        }
-      }
-    } else if (r < w.q_len) {
+    for (int h = 0; h < 2; ++h) {
+      const int r = row + 8 * h;  // the same for the four lanes of a quad
+      const float sum = softmax.row_sum[h];
+      const float o_sum = Traits::kOnesRows > 0 ? o[64 + 2 * h] : sum;
+      const float inv = o_sum > 0.0f ? v_scale / o_sum : 0.0f;
+      std::uint32_t words[16];  // block j: dims 8j + 2c, 8j + 2c + 1
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
-        *reinterpret_cast<std::uint32_t*>(out + 8 * j + 2 * c) = words[j];
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;"
+            : "=r"(words[j])
+            : "f"(o[4 * j + 2 * h + 1] * inv), "f"(o[4 * j + 2 * h] * inv));
+      }
+      const std::int64_t token = w.q_start + r;
+      std::uint16_t* dst = p_.out + token * p_.out_token_stride + w.head * p_.out_head_stride;
+      if (p_.out_vectors) {
+        const bool odd = c & 1;
+#pragma unroll
+        for (int j = 0; j < 16; j += 2) {
+          std::uint32_t x[2] = {words[j], words[j + 1]};
+          exchange_pair(x, odd);  // every lane, whether its row exists or not
+          // Lane c: dims 2 (c & 2) .. + 3 of block j + c % 2.
+          if (r < w.q_len) {
+            *reinterpret_cast<uint2*>(dst + 8 * (j + odd) + 2 * (c & 2)) = make_uint2(x[0], x[1]);
+          }
+        }
+      } else if (r < w.q_len) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          *reinterpret_cast<std::uint32_t*>(dst + 8 * j + 2 * c) = words[j];
+        }
+      }
+      if (p_.lse != nullptr && c == 0 && r < w.q_len) {
+        p_.lse[token * p_.lse_token_stride + w.head * p_.lse_head_stride] = softmax.lse(h);
       }
     }
-    if (p.lse != nullptr && c == 0 && r < w.q_len) {
-      p.lse[token * p.lse_token_stride + w.head * p.lse_head_stride] = softmax.lse(h);
-    }
   }
-}
+
+ private:
+  const PrefillKernelParams& p_;
+};
 
 }  // namespace fp8mla::cuda::attention

@@ -86,7 +86,7 @@ void prepare_prefill() {
   std::call_once(once, [] {
     check(cudaFuncSetAttribute(prefill_attention_kernel<Traits>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               Traits::kSharedBytes + Traits::kSharedAlign),
+                               shared_launch_bytes<Traits>()),
           "cudaFuncSetAttribute(prefill_attention_kernel)");
   });
 }
@@ -94,8 +94,8 @@ void prepare_prefill() {
 template <typename Traits>
 void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   prepare_prefill<Traits>();
-  const std::int64_t m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  if (p.tq == 0 || p.heads == 0 || p.batch == 0 || m_blocks == 0) return;
+  const dim3 grid = PrefillScheduler<Traits>::grid(p);
+  if (p.tq == 0 || p.heads == 0 || p.batch == 0 || grid.x == 0) return;
 
   PrefillKernelParams kp{};
   kp.q_map = detail::qk_map<Traits>(p.q, p.tq, p.heads, p.q_token_stride, p.q_head_stride, "q");
@@ -153,9 +153,9 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   kp.lse_head_stride = p.lse_head_stride;
 
   LaunchConfig config;
-  config.grid = dim3(unsigned(m_blocks), unsigned(p.heads), unsigned(p.batch));
+  config.grid = grid;
   config.block = dim3(Traits::kThreads);
-  config.shared_bytes = Traits::kSharedBytes + Traits::kSharedAlign;
+  config.shared_bytes = shared_launch_bytes<Traits>();
   config.stream = stream;
   config.pdl = true;
   launch("prefill_attention_kernel", prefill_attention_kernel<Traits>, config, kp);

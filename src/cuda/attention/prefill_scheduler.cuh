@@ -1,12 +1,18 @@
-// Which work a CTA of the prefill kernel owns: grid (m blocks, heads, sequences); causal grids
-// take the m blocks last to first, so the CTAs with the most keys start first. Every thread
-// computes the same TileWork from cu_seqlens (no host sync decides anything).
+// Which work tile a CTA of the prefill kernel runs. A scheduler sets the launch grid and gives a
+// CTA its work (is_valid: whether there is any); every thread of the CTA computes the same
+// TileWork from cu_seqlens (no host sync decides anything), and every role runs it.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "cuda/attention/prefill_kernel_params.hpp"
+#include "ops/prefill_attention_params.hpp"
+
 namespace fp8mla::cuda::attention {
 
+// One work tile: kBlockM query rows of one (sequence, head) against the keys they can see.
 struct TileWork {
   int head;
   int m_block;         // 128-row block of the sequence's queries
@@ -20,17 +26,17 @@ struct TileWork {
   bool has_rows;  // false: the m block lies past the sequence's queries
 };
 
+// The work tile of (m block, head, sequence).
 template <typename Traits>
-__device__ __forceinline__ TileWork schedule_tile(const std::int32_t* cu_seqlens_q,
-                                                  const std::int32_t* cu_seqlens_k) {
+__device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p, int m_block,
+                                                   int head, int seq) {
   TileWork w;
-  w.m_block = Traits::kIsCausal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
-  w.head = int(blockIdx.y);
-  const int seq = int(blockIdx.z);
-  w.q_start = cu_seqlens_q[seq];
-  w.q_len = cu_seqlens_q[seq + 1] - w.q_start;
-  w.k_start = cu_seqlens_k[seq];
-  w.k_len = cu_seqlens_k[seq + 1] - w.k_start;
+  w.m_block = m_block;
+  w.head = head;
+  w.q_start = p.cu_seqlens_q[seq];
+  w.q_len = p.cu_seqlens_q[seq + 1] - w.q_start;
+  w.k_start = p.cu_seqlens_k[seq];
+  w.k_len = p.cu_seqlens_k[seq + 1] - w.k_start;
   w.key_shift = Traits::kFp8 ? w.k_start % 16 : 0;
   w.has_rows = w.m_block * Traits::kBlockM < w.q_len;
   // Keys [0, n_end) can be visible to some row of the block; bottom-right causal alignment puts
@@ -43,6 +49,24 @@ __device__ __forceinline__ TileWork schedule_tile(const std::int32_t* cu_seqlens
   w.n_blocks = n_end > 0 ? (n_end + w.key_shift + Traits::kBlockN - 1) / Traits::kBlockN : 0;
   return w;
 }
+
+// One CTA per work tile, on the grid (m blocks, heads, sequences). Causal grids take the m blocks
+// last to first, so the CTAs with the most keys start first.
+template <typename Traits>
+struct StaticTileScheduler {
+  // The launch grid (x = 0: no work at all).
+  static dim3 grid(const PrefillAttentionParams& p) {
+    const std::int64_t m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    return dim3(unsigned(m_blocks), unsigned(p.heads), unsigned(p.batch));
+  }
+
+  __device__ TileWork initial_work(const PrefillKernelParams& p) const {
+    const int m_block = Traits::kIsCausal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
+    return make_tile_work<Traits>(p, m_block, int(blockIdx.y), int(blockIdx.z));
+  }
+  // A CTA whose m block lies past its sequence's queries has no work.
+  __device__ static bool is_valid(const TileWork& w) { return w.has_rows; }
+};
 
 // The sequence-local key of column 0 of key tile n.
 __device__ __forceinline__ int tile_first_key(const TileWork& w, int n, int block_n) {

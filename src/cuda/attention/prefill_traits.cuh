@@ -1,4 +1,4 @@
-// Tile shapes and shared-memory layout of the Hopper prefill attention kernel (op 8).
+// Tile shapes and shared-memory tile formats of the Hopper prefill attention kernel (op 8).
 //
 // One CTA owns kBlockM = 128 query rows of one (sequence, head): warpgroup 0 is the producer (one
 // thread issues the TMA loads), warpgroups 1 and 2 each own 64 rows and run S = Q K^T, the online
@@ -19,7 +19,7 @@
 // the TMA map walks the rows that way). Lane c of a quad then holds, in S's accumulator layout,
 // keys 4c .. 4c + 3 of each group: exactly what its register of the P V wgmma's A operand (k32)
 // wants, so P goes from S to the operand with two conversions a register and no shuffle. V keeps
-// the natural key order.
+// the natural key order. prefill_shared_storage.cuh places the tiles in shared memory.
 #pragma once
 
 #include <cstdint>
@@ -64,23 +64,10 @@ struct PrefillTraits {
   static constexpr int kMmaK = 32 / kElementBytes;
   static constexpr int kQkSteps = kDqk * kElementBytes / 32;  // k-steps of S = Q K^T
 
-  // Shared memory: every tile starts on a 1024-byte boundary (the 128B swizzle period).
-  static constexpr int kQOffset = 0;
-  static constexpr int kKOffset = kQOffset + kQBytes;
-  static constexpr int kVOffset = kKOffset + kStages * kKBytes;
   // e4m3 wgmma keeps only about 14 bits when it adds into its accumulator, which over thousands
   // of keys biases O and the ones-column sum. So O restarts every kPromoteTiles tiles, after its
   // value is added into f32 partial sums kept in shared memory (kORegs a thread).
   static constexpr int kPromoteTiles = kFp8 ? 8 : 0;
-  static constexpr int kOPartialOffset = kVOffset + kStages * kVStageBytes;
-  static constexpr int kOPartialBytes = kFp8 ? kConsumerWarpgroups * 128 * kORegs * 4 : 0;
-  static constexpr int kBarrierOffset = kOPartialOffset + kOPartialBytes;
-  // q_full, k_full[], v_full[], k_empty[], v_empty[]
-  static constexpr int kBarriers = 1 + 4 * kStages;
-  static constexpr int kSharedBytes = kBarrierOffset + kBarriers * 8;
-  static constexpr int kSharedAlign = 1024;
-  static_assert(kQBytes % 1024 == 0 && kKBytes % 1024 == 0 && kVStageBytes % 1024 == 0);
-  static_assert(kSharedBytes + kSharedAlign <= 227 * 1024, "over the sm_90 shared memory limit");
 
   // Whether K tiles hold their keys in even-odd order (see above).
   static constexpr bool kEvenOddKeys = kFp8;

@@ -1,0 +1,118 @@
+// The consumers' tensor-core products of the prefill kernel: S = Q K^T from shared memory, and
+// O (+)= P V with P from registers, each as the wgmmas of one consumer warpgroup's 64 rows.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/attention/prefill_shared_storage.cuh"
+#include "cuda/common/sm90.cuh"
+
+namespace fp8mla::cuda::attention {
+
+// wgmma instruction shapes: m64 n128, k32 (e4m3) or k16 (bf16).
+template <bool kFp8>
+struct MmaOps;
+template <>
+struct MmaOps<true> {
+  using QK = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+  using PV = cute::SM90::GMMA::MMA_64x136x32_F32E4M3E4M3_RS_TN<>;  // + 8 ones columns
+};
+template <>
+struct MmaOps<false> {
+  using QK = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<sm90::Major::K, sm90::Major::K>;
+  using PV = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<sm90::Major::K, sm90::Major::MN>;
+};
+
+// Issues (and commits) k-steps [first, first + count) of S = Q K^T for the consumer warpgroup's 64
+// rows (`row0` = 0 or 64) of the tile in `stage`, the first of them overwriting s. A k-step reads
+// 32 bytes of each row; step i lies in head-dim chunk i / kStepsPerChunk.
+template <typename Traits, int kFirst, int kCount>
+__device__ __forceinline__ void issue_qk_steps(const SharedStorage<Traits>& smem, int stage,
+                                               int row0, float (&s)[64]) {
+  constexpr int kSwizzle = int(Traits::kQkSwizzle);
+  constexpr std::uint32_t kGroupStride = 8 * Traits::kChunkRowBytes;
+  constexpr int kStepsPerChunk = Traits::kChunkRowBytes / 32;
+  const std::uint64_t q = sm90::smem_descriptor(
+      sm90::smem_address(smem.q) + row0 * Traits::kChunkRowBytes, kSwizzle, 16, kGroupStride);
+  const std::uint64_t k =
+      sm90::smem_descriptor(sm90::smem_address(smem.k[stage]), kSwizzle, 16, kGroupStride);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int i = kFirst; i < kFirst + kCount; ++i) {
+    const int c = i / kStepsPerChunk, kk = i % kStepsPerChunk;
+    const std::uint64_t a = sm90::advance_descriptor(q, c * Traits::kQChunkBytes + kk * 32);
+    const std::uint64_t b = sm90::advance_descriptor(k, c * Traits::kKChunkBytes + kk * 32);
+    sm90::mma_ss<typename MmaOps<Traits::kFp8>::QK>(a, b, s, i > kFirst);
+  }
+  cute::warpgroup_commit_batch();
+  sm90::fence_registers(s);
+}
+
+// S = Q K^T for the consumer warpgroup's rows: issues the wgmmas, calls pass_turn() once the last
+// one is issued (the other consumer warpgroup may then issue its own), and returns with S
+// complete (and any earlier wgmma of this warpgroup). e4m3 wgmma adds into its accumulator
+// keeping only about 14 bits, which moves the scores by about 1e-3:
+//  - kParts = 1, all 192 dims in the one accumulator: bf16 always, and e4m3 without an LSE. The
+//    scores then only feed P, whose e4m3 rounding (2^-4 relative) dwarfs that; O's error and
+//    the layer's cosine were unchanged against three parts.
+//  - kParts = 3 (64 dims each, each run into a fresh accumulator, added in f32), e4m3 with an
+//    LSE: it stays within 1e-3 of the exact one (one part measured 3.4e-3, two 1.3e-3). The
+//    second accumulator is reused, so the turn is held across one wait and the first add.
+// (The register fences after each wait keep the compiler from moving reads of the results above
+// it.)
+template <typename Traits, int kParts, typename PassTurn>
+__device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, int stage, int row0,
+                                           float (&s)[64], PassTurn&& pass_turn) {
+  constexpr int kPart = Traits::kQkSteps / kParts;
+  static_assert(Traits::kQkSteps % kParts == 0 && (kParts == 1 || (kParts == 3 && Traits::kFp8)));
+  issue_qk_steps<Traits, 0, kPart>(smem, stage, row0, s);
+  if constexpr (kParts == 1) {
+    pass_turn();
+    cute::warpgroup_wait<0>();
+    sm90::fence_registers(s);
+  } else {
+    float t[64];
+    const auto add_t = [&] {
+      cute::warpgroup_wait<0>();
+      sm90::fence_registers(s);
+      sm90::fence_registers(t);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) s[i] += t[i];
+    };
+    issue_qk_steps<Traits, kPart, kPart>(smem, stage, row0, t);
+    add_t();
+    issue_qk_steps<Traits, 2 * kPart, kPart>(smem, stage, row0, t);
+    pass_turn();
+    add_t();
+  }
+}
+
+// O (+)= P V over the tile in `stage` (for e4m3 with the ones columns, N = kPvN); `p` holds P in
+// the A-operand register layout, one entry per k-step of kMmaK keys. Issues and commits; the
+// caller waits.
+template <typename Traits>
+__device__ __forceinline__ void issue_pv(const SharedStorage<Traits>& smem, int stage,
+                                         std::uint32_t (&p)[Traits::kBlockN / Traits::kMmaK][4],
+                                         float (&o)[Traits::kORegs], bool accumulate) {
+  const std::uint32_t v_address = sm90::smem_address(smem.v[stage]);
+  // e4m3: V^T rows of 128 keys (128 bytes), K-major, stepping 32 keys along the row; rows kDv..
+  // are the ones rows, the next 8-row group. bf16: V rows of 64 dims (128 bytes) per chunk,
+  // MN-major, stepping 16 key rows; the two 64-dim chunks are kBlockN rows apart.
+  const std::uint64_t v =
+      Traits::kFp8 ? sm90::smem_descriptor(v_address, 128, 16, 8 * 128)
+                   : sm90::smem_descriptor(v_address, 128, Traits::kBlockN * 128, 8 * 128);
+  constexpr std::uint32_t kStepBytes = Traits::kFp8 ? 32 : 16 * 128;
+  sm90::fence_registers(o);
+#pragma unroll
+  for (int ks = 0; ks < Traits::kBlockN / Traits::kMmaK; ++ks) sm90::fence_registers(p[ks]);
+  cute::warpgroup_arrive();
+#pragma unroll
+  for (int ks = 0; ks < Traits::kBlockN / Traits::kMmaK; ++ks) {
+    const std::uint64_t b = sm90::advance_descriptor(v, ks * kStepBytes);
+    sm90::mma_rs<typename MmaOps<Traits::kFp8>::PV>(p[ks], b, o, accumulate || ks > 0);
+  }
+  cute::warpgroup_commit_batch();
+  sm90::fence_registers(o);
+}
+
+}  // namespace fp8mla::cuda::attention
