@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda_test_util.hpp"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/kernel_registry.hpp"
 #include "fp8mla/numerics.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla {
 namespace {

@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "error_test_util.hpp"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/kernel_registry.hpp"
 #include "fp8mla/numerics.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla {
 namespace {
