@@ -86,29 +86,23 @@ void expect_flag_set(const std::vector<DeviceBuffer>& device) {
 TEST(MlaKvCuda, WriteMatchesCpu) {
   FP8MLA_REQUIRE_HOPPER();
   std::uint64_t seed = 0;
-  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
-    for (std::int64_t tokens : {0, 1, 3, 5, 7, 64, 1000}) {
-      for (int layout = 0; layout < 4; ++layout) {
+  test::for_each_cache_layout(
+      {0, 1, 3, 5, 7, 64, 1000}, 4, [&](auto page_size, auto tokens, int layout) {
         KvWriteCase c = test::write_sweep_case(page_size, tokens, layout, ++seed, 2);
         c.with_flag = seed % 2 == 0;
         expect_cuda_equals_cpu(c);
-      }
-    }
-  }
+      });
 }
 
 TEST(MlaKvCuda, GatherMatchesCpu) {
   FP8MLA_REQUIRE_HOPPER();
   std::uint64_t seed = 100;
-  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
-    for (std::int64_t tokens : {0, 1, 3, 7, 65, 3000}) {
-      for (int layout = 0; layout < 3; ++layout) {
+  test::for_each_cache_layout(
+      {0, 1, 3, 7, 65, 3000}, 3, [&](auto page_size, auto tokens, int layout) {
         KvGatherCase c = test::gather_sweep_case(page_size, tokens, layout, ++seed, 5);
         c.with_flag = seed % 2 == 0;
         expect_cuda_equals_cpu(c);
-      }
-    }
-  }
+      });
 }
 
 TEST(MlaKvCuda, PackMatchesCpuForEveryTokenCount) {

@@ -75,13 +75,10 @@ void expect_pack(const KvPackCase& c) {
 
 TEST(MlaKvCacheWrite, EveryPageSizeAndLayout) {
   std::uint64_t seed = 0;
-  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
-    for (std::int64_t tokens : {0, 1, 3, 7, 33, 100}) {
-      for (int layout = 0; layout < 4; ++layout) {
+  test::for_each_cache_layout(
+      {0, 1, 3, 7, 33, 100}, 4, [&](auto page_size, auto tokens, int layout) {
         expect_write(test::write_sweep_case(page_size, tokens, layout, ++seed, 1));
-      }
-    }
-  }
+      });
 }
 
 TEST(MlaKvCacheWrite, AllSlotsSkippedWritesNothing) {
@@ -126,13 +123,10 @@ TEST(MlaKvCacheWrite, OutOfRangeSlotThrowsAndWritesNothing) {
 
 TEST(MlaKvGather, EveryPageSizeAndLayout) {
   std::uint64_t seed = 100;
-  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
-    for (std::int64_t tokens : {0, 1, 3, 7, 65, 200}) {
-      for (int layout = 0; layout < 3; ++layout) {
+  test::for_each_cache_layout(
+      {0, 1, 3, 7, 65, 200}, 3, [&](auto page_size, auto tokens, int layout) {
         expect_gather(test::gather_sweep_case(page_size, tokens, layout, ++seed, 3));
-      }
-    }
-  }
+      });
 }
 
 TEST(MlaKvGather, BadSlotThrowsAndWritesNothing) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <unordered_set>
@@ -358,6 +359,16 @@ struct KvPackCase {
 };
 
 // ---- The sweeps the CPU and CUDA tests share ----------------------------------------------
+
+// Calls fn(page_size, tokens, layout) for every page size, token count and layout < `layouts`.
+template <typename Fn>
+void for_each_cache_layout(std::initializer_list<std::int64_t> token_counts, int layouts, Fn fn) {
+  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
+    for (std::int64_t tokens : token_counts) {
+      for (int layout = 0; layout < layouts; ++layout) fn(page_size, tokens, layout);
+    }
+  }
+}
 
 // Cache-write case `layout` (0..3): padded pages and kv_c rows, 3-d k_pe, unaligned pages (3, the
 // scalar path), skipped tokens; the cache has `spare_pages` pages more than the tokens need.
