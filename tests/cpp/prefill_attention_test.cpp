@@ -426,14 +426,9 @@ TEST(PrefillAttentionCpu, ZeroTokens) {
 
 // ---- bad arguments -------------------------------------------------------------------------
 
-void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
-
 using test::expect_error;
-
-TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
-                Device device = Device::cpu()) {
-  return TensorView(kFake, dtype, shape, device);
-}
+using test::fake;
+using test::kFake;
 
 // Valid arguments (fake data) for 2 sequences, 10 query and 12 key tokens, 4 heads; cu_seqlens
 // point at real memory since the CPU path reads them.

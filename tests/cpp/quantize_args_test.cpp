@@ -22,14 +22,9 @@ namespace {
 using test::HostBuffer;
 using test::kPoison;
 
-void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
-
 using test::expect_error;
-
-TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
-                Device device = Device::cpu()) {
-  return TensorView(kFake, dtype, shape, device);
-}
+using test::fake;
+using test::kFake;
 
 const TensorView kScalar = fake(DType::kF32, {1});
 

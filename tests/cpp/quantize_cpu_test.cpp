@@ -163,11 +163,7 @@ TEST(QuantizeFp8Cpu, StridedAndNdViews) {
     for (std::vector<std::int64_t> shape :
          {std::vector<std::int64_t>{7, 3, 128}, std::vector<std::int64_t>{17, 576},
           std::vector<std::int64_t>{2, 5, 3, 7}}) {
-      Fp8Case c = test::fp8_strided_case(shape, scale, ++seed);
-      c.in_pad = 13;
-      c.in_offset = 5;
-      c.out_pad = 3;
-      check_fp8(c);
+      check_fp8(test::with_padding(test::fp8_strided_case(shape, scale, ++seed), 13, 5, 3));
     }
   }
 }

@@ -95,12 +95,7 @@ std::vector<Fp8Case> fp8_cases() {
         for (std::int64_t rows : kRows) {
           for (Fp8Scale scale : {Fp8Scale::kValue, Fp8Scale::kMemory, Fp8Scale::kDynamic}) {
             Fp8Case c = test::fp8_sweep_case(in_dtype, out_dtype, rows, cols, scale, ++seed);
-            if (seed % 2 == 0) {
-              c.in_pad = 13;
-              c.in_offset = 5;
-              c.out_pad = 3;
-            }
-            cases.push_back(c);
+            cases.push_back(seed % 2 == 0 ? test::with_padding(c, 13, 5, 3) : c);
           }
         }
       }
@@ -121,12 +116,7 @@ std::vector<GroupCase> group_cases() {
     for (const Width& width : widths) {
       for (std::int64_t rows : kRows) {
         GroupCase c = test::group_sweep_case(layout, rows, width.cols, width.group_size, ++seed);
-        if (seed % 3 == 0) {
-          c.in_pad = 24;
-          c.in_offset = 8;
-          c.out_pad = 16;
-        }
-        cases.push_back(c);
+        cases.push_back(seed % 3 == 0 ? test::with_padding(c, 24, 8, 16) : c);
       }
     }
   }
@@ -140,12 +130,7 @@ std::vector<Nvfp4Case> nvfp4_cases() {
     for (std::int64_t k : {80, 16, 64, 7168}) {
       for (std::int64_t rows : {0, 1, 3, 7, 17, 129, 1025}) {
         Nvfp4Case c = test::nvfp4_sweep_case(layout, rows, k, ++seed);
-        if (seed % 3 == 0) {
-          c.in_pad = 32;
-          c.in_offset = 16;
-          c.out_pad = 8;
-        }
-        cases.push_back(c);
+        cases.push_back(seed % 3 == 0 ? test::with_padding(c, 32, 16, 8) : c);
       }
     }
   }
@@ -165,11 +150,9 @@ TEST(QuantizeCuda, PerTensorStridedAndManyRows) {
     for (std::vector<std::int64_t> shape :
          {std::vector<std::int64_t>{9, 3, 128}, std::vector<std::int64_t>{65537, 384},
           std::vector<std::int64_t>{65537, 1}, std::vector<std::int64_t>{2, 5, 3, 7}}) {
-      Fp8Case c = test::fp8_strided_case(shape, scale, ++seed);
-      c.in_pad = shape.back() == 128 ? 128 : 0;
-      c.in_offset = c.in_pad;
-      c.out_pad = seed % 4;
-      expect_cuda_equals_cpu(c);
+      const std::int64_t in_pad = shape.back() == 128 ? 128 : 0;
+      const Fp8Case c = test::fp8_strided_case(shape, scale, ++seed);
+      expect_cuda_equals_cpu(test::with_padding(c, in_pad, in_pad, std::int64_t(seed % 4)));
     }
   }
 }

@@ -215,6 +215,16 @@ struct Nvfp4Case {
 
 // ---- The sweeps the CPU and CUDA tests share --------------------------------------------------
 
+// `c` with its input rows `in_pad` elements wider and read from `in_offset` in, and its out rows
+// `out_pad` elements wider.
+template <typename Case>
+Case with_padding(Case c, std::int64_t in_pad, std::int64_t in_offset, std::int64_t out_pad) {
+  c.in_pad = in_pad;
+  c.in_offset = in_offset;
+  c.out_pad = out_pad;
+  return c;
+}
+
 // A per-tensor case of the dtype, shape and scale-mode sweep.
 inline Fp8Case fp8_sweep_case(DType in_dtype, DType out_dtype, std::int64_t rows, std::int64_t cols,
                               Fp8Scale scale, std::uint64_t seed) {
@@ -262,11 +272,9 @@ inline GroupCase group_sweep_case(ScaleLayout layout, std::int64_t rows, std::in
 // [T, H, 256]; out rows 16 elements wider.
 inline GroupCase group_strided_case(ScaleLayout layout, std::vector<std::int64_t> shape,
                                     int group_size, std::uint64_t seed) {
-  GroupCase c;
+  const std::int64_t in_pad = shape.size() == 3 ? 128 : 0;
+  GroupCase c = with_padding(GroupCase{}, in_pad, in_pad, 16);
   c.in_dtype = DType(seed % 3);
-  c.in_pad = shape.size() == 3 ? 128 : 0;
-  c.in_offset = c.in_pad;
-  c.out_pad = 16;
   c.shape = std::move(shape);
   c.group_size = group_size;
   c.layout = layout;
@@ -297,11 +305,9 @@ inline Nvfp4Case nvfp4_sweep_case(Nvfp4Scales layout, std::int64_t rows, std::in
 // out and scale rows padded.
 inline Nvfp4Case nvfp4_strided_case(Nvfp4Scales layout, std::vector<std::int64_t> shape,
                                     std::uint64_t seed) {
-  Nvfp4Case c;
+  const std::int64_t in_pad = shape.size() == 3 ? 128 : 0;
+  Nvfp4Case c = with_padding(Nvfp4Case{}, in_pad, in_pad, 8);
   c.in_dtype = seed % 2 ? DType::kF16 : DType::kBF16;
-  c.in_pad = shape.size() == 3 ? 128 : 0;
-  c.in_offset = c.in_pad;
-  c.out_pad = 8;
   c.shape = std::move(shape);
   c.scales = layout;
   c.scale_pad = 5;
