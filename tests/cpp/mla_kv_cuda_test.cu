@@ -41,6 +41,13 @@ void run_gpu(const auto& c, const std::vector<DeviceBuffer>& device) {
   cudaStreamDestroy(stream);
 }
 
+// `host` copied into fresh guarded device buffers and `c` run on them.
+std::vector<DeviceBuffer> run_gpu_on(const auto& c, const std::vector<HostBuffer>& host) {
+  std::vector<DeviceBuffer> device = upload(host);
+  run_gpu(c, device);
+  return device;
+}
+
 void expect_same_buffers(const std::vector<DeviceBuffer>& device,
                          const std::vector<HostBuffer>& host) {
   for (std::size_t i = 0; i < host.size(); ++i) {
@@ -68,13 +75,6 @@ std::int32_t flag_of(const DeviceBuffer& b) {
   const std::vector<std::uint8_t> bytes = b.download(0, 4);
   std::memcpy(&flag, bytes.data(), 4);
   return flag;
-}
-
-// `host` copied into fresh guarded device buffers and `c` run on them.
-std::vector<DeviceBuffer> run_gpu_on(const auto& c, const std::vector<HostBuffer>& host) {
-  std::vector<DeviceBuffer> device = upload(host);
-  run_gpu(c, device);
-  return device;
 }
 
 // A run over bad slots: the error flag (buffer 4) set and no guard hit.

@@ -13,6 +13,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "buffer_test_util.hpp"
@@ -292,6 +293,15 @@ PrefillCase single(int len, int heads) {
   return c;
 }
 
+// Sequences of these query and key lengths.
+PrefillCase batch(std::vector<int> q_lens, std::vector<int> k_lens, int heads) {
+  PrefillCase c;
+  c.q_lens = std::move(q_lens);
+  c.k_lens = std::move(k_lens);
+  c.heads = heads;
+  return c;
+}
+
 // `c` with FP8 inputs and these q, k, v descales.
 PrefillCase as_fp8(PrefillCase c, float q_descale = 1.0f, float k_descale = 1.0f,
                    float v_descale = 1.0f) {
@@ -332,47 +342,35 @@ TEST(PrefillAttentionCpu, Sequence4096) {
 }
 
 TEST(PrefillAttentionCpu, RaggedBatchWithEmptySequences) {
-  PrefillCase c;
-  c.q_lens = {0, 1, 37, 0, 130, 1, 64};
-  c.heads = 4;
+  PrefillCase c = batch({0, 1, 37, 0, 130, 1, 64}, {}, 4);
   run_case(c);
   run_case(as_fp8(c, 0.5f, 0.75f, 1.5f), 2);
 }
 
 TEST(PrefillAttentionCpu, PrefixCausal) {
-  PrefillCase c;
-  c.q_lens = {5, 1, 64, 0, 17};
-  c.k_lens = {50, 200, 129, 33, 17};  // prefix > extend, prefix only, no prefix
-  c.heads = 3;
+  // Keys past the queries: prefix > extend, prefix only, no prefix.
+  PrefillCase c = batch({5, 1, 64, 0, 17}, {50, 200, 129, 33, 17}, 3);
   run_case(c);
   run_case(as_fp8(c, 0.25f, 0.4f, 3.0f), 3);
 }
 
 TEST(PrefillAttentionCpu, NonCausal) {
-  PrefillCase c;
-  c.q_lens = {40, 1, 0, 77};
-  c.k_lens = {10, 90, 5, 77};
-  c.heads = 2;
+  PrefillCase c = batch({40, 1, 0, 77}, {10, 90, 5, 77}, 2);
   c.causal = false;
   run_case(c);
   run_case(as_fp8(c, 0.5f), 4);
 }
 
 TEST(PrefillAttentionCpu, EmptyRowsGiveZeroAndMinusInf) {
-  PrefillCase c;
-  c.q_lens = {3, 20, 4, 2};
-  c.k_lens = {0, 5, 4, 0};  // k_len 0; causal rows 0..14 of the second see no key
-  c.heads = 2;
+  // k_len 0; causal rows 0..14 of the second sequence see no key.
+  PrefillCase c = batch({3, 20, 4, 2}, {0, 5, 4, 0}, 2);
   run_case(c);
   c.causal = false;
   run_case(c);
 }
 
 TEST(PrefillAttentionCpu, AllOnesVGivesExactlyOne) {
-  PrefillCase c;
-  c.q_lens = {1, 129, 7, 3};
-  c.k_lens = {1, 129, 30, 0};
-  c.heads = 3;
+  PrefillCase c = batch({1, 129, 7, 3}, {1, 129, 30, 0}, 3);
   c.ones_v = true;
   run_case(c);
   run_case(as_fp8(c, 0.7f), 5);  // 1.0 is exact in e4m3; v descale 1
@@ -382,10 +380,7 @@ TEST(PrefillAttentionCpu, HeadDimsAndLayouts) {
   for (auto [dqk, dv] :
        {std::pair{192, 128}, std::pair{128, 128}, std::pair{64, 64}, std::pair{128, 64}}) {
     SCOPED_TRACE(testing::Message() << "dqk " << dqk << ", dv " << dv);
-    PrefillCase c;
-    c.q_lens = {9, 0, 33};
-    c.k_lens = {20, 4, 33};
-    c.heads = 5;
+    PrefillCase c = batch({9, 0, 33}, {20, 4, 33}, 5);
     c.dqk = dqk;
     c.dv = dv;
     c.strided = true;
@@ -397,10 +392,7 @@ TEST(PrefillAttentionCpu, HeadDimsAndLayouts) {
 
 // V transposed (contiguous tokens), the layout the FP8 CUDA kernel reads.
 TEST(PrefillAttentionCpu, TransposedV) {
-  PrefillCase c;
-  c.q_lens = {9, 0, 70};
-  c.k_lens = {20, 4, 70};
-  c.heads = 3;
+  PrefillCase c = batch({9, 0, 70}, {20, 4, 70}, 3);
   c.v_transposed = true;
   run_case(c);
   c.causal = false;
