@@ -44,7 +44,8 @@ void launch(const char* name, void (*kernel)(KernelArgs...), const LaunchConfig&
 // A 1-D grid of ceil(work / per_block) blocks, at least one and at most max_blocks.
 inline dim3 grid_for(std::int64_t work, std::int64_t per_block,
                      std::int64_t max_blocks = std::int64_t(1) << 30) {
-  return dim3(unsigned(std::clamp<std::int64_t>((work + per_block - 1) / per_block, 1, max_blocks)));
+  const std::int64_t blocks = (work + per_block - 1) / per_block;
+  return dim3(unsigned(std::clamp<std::int64_t>(blocks, 1, max_blocks)));
 }
 
 // Splits `rows` rows of `per_row` work items into launches of fewer than 2^31 items, so that the
