@@ -17,7 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/element_io.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/numerics.hpp"
 #include "fp8mla/tensor_view.hpp"
@@ -107,8 +106,18 @@ inline void store_f32(void* base, DType dtype, std::int64_t i, float v) {
   }
 }
 
-// Element `i` of a bf16, f16 or f32 array as fp32.
-using cpu::load_f32;
+// Element `i` of a bf16, f16 or f32 array as fp32 (written here, not taken from the CPU ops, so
+// that the references stay independent of what they check).
+inline float load_f32(const void* base, DType dtype, std::int64_t i) {
+  switch (dtype) {
+    case DType::kBF16:
+      return decode_bf16(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::kF16:
+      return decode_f16(static_cast<const std::uint16_t*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
 
 // Writes `n` elements of `dtype` (bf16, f16 or f32) at `base`.
 inline void fill_input(void* base, DType dtype, std::int64_t n, Data data, std::uint64_t seed) {
