@@ -1,5 +1,5 @@
 // CPU implementations of the latent-cache ops: the reference the CUDA kernels in
-// src/cuda/mla_prep/kv_cache.cu must equal bit for bit. Bad slots are found by a scan over every
+// src/cuda/mla_prep/mla_kv.cu must equal bit for bit. Bad slots are found by a scan over every
 // slot before anything is written, so a rejected call leaves every output untouched.
 #include <cstring>
 

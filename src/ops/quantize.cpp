@@ -50,8 +50,13 @@ std::pair<Rows, Rows> fp8_rows(const ArgChecker& check, const TensorView& input,
   return {rows_of(check, input, "input"), rows_of(check, out, "out")};
 }
 
-void run_quantize_fp8(const ArgChecker& check, const TensorView& input, const TensorView& out,
-                      QuantizeFp8Params& p, CudaStream stream) {
+// quantize_fp8 with a static scale that set_scale(check, p) checks and puts into p.
+template <typename SetScale>
+void run_quantize_fp8(const TensorView& input, const TensorView& out, CudaStream stream,
+                      SetScale set_scale) {
+  const ArgChecker check("quantize_fp8");
+  QuantizeFp8Params p;
+  set_scale(check, p);
   std::tie(p.input, p.out) = fp8_rows(check, input, out, {DType::kE4M3, DType::kE5M2});
   if (p.input.rows == 0 || p.input.cols == 0) return;
   dispatch(
@@ -62,20 +67,18 @@ void run_quantize_fp8(const ArgChecker& check, const TensorView& input, const Te
 
 void quantize_fp8(const TensorView& input, const TensorView& out, float scale_inv,
                   CudaStream stream) {
-  const ArgChecker check("quantize_fp8");
-  QuantizeFp8Params p;
-  p.scale = QuantizeFp8Params::Scale::kValue;
-  p.scale_inv = scale_inv;
-  run_quantize_fp8(check, input, out, p, stream);
+  run_quantize_fp8(input, out, stream, [&](const ArgChecker&, QuantizeFp8Params& p) {
+    p.scale = QuantizeFp8Params::Scale::kValue;
+    p.scale_inv = scale_inv;
+  });
 }
 
 void quantize_fp8(const TensorView& input, const TensorView& out, const TensorView& scale_inv,
                   CudaStream stream) {
-  const ArgChecker check("quantize_fp8");
-  QuantizeFp8Params p;
-  p.scale = QuantizeFp8Params::Scale::kMemory;
-  p.scale_inv_ptr = scalar_f32(check, scale_inv, "scale_inv", input.device());
-  run_quantize_fp8(check, input, out, p, stream);
+  run_quantize_fp8(input, out, stream, [&](const ArgChecker& check, QuantizeFp8Params& p) {
+    p.scale = QuantizeFp8Params::Scale::kMemory;
+    p.scale_inv_ptr = scalar_f32(check, scale_inv, "scale_inv", input.device());
+  });
 }
 
 void quantize_fp8_dynamic(const TensorView& input, const TensorView& out, const TensorView& scale,

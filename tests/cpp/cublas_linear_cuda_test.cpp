@@ -26,38 +26,7 @@ namespace {
 constexpr std::int64_t kGroup = 128;
 constexpr std::uint16_t kNanBf16 = 0x7FC0;
 
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-    check(cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 1)), "cudaMalloc");
-  }
-  ~DeviceBuffer() { cudaFree(ptr_); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  template <typename T>
-  static DeviceBuffer from(const std::vector<T>& host) {
-    DeviceBuffer buffer(host.size() * sizeof(T));
-    check(cudaMemcpy(buffer.ptr_, host.data(), buffer.bytes_, cudaMemcpyHostToDevice),
-          "cudaMemcpy H2D");
-    return buffer;
-  }
-  template <typename T>
-  std::vector<T> download() const {
-    std::vector<T> host(bytes_ / sizeof(T));
-    check(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
-    return host;
-  }
-  DeviceBuffer(DeviceBuffer&& other) noexcept : bytes_(other.bytes_), ptr_(other.ptr_) {
-    other.ptr_ = nullptr;
-  }
-  void* get() const { return ptr_; }
-  const float* floats() const { return static_cast<const float*>(ptr_); }
-
- private:
-  std::size_t bytes_ = 0;
-  void* ptr_ = nullptr;
-};
+using test::DeviceBuffer;
 
 class Stream {
  public:
@@ -114,8 +83,8 @@ struct Weight {
   LinearWeight view() const {
     LinearWeight w;
     w.format = format;
-    w.weight = device[0].get();
-    w.scale_inv = format == LinearFormat::kFp8Block ? device[1].floats() : nullptr;
+    w.weight = device[0].data();
+    w.scale_inv = format == LinearFormat::kFp8Block ? device[1].as<const float>() : nullptr;
     w.out = out;
     w.in = in;
     return w;
@@ -129,7 +98,9 @@ struct Input {
   std::vector<float> scales;         // fp8: x_scales[g * rows + r]
   std::vector<DeviceBuffer> device;  // x, then x_scales
 
-  const float* device_scales() const { return device.size() > 1 ? device[1].floats() : nullptr; }
+  const float* device_scales() const {
+    return device.size() > 1 ? device[1].as<const float>() : nullptr;
+  }
 };
 
 // Values the GPU sums exactly (see check_output): multiples of 1/8 in [-1, 1] for bf16,
@@ -157,7 +128,7 @@ Weight make_weight(LinearFormat format, std::int64_t out, std::int64_t in, std::
       w.bf16[i] = encode_bf16(pick_bf16(rng));
       w.values[i] = decode_bf16(w.bf16[i]);
     }
-    w.device.push_back(DeviceBuffer::from(w.bf16));
+    w.device.push_back(test::to_device(w.bf16));
   } else {
     w.e4m3.resize(count);
     for (std::size_t i = 0; i < count; ++i) {
@@ -166,8 +137,8 @@ Weight make_weight(LinearFormat format, std::int64_t out, std::int64_t in, std::
     }
     w.scale_inv.resize(std::size_t((out + kGroup - 1) / kGroup * (in / kGroup)));
     for (float& s : w.scale_inv) s = pick_scale(rng);
-    w.device.push_back(DeviceBuffer::from(w.e4m3));
-    w.device.push_back(DeviceBuffer::from(w.scale_inv));
+    w.device.push_back(test::to_device(w.e4m3));
+    w.device.push_back(test::to_device(w.scale_inv));
   }
   return w;
 }
@@ -183,7 +154,7 @@ Input make_input(LinearFormat format, std::int64_t rows, std::int64_t in, std::u
       bits[i] = encode_bf16(pick_bf16(rng));
       x.values[i] = decode_bf16(bits[i]);
     }
-    x.device.push_back(DeviceBuffer::from(bits));
+    x.device.push_back(test::to_device(bits));
   } else {
     std::vector<std::uint8_t> bytes(count);
     for (std::size_t i = 0; i < count; ++i) {
@@ -192,8 +163,8 @@ Input make_input(LinearFormat format, std::int64_t rows, std::int64_t in, std::u
     }
     x.scales.resize(std::size_t(in / kGroup * rows));
     for (float& s : x.scales) s = pick_scale(rng);
-    x.device.push_back(DeviceBuffer::from(bytes));
-    x.device.push_back(DeviceBuffer::from(x.scales));
+    x.device.push_back(test::to_device(bytes));
+    x.device.push_back(test::to_device(x.scales));
   }
   return x;
 }
@@ -287,11 +258,11 @@ Checked check_output(const std::vector<std::uint16_t>& y, std::int64_t out, cons
 std::vector<std::uint16_t> run_linear(CublasLinear& linear, const Input& x, const Stream& stream,
                                       const DeviceBuffer& workspace) {
   const std::vector<std::uint16_t> poison(std::size_t(x.rows * linear.weight().out), kNanBf16);
-  DeviceBuffer y = DeviceBuffer::from(poison);
-  linear.run(x.device[0].get(), x.device_scales(), x.rows, y.get(), workspace.get(),
+  DeviceBuffer y = test::to_device(poison);
+  linear.run(x.device[0].data(), x.device_scales(), x.rows, y.data(), workspace.data(),
              kLinearWorkspaceBytes, stream.get());
   stream.sync();
-  return y.download<std::uint16_t>();
+  return y.download_as<std::uint16_t>();
 }
 
 struct Shape {
@@ -405,21 +376,21 @@ TEST(CublasLinearCuda, ErrorsNameWhatWasExpected) {
   CublasLinear lf(handle.get(), fp8.view(), 16);
   const auto run = [&](CublasLinear& l, const void* x, const float* scales, std::int64_t rows,
                        void* out, std::size_t workspace_bytes = kLinearWorkspaceBytes) {
-    l.run(x, scales, rows, out, workspace.get(), workspace_bytes, stream.get());
+    l.run(x, scales, rows, out, workspace.data(), workspace_bytes, stream.get());
   };
 
-  expect_error([&] { run(lb, xb.device[0].get(), nullptr, 17, y.get()); },
+  expect_error([&] { run(lb, xb.device[0].data(), nullptr, 17, y.data()); },
                ErrorCategory::kInvalidArgument, {"0 <= rows <= max_rows 16", "got rows 17"});
-  expect_error([&] { run(lf, xf.device[0].get(), xf.device_scales(), -1, y.get()); },
+  expect_error([&] { run(lf, xf.device[0].data(), xf.device_scales(), -1, y.data()); },
                ErrorCategory::kInvalidArgument, {"0 <= rows <= max_rows 16", "got rows -1"});
-  expect_error([&] { run(lb, nullptr, nullptr, 4, y.get()); }, ErrorCategory::kInvalidArgument,
+  expect_error([&] { run(lb, nullptr, nullptr, 4, y.data()); }, ErrorCategory::kInvalidArgument,
                {"-byte aligned device pointer for x (bf16 [rows, in])", "got"});
-  expect_error([&] { run(lb, xb.device[0].get(), nullptr, 4, nullptr); },
+  expect_error([&] { run(lb, xb.device[0].data(), nullptr, 4, nullptr); },
                ErrorCategory::kInvalidArgument, {"pointer for y (bf16 [rows, out])", "got"});
-  expect_error([&] { run(lf, xf.device[0].get(), nullptr, 4, y.get()); },
+  expect_error([&] { run(lf, xf.device[0].data(), nullptr, 4, y.data()); },
                ErrorCategory::kInvalidArgument, {"pointer for x_scales (f32 [in/128][rows])"});
   // fp8 with rows % 4 != 0 needs scratch space in the workspace.
-  expect_error([&] { run(lf, xf.device[0].get(), xf.device_scales(), 7, y.get(), 0); },
+  expect_error([&] { run(lf, xf.device[0].data(), xf.device_scales(), 7, y.data(), 0); },
                ErrorCategory::kInvalidArgument,
                {"with 7 rows expected a workspace of at least", "got 0 bytes"});
   // rows == 0 does nothing, whatever the pointers.

@@ -33,19 +33,14 @@ __global__ void add_kernel(const std::uint32_t* in, std::uint32_t* out, std::uin
 
 std::vector<std::uint32_t> run_chain(bool pdl) {
   constexpr std::uint32_t kN = 1u << 24;
-  std::uint32_t *a = nullptr, *b = nullptr;
-  cuda::check(cudaMalloc(&a, kN * 4), "cudaMalloc");
-  cuda::check(cudaMalloc(&b, kN * 4), "cudaMalloc");
-  cuda::check(cudaMemset(b, 0xFF, kN * 4), "cudaMemset");  // poison
+  const test::DeviceBuffer a(kN * 4), b(kN * 4, 0xFF);  // b poisoned
   const cuda::LaunchConfig config{dim3(264), dim3(256), 0, nullptr, pdl};
   for (std::uint32_t round = 0; round < 4; ++round) {
-    cuda::launch("fill_kernel", fill_kernel, config, a, kN, round);
-    cuda::launch("add_kernel", add_kernel, config, static_cast<const std::uint32_t*>(a), b, kN);
+    cuda::launch("fill_kernel", fill_kernel, config, a.as<std::uint32_t>(), kN, round);
+    cuda::launch("add_kernel", add_kernel, config, a.as<const std::uint32_t>(),
+                 b.as<std::uint32_t>(), kN);
   }
-  std::vector<std::uint32_t> out(kN);
-  cuda::check(cudaMemcpy(out.data(), b, kN * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  cuda::check(cudaFree(a), "cudaFree");
-  cuda::check(cudaFree(b), "cudaFree");
+  std::vector<std::uint32_t> out = b.download_as<std::uint32_t>();
   return out;
 }
 
@@ -73,18 +68,16 @@ TEST(CudaRuntime, BadOrdinalIsAnError) {
 
 TEST(CudaRuntime, LaunchErrorBecomesFp8mlaError) {
   FP8MLA_REQUIRE_HOPPER();
-  std::uint32_t* a = nullptr;
-  cuda::check(cudaMalloc(&a, 4), "cudaMalloc");
+  const test::DeviceBuffer a(4);
   const cuda::LaunchConfig too_many_threads{dim3(1), dim3(4096), 0, nullptr, false};
   try {
-    cuda::launch("fill_kernel", fill_kernel, too_many_threads, a, 1u, 0u);
+    cuda::launch("fill_kernel", fill_kernel, too_many_threads, a.as<std::uint32_t>(), 1u, 0u);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.category(), ErrorCategory::kCuda);
     EXPECT_NE(e.message().find("fill_kernel"), std::string::npos) << e.message();
   }
   cudaGetLastError();
-  cuda::check(cudaFree(a), "cudaFree");
 }
 
 TEST(CudaRuntime, PdlLaunchIsBitIdenticalToPlainLaunch) {

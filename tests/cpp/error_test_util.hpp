@@ -3,10 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 
 #include "fp8mla/error.hpp"
+#include "fp8mla/tensor_view.hpp"
 
 namespace fp8mla::test {
 
@@ -23,6 +25,15 @@ void expect_error(Fn fn, ErrorCategory category, std::initializer_list<std::stri
           << "message lacks '" << needle << "': " << e.message();
     }
   }
+}
+
+// An address no test dereferences: views over it are for argument checks that reject the call
+// before any element is read.
+inline void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
+
+inline TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
+                       Device device = Device::cpu()) {
+  return TensorView(kFake, dtype, shape, device);
 }
 
 }  // namespace fp8mla::test

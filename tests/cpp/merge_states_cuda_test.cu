@@ -90,26 +90,8 @@ void expect_cuda_matches_cpu(const MergeCase& c) {
 
 TEST(MergeStatesCuda, MatchesCpu) {
   FP8MLA_REQUIRE_HOPPER();
-  std::uint64_t seed = 1;
-  for (DType dtype : {DType::kBF16, DType::kF32}) {
-    for (std::int64_t t : {0, 1, 7, 1000}) {
-      for (std::int64_t h : {1, 16, 128}) {
-        for (std::int64_t d : {128, 64}) {
-          for (auto form : {MergeCase::Form::kGeneral, MergeCase::Form::kInplace,
-                            MergeCase::Form::kGeneralAliased}) {
-            MergeCase c;
-            c.dtype = dtype;
-            c.tokens = t;
-            c.heads = h;
-            c.dim = d;
-            c.form = form;
-            c.seed = seed++;
-            expect_cuda_matches_cpu(c);
-          }
-        }
-      }
-    }
-  }
+  test::for_each_sweep_case(std::numeric_limits<std::int64_t>::max(),
+                            [](const MergeCase& c) { expect_cuda_matches_cpu(c); });
 }
 
 TEST(MergeStatesCuda, EmptyRowsScalarFallbackOddDims) {

@@ -36,27 +36,7 @@ void run_case(const MergeCase& c) {
 }
 
 TEST(MergeStatesCpu, ShapesDtypesForms) {
-  std::uint64_t seed = 1;
-  for (DType dtype : {DType::kBF16, DType::kF32}) {
-    for (std::int64_t t : {0, 1, 7, 1000}) {
-      for (std::int64_t h : {1, 16, 128}) {
-        if (t * h > 20000) continue;
-        for (std::int64_t d : {128, 64}) {
-          for (auto form : {MergeCase::Form::kGeneral, MergeCase::Form::kInplace,
-                            MergeCase::Form::kGeneralAliased}) {
-            MergeCase c;
-            c.dtype = dtype;
-            c.tokens = t;
-            c.heads = h;
-            c.dim = d;
-            c.form = form;
-            c.seed = seed++;
-            run_case(c);
-          }
-        }
-      }
-    }
-  }
+  test::for_each_sweep_case(20000, [](const MergeCase& c) { run_case(c); });
 }
 
 TEST(MergeStatesCpu, LargeTokensManyHeads) {

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "fp8mla/attention.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla::test {
 
@@ -192,6 +192,33 @@ inline void expect_rest_unchanged(const MergeCase& c, const std::vector<HostBuff
       });
     }
     EXPECT_TRUE(same_bytes(got, want, concat("buffer ", i, " outside the written view")));
+  }
+}
+
+// Calls fn(c) for each case of the dtype, shape and form sweep (seeds from 1) whose tokens * heads
+// is at most max_rows.
+template <typename Fn>
+void for_each_sweep_case(std::int64_t max_rows, Fn fn) {
+  std::uint64_t seed = 1;
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (std::int64_t t : {0, 1, 7, 1000}) {
+      for (std::int64_t h : {1, 16, 128}) {
+        if (t * h > max_rows) continue;
+        for (std::int64_t d : {128, 64}) {
+          for (auto form : {MergeCase::Form::kGeneral, MergeCase::Form::kInplace,
+                            MergeCase::Form::kGeneralAliased}) {
+            MergeCase c;
+            c.dtype = dtype;
+            c.tokens = t;
+            c.heads = h;
+            c.dim = d;
+            c.form = form;
+            c.seed = seed++;
+            fn(c);
+          }
+        }
+      }
+    }
   }
 }
 

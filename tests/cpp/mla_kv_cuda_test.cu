@@ -12,12 +12,12 @@
 #include <span>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda_test_util.hpp"
 #include "error_test_util.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "mla_kv_test_util.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla {
 namespace {
@@ -41,6 +41,13 @@ void run_gpu(const auto& c, const std::vector<DeviceBuffer>& device) {
   cudaStreamDestroy(stream);
 }
 
+// `host` copied into fresh guarded device buffers and `c` run on them.
+std::vector<DeviceBuffer> run_gpu_on(const auto& c, const std::vector<HostBuffer>& host) {
+  std::vector<DeviceBuffer> device = upload(host);
+  run_gpu(c, device);
+  return device;
+}
+
 void expect_same_buffers(const std::vector<DeviceBuffer>& device,
                          const std::vector<HostBuffer>& host) {
   for (std::size_t i = 0; i < host.size(); ++i) {
@@ -59,9 +66,7 @@ void expect_cuda_equals_cpu(const Case& c) {
   for (bool pdl : {true, false}) {
     SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
     const PdlScope scope(pdl);
-    const std::vector<DeviceBuffer> device = upload(initial);
-    run_gpu(c, device);
-    expect_same_buffers(device, host);
+    expect_same_buffers(run_gpu_on(c, initial), host);
   }
 }
 
@@ -72,55 +77,32 @@ std::int32_t flag_of(const DeviceBuffer& b) {
   return flag;
 }
 
+// A run over bad slots: the error flag (buffer 4) set and no guard hit.
+void expect_flag_set(const std::vector<DeviceBuffer>& device) {
+  EXPECT_EQ(flag_of(device[4]), 1);
+  for (const DeviceBuffer& d : device) EXPECT_TRUE(d.guards_intact());
+}
+
 TEST(MlaKvCuda, WriteMatchesCpu) {
   FP8MLA_REQUIRE_HOPPER();
   std::uint64_t seed = 0;
-  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
-    for (std::int64_t tokens : {0, 1, 3, 5, 7, 64, 1000}) {
-      for (int layout = 0; layout < 4; ++layout) {
-        ++seed;
-        KvWriteCase c;
-        c.dtype = seed % 2 ? DType::kF16 : DType::kBF16;
-        c.tokens = tokens;
-        c.cache = {(tokens + page_size) / page_size + 2, page_size, layout % 2 ? 16 : 0,
-                   layout >= 2 ? 3 : 0};  // page pad 3: unaligned pages, scalar path
-        c.kv_pad = layout == 1 ? 8 : layout == 3 ? 5 : 0;
-        c.kv_offset = layout == 3 ? 3 : 0;
-        c.k_pe_3d = layout % 2 == 1;
-        c.k_pe_pad = layout == 2 ? 1 : 0;
-        c.slot_dtype = seed % 3 ? DType::kI64 : DType::kI32;
-        c.skip_every = layout == 0 ? 0 : 3 + layout;
-        c.scale_inv = layout == 2 ? 0.37f : layout == 3 ? 16.0f : 1.0f;
-        c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
-        c.seed = seed;
+  test::for_each_cache_layout(
+      {0, 1, 3, 5, 7, 64, 1000}, 4, [&](auto page_size, auto tokens, int layout) {
+        KvWriteCase c = test::write_sweep_case(page_size, tokens, layout, ++seed, 2);
         c.with_flag = seed % 2 == 0;
         expect_cuda_equals_cpu(c);
-      }
-    }
-  }
+      });
 }
 
 TEST(MlaKvCuda, GatherMatchesCpu) {
   FP8MLA_REQUIRE_HOPPER();
   std::uint64_t seed = 100;
-  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
-    for (std::int64_t tokens : {0, 1, 3, 7, 65, 3000}) {
-      for (int layout = 0; layout < 3; ++layout) {
-        ++seed;
-        KvGatherCase c;
-        c.tokens = tokens;
-        c.cache = {5, page_size, layout == 1 ? 32 : 0, layout == 2 ? 5 : 0};
-        c.slot_dtype = seed % 2 ? DType::kI32 : DType::kI64;
-        c.kv_pad = layout == 1 ? 8 : layout == 2 ? 3 : 0;
-        c.k_pe_pad = layout == 2 ? 1 : 0;
-        c.k_pe_3d = layout == 1;
-        c.scale = layout == 0 ? 1.0f : layout == 1 ? 0.0123f : 3e30f;
-        c.seed = seed;
+  test::for_each_cache_layout(
+      {0, 1, 3, 7, 65, 3000}, 3, [&](auto page_size, auto tokens, int layout) {
+        KvGatherCase c = test::gather_sweep_case(page_size, tokens, layout, ++seed, 5);
         c.with_flag = seed % 2 == 0;
         expect_cuda_equals_cpu(c);
-      }
-    }
-  }
+      });
 }
 
 TEST(MlaKvCuda, PackMatchesCpuForEveryTokenCount) {
@@ -212,11 +194,9 @@ TEST(MlaKvCuda, VQuantizeEqualsPackV) {
     c.v_only = true;
     SCOPED_TRACE(c.describe());
     const std::vector<HostBuffer> initial = test::host_buffers(c);
-    const std::vector<DeviceBuffer> alone = upload(initial);
-    run_gpu(c, alone);
+    const std::vector<DeviceBuffer> alone = run_gpu_on(c, initial);
     c.v_only = false;
-    const std::vector<DeviceBuffer> packed = upload(initial);
-    run_gpu(c, packed);
+    const std::vector<DeviceBuffer> packed = run_gpu_on(c, initial);
     EXPECT_TRUE(test::same_bytes(alone[4].download(), packed[4].download(), "v_out"));
     EXPECT_TRUE(test::same_bytes(alone[3].download(), initial[3].payload(), "k_out (untouched)"));
     for (const DeviceBuffer& d : alone) EXPECT_TRUE(d.guards_intact());
@@ -236,12 +216,9 @@ TEST(MlaKvCuda, WriteBadSlotsSetFlag) {
     c.seed = 17 + layout;
     SCOPED_TRACE(c.describe());
     const std::vector<HostBuffer> host = test::host_buffers(c);
-    const std::vector<std::uint8_t> want = c.expected_cache(host);
-    const std::vector<DeviceBuffer> device = upload(host);
-    run_gpu(c, device);
-    EXPECT_TRUE(test::same_bytes(device[3].download(), want, "cache"));
-    EXPECT_EQ(flag_of(device[4]), 1);
-    for (const DeviceBuffer& d : device) EXPECT_TRUE(d.guards_intact());
+    const std::vector<DeviceBuffer> device = run_gpu_on(c, host);
+    EXPECT_TRUE(test::same_bytes(device[3].download(), c.expected_cache(host), "cache"));
+    expect_flag_set(device);
   }
 }
 
@@ -258,12 +235,10 @@ TEST(MlaKvCuda, GatherBadSlotsWriteZerosAndSetFlag) {
     SCOPED_TRACE(c.describe());
     const std::vector<HostBuffer> host = test::host_buffers(c);
     const auto want = c.expected_outputs(host);
-    const std::vector<DeviceBuffer> device = upload(host);
-    run_gpu(c, device);
+    const std::vector<DeviceBuffer> device = run_gpu_on(c, host);
     EXPECT_TRUE(test::same_bytes(device[2].download(), want[0], "kv_c_out"));
     EXPECT_TRUE(test::same_bytes(device[3].download(), want[1], "k_pe_out"));
-    EXPECT_EQ(flag_of(device[4]), 1);
-    for (const DeviceBuffer& d : device) EXPECT_TRUE(d.guards_intact());
+    expect_flag_set(device);
   }
 }
 
@@ -281,8 +256,7 @@ TEST(MlaKvCuda, CacheBeyond2GiB) {
   w.scale_inv = 2.0f;
   w.seed = 3;
   std::vector<HostBuffer> host = test::host_buffers(w);  // 2.1 GB of host memory
-  std::vector<DeviceBuffer> device = upload(host);
-  run_gpu(w, device);
+  std::vector<DeviceBuffer> device = run_gpu_on(w, host);
   test::run_cpu(w, host);
   for (std::int64_t slot : w.explicit_slots) {
     if (slot < 0) continue;

@@ -8,14 +8,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "error_test_util.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "mla_kv_test_util.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla {
 namespace {
@@ -47,52 +49,36 @@ void expect_write(const KvWriteCase& c) {
   for (const HostBuffer& b : buffers) EXPECT_TRUE(b.guards_intact());
 }
 
-void expect_gather(const KvGatherCase& c) {
+// Runs `c` on the CPU: buffers[outputs[i].first] equals the reference's output i, no guard is hit.
+template <typename Case>
+void expect_reference(const Case& c, std::initializer_list<std::pair<int, const char*>> outputs) {
   SCOPED_TRACE(c.describe());
   std::vector<HostBuffer> buffers = test::host_buffers(c);
   const auto want = c.expected_outputs(buffers);
   test::run_cpu(c, buffers);
-  EXPECT_TRUE(test::same_bytes(buffers[2].payload(), want[0], "kv_c_out"));
-  EXPECT_TRUE(test::same_bytes(buffers[3].payload(), want[1], "k_pe_out"));
+  std::size_t i = 0;
+  for (const auto& [buffer, name] : outputs) {
+    EXPECT_TRUE(test::same_bytes(buffers[buffer].payload(), want[i++], name));
+  }
   for (const HostBuffer& b : buffers) EXPECT_TRUE(b.guards_intact());
 }
 
+void expect_gather(const KvGatherCase& c) {
+  expect_reference(c, {{2, "kv_c_out"}, {3, "k_pe_out"}});
+}
+
 void expect_pack(const KvPackCase& c) {
-  SCOPED_TRACE(c.describe());
-  std::vector<HostBuffer> buffers = test::host_buffers(c);
-  const auto want = c.expected_outputs(buffers);
-  test::run_cpu(c, buffers);
-  EXPECT_TRUE(test::same_bytes(buffers[3].payload(), want[0], "k_out"));
-  EXPECT_TRUE(test::same_bytes(buffers[4].payload(), want[1], "v_out"));
-  for (const HostBuffer& b : buffers) EXPECT_TRUE(b.guards_intact());
+  expect_reference(c, {{3, "k_out"}, {4, "v_out"}});
 }
 
 // ---- mla_kv_cache_write -------------------------------------------------------------------
 
 TEST(MlaKvCacheWrite, EveryPageSizeAndLayout) {
   std::uint64_t seed = 0;
-  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
-    for (std::int64_t tokens : {0, 1, 3, 7, 33, 100}) {
-      for (int layout = 0; layout < 4; ++layout) {
-        ++seed;
-        KvWriteCase c;
-        c.dtype = seed % 2 ? DType::kF16 : DType::kBF16;
-        c.tokens = tokens;
-        c.cache = {std::max<std::int64_t>(1, (tokens + page_size) / page_size + 1), page_size,
-                   layout % 2 ? 16 : 0, layout >= 2 ? 3 : 0};
-        c.kv_pad = layout == 1 ? 8 : layout == 3 ? 5 : 0;
-        c.kv_offset = layout == 3 ? 3 : 0;
-        c.k_pe_3d = layout % 2 == 1;
-        c.k_pe_pad = layout == 2 ? 1 : 0;
-        c.slot_dtype = seed % 3 ? DType::kI64 : DType::kI32;
-        c.skip_every = layout == 0 ? 0 : 3 + layout;
-        c.scale_inv = layout == 2 ? 0.37f : layout == 3 ? 16.0f : 1.0f;
-        c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
-        c.seed = seed;
-        expect_write(c);
-      }
-    }
-  }
+  test::for_each_cache_layout(
+      {0, 1, 3, 7, 33, 100}, 4, [&](auto page_size, auto tokens, int layout) {
+        expect_write(test::write_sweep_case(page_size, tokens, layout, ++seed, 1));
+      });
 }
 
 TEST(MlaKvCacheWrite, AllSlotsSkippedWritesNothing) {
@@ -118,17 +104,10 @@ TEST(MlaKvCacheWrite, OutOfRangeSlotThrowsAndWritesNothing) {
     c.explicit_slots = {0, 5, 63, bad_slot, 7, -1};
     std::vector<HostBuffer> buffers = test::host_buffers(c);
     const std::vector<std::uint8_t> before = bytes_of(buffers[3]);
-    try {
-      test::run_cpu(c, buffers);
-      ADD_FAILURE() << "expected an fp8mla::Error for slot " << bad_slot;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.category(), ErrorCategory::kOutOfRange);
-      for (const std::string& needle :
-           {std::string("mla_kv_cache_write"), std::string("`slot_mapping`[3]"),
-            concat("= ", bad_slot), std::string("[0, 64)")}) {
-        EXPECT_NE(e.message().find(needle), std::string::npos) << needle << ": " << e.message();
-      }
-    }
+    SCOPED_TRACE(concat("slot ", bad_slot));
+    test::expect_error(
+        [&] { test::run_cpu(c, buffers); }, ErrorCategory::kOutOfRange,
+        {"mla_kv_cache_write", "`slot_mapping`[3]", concat("= ", bad_slot), "[0, 64)"});
     EXPECT_TRUE(test::same_bytes(buffers[3].payload(), before, "cache after a rejected write"));
   }
 }
@@ -137,23 +116,10 @@ TEST(MlaKvCacheWrite, OutOfRangeSlotThrowsAndWritesNothing) {
 
 TEST(MlaKvGather, EveryPageSizeAndLayout) {
   std::uint64_t seed = 100;
-  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
-    for (std::int64_t tokens : {0, 1, 3, 7, 65, 200}) {
-      for (int layout = 0; layout < 3; ++layout) {
-        ++seed;
-        KvGatherCase c;
-        c.tokens = tokens;
-        c.cache = {3, page_size, layout == 1 ? 32 : 0, layout == 2 ? 5 : 0};
-        c.slot_dtype = seed % 2 ? DType::kI32 : DType::kI64;
-        c.kv_pad = layout == 1 ? 8 : layout == 2 ? 3 : 0;
-        c.k_pe_pad = layout == 2 ? 1 : 0;
-        c.k_pe_3d = layout == 1;
-        c.scale = layout == 0 ? 1.0f : layout == 1 ? 0.0123f : 3e30f;  // 3e30: overflow to inf
-        c.seed = seed;
-        expect_gather(c);
-      }
-    }
-  }
+  test::for_each_cache_layout(
+      {0, 1, 3, 7, 65, 200}, 3, [&](auto page_size, auto tokens, int layout) {
+        expect_gather(test::gather_sweep_case(page_size, tokens, layout, ++seed, 3));
+      });
 }
 
 TEST(MlaKvGather, BadSlotThrowsAndWritesNothing) {
@@ -163,14 +129,9 @@ TEST(MlaKvGather, BadSlotThrowsAndWritesNothing) {
     c.cache = {3, 16, 0, 0};
     c.explicit_slots = {47, 0, bad_slot, 1};
     std::vector<HostBuffer> buffers = test::host_buffers(c);
-    try {
-      test::run_cpu(c, buffers);
-      ADD_FAILURE() << "expected an fp8mla::Error for slot " << bad_slot;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.category(), ErrorCategory::kOutOfRange);
-      EXPECT_NE(e.message().find("`slots`[2]"), std::string::npos) << e.message();
-      EXPECT_NE(e.message().find("[0, 48)"), std::string::npos) << e.message();
-    }
+    SCOPED_TRACE(concat("slot ", bad_slot));
+    test::expect_error([&] { test::run_cpu(c, buffers); }, ErrorCategory::kOutOfRange,
+                       {"`slots`[2]", "[0, 48)"});
     for (int k : {2, 3}) {
       for (std::uint8_t byte : buffers[k].payload()) ASSERT_EQ(byte, kPoison) << "buffer " << k;
     }
@@ -353,14 +314,9 @@ TEST(MlaVQuantize, BothLayoutsMatchThePackAndTheReference) {
 
 // ---- Argument checks ----------------------------------------------------------------------
 
-void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
-
 using test::expect_error;
-
-TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
-                Device device = Device::cpu()) {
-  return TensorView(kFake, dtype, shape, device);
-}
+using test::fake;
+using test::kFake;
 
 LatentCacheWrite fake_write(std::int64_t tokens, std::int64_t page_size = 16) {
   LatentCacheWrite w;
@@ -576,109 +532,66 @@ TEST(MlaKvArgs, PackShapesDtypesAndCounts) {
                {"`v_out` (kTransposed)", "token stride 1"});
 }
 
-void v_call(const TensorView& v, const TensorView& v_out, VLayout layout = VLayout::kTokenMajor) {
-  mla_v_quantize_fp8(v, v_out, 1.0f, layout);
+// mla_v_quantize_fp8(v, v_out) rejects its arguments with a message holding every needle.
+void expect_v_rejected(const TensorView& v, const TensorView& v_out, VLayout layout,
+                       std::initializer_list<std::string> needles) {
+  expect_error([&] { mla_v_quantize_fp8(v, v_out, 1.0f, layout); }, ErrorCategory::kInvalidArgument,
+               needles);
+}
+
+void expect_v_rejected(const TensorView& v, const TensorView& v_out,
+                       std::initializer_list<std::string> needles) {
+  expect_v_rejected(v, v_out, VLayout::kTokenMajor, needles);
 }
 
 TEST(MlaKvArgs, VQuantizeDtypes) {
-  expect_error(
-      [] {
-        v_call(fake(DType::kF32, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"mla_v_quantize_fp8: `v` dtype", "expected one of {bf16, f16}", "got f32"});
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kBF16, {4, 16, 128}));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"mla_v_quantize_fp8: `v_out` dtype", "expected e4m3fn", "got bf16"});
-  expect_error(
-      [] {
-        v_call(fake(DType::kF16, {4, 16, 128}), fake(DType::kE5M2, {4, 16, 128}));
-      },
-      ErrorCategory::kInvalidArgument, {"`v_out` dtype", "expected e4m3fn", "got e5m2"});
+  expect_v_rejected(fake(DType::kF32, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}),
+                    {"mla_v_quantize_fp8: `v` dtype", "expected one of {bf16, f16}", "got f32"});
+  expect_v_rejected(fake(DType::kBF16, {4, 16, 128}), fake(DType::kBF16, {4, 16, 128}),
+                    {"mla_v_quantize_fp8: `v_out` dtype", "expected e4m3fn", "got bf16"});
+  expect_v_rejected(fake(DType::kF16, {4, 16, 128}), fake(DType::kE5M2, {4, 16, 128}),
+                    {"`v_out` dtype", "expected e4m3fn", "got e5m2"});
 }
 
 TEST(MlaKvArgs, VQuantizeShapesAndCounts) {
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {4, 16, 64}), fake(DType::kE4M3, {4, 16, 128}));
-      },
-      ErrorCategory::kInvalidArgument,
+  expect_v_rejected(
+      fake(DType::kBF16, {4, 16, 64}), fake(DType::kE4M3, {4, 16, 128}),
       {"mla_v_quantize_fp8: `v`", "expected [tokens, heads, 128]", "bf16[4, 16, 64]"});
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 192}));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`v_out`", "expected [tokens, heads, 128]", "e4m3fn[4, 16, 192]"});
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {5, 16, 128}));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`v_out`", "expected 4 tokens like `v`", "e4m3fn[5, 16, 128]"});
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 8, 128}));
-      },
-      ErrorCategory::kInvalidArgument, {"`v_out`", "expected 16 heads like `v`"});
+  expect_v_rejected(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 192}),
+                    {"`v_out`", "expected [tokens, heads, 128]", "e4m3fn[4, 16, 192]"});
+  expect_v_rejected(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {5, 16, 128}),
+                    {"`v_out`", "expected 4 tokens like `v`", "e4m3fn[5, 16, 128]"});
+  expect_v_rejected(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 8, 128}),
+                    {"`v_out`", "expected 16 heads like `v`"});
   // The same counts checked for a transposed v_out ([H][128][pitch] memory, pitch 16).
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {4, 16, 128}),
-               TensorView(kFake, DType::kE4M3, {5, 16, 128}, {1, 128 * 16, 16}),
-               VLayout::kTransposed);
-      },
-      ErrorCategory::kInvalidArgument, {"`v_out`", "expected 4 tokens like `v`"});
+  expect_v_rejected(fake(DType::kBF16, {4, 16, 128}),
+                    TensorView(kFake, DType::kE4M3, {5, 16, 128}, {1, 128 * 16, 16}),
+                    VLayout::kTransposed, {"`v_out`", "expected 4 tokens like `v`"});
   const TensorView strided_dim(kFake, DType::kBF16, {4, 16, 128}, {16 * 256, 256, 2});
-  expect_error(
-      [&] {
-        v_call(strided_dim, fake(DType::kE4M3, {4, 16, 128}));
-      },
-      ErrorCategory::kInvalidArgument, {"`v`", "contiguous last dim"});
+  expect_v_rejected(strided_dim, fake(DType::kE4M3, {4, 16, 128}), {"`v`", "contiguous last dim"});
 }
 
 TEST(MlaKvArgs, VQuantizeTransposedLayout) {
   // A token-major v_out under kTransposed: token stride 128 x 16, not 1.
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}),
-               VLayout::kTransposed);
-      },
-      ErrorCategory::kInvalidArgument,
+  expect_v_rejected(
+      fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}), VLayout::kTransposed,
       {"mla_v_quantize_fp8: `v_out` (kTransposed)", "token stride 1", "e4m3fn[4, 16, 128]"});
   // Dims 32 bytes apart hold only 32 of the 64 tokens.
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {64, 2, 128}),
-               TensorView(kFake, DType::kE4M3, {64, 2, 128}, {1, 128 * 32, 32}),
-               VLayout::kTransposed);
-      },
-      ErrorCategory::kInvalidArgument, {"`v_out` (kTransposed)", "dim stride >= tokens"});
+  expect_v_rejected(fake(DType::kBF16, {64, 2, 128}),
+                    TensorView(kFake, DType::kE4M3, {64, 2, 128}, {1, 128 * 32, 32}),
+                    VLayout::kTransposed, {"`v_out` (kTransposed)", "dim stride >= tokens"});
   // Heads overlapping: head stride < 128 x dim stride.
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {64, 2, 128}),
-               TensorView(kFake, DType::kE4M3, {64, 2, 128}, {1, 64, 64}), VLayout::kTransposed);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`v_out` (kTransposed)", "head stride >= 128 x dim stride"});
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}),
-               static_cast<VLayout>(7));
-      },
-      ErrorCategory::kInvalidArgument, {"`v_layout`", "kTokenMajor or kTransposed", "got 7"});
+  expect_v_rejected(
+      fake(DType::kBF16, {64, 2, 128}), TensorView(kFake, DType::kE4M3, {64, 2, 128}, {1, 64, 64}),
+      VLayout::kTransposed, {"`v_out` (kTransposed)", "head stride >= 128 x dim stride"});
+  expect_v_rejected(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}),
+                    static_cast<VLayout>(7), {"`v_layout`", "kTokenMajor or kTransposed", "got 7"});
 }
 
 TEST(MlaKvArgs, VQuantizeMixedDevices) {
-  expect_error(
-      [] {
-        v_call(fake(DType::kBF16, {4, 16, 128}), fake(DType::kE4M3, {4, 16, 128}, Device::cuda(0)));
-      },
-      ErrorCategory::kInvalidArgument, {"`v_out`", "expected a tensor on cpu", "cuda:0"});
+  expect_v_rejected(fake(DType::kBF16, {4, 16, 128}),
+                    fake(DType::kE4M3, {4, 16, 128}, Device::cuda(0)),
+                    {"`v_out`", "expected a tensor on cpu", "cuda:0"});
 }
 
 TEST(MlaKvArgs, EmptyCallsWriteNothing) {

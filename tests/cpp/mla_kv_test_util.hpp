@@ -6,13 +6,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "fp8mla/mla_prep.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla::test {
 
@@ -356,5 +357,54 @@ struct KvPackCase {
         ", scale_inv k ", k_scale_inv, " v ", v_scale_inv, ", ", data_name(data), " seed ", seed);
   }
 };
+
+// ---- The sweeps the CPU and CUDA tests share ----------------------------------------------
+
+// Calls fn(page_size, tokens, layout) for every page size, token count and layout < `layouts`.
+template <typename Fn>
+void for_each_cache_layout(std::initializer_list<std::int64_t> token_counts, int layouts, Fn fn) {
+  for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
+    for (std::int64_t tokens : token_counts) {
+      for (int layout = 0; layout < layouts; ++layout) fn(page_size, tokens, layout);
+    }
+  }
+}
+
+// Cache-write case `layout` (0..3): padded pages and kv_c rows, 3-d k_pe, unaligned pages (3, the
+// scalar path), skipped tokens; the cache has `spare_pages` pages more than the tokens need.
+inline KvWriteCase write_sweep_case(std::int64_t page_size, std::int64_t tokens, int layout,
+                                    std::uint64_t seed, std::int64_t spare_pages) {
+  KvWriteCase c;
+  c.dtype = seed % 2 ? DType::kF16 : DType::kBF16;
+  c.tokens = tokens;
+  c.cache = {(tokens + page_size) / page_size + spare_pages, page_size, layout % 2 ? 16 : 0,
+             layout >= 2 ? 3 : 0};
+  c.kv_pad = layout == 1 ? 8 : layout == 3 ? 5 : 0;
+  c.kv_offset = layout == 3 ? 3 : 0;
+  c.k_pe_3d = layout % 2 == 1;
+  c.k_pe_pad = layout == 2 ? 1 : 0;
+  c.slot_dtype = seed % 3 ? DType::kI64 : DType::kI32;
+  c.skip_every = layout == 0 ? 0 : 3 + layout;
+  c.scale_inv = layout == 2 ? 0.37f : layout == 3 ? 16.0f : 1.0f;
+  c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
+  c.seed = seed;
+  return c;
+}
+
+// Gather case `layout` (0..2) from a cache of `pages` pages: padded pages and output rows, 3-d
+// k_pe, unaligned pages; scale 3e30 overflows to inf.
+inline KvGatherCase gather_sweep_case(std::int64_t page_size, std::int64_t tokens, int layout,
+                                      std::uint64_t seed, std::int64_t pages) {
+  KvGatherCase c;
+  c.tokens = tokens;
+  c.cache = {pages, page_size, layout == 1 ? 32 : 0, layout == 2 ? 5 : 0};
+  c.slot_dtype = seed % 2 ? DType::kI32 : DType::kI64;
+  c.kv_pad = layout == 1 ? 8 : layout == 2 ? 3 : 0;
+  c.k_pe_pad = layout == 2 ? 1 : 0;
+  c.k_pe_3d = layout == 1;
+  c.scale = layout == 0 ? 1.0f : layout == 1 ? 0.0123f : 3e30f;
+  c.seed = seed;
+  return c;
+}
 
 }  // namespace fp8mla::test

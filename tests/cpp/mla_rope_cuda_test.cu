@@ -10,11 +10,11 @@
 #include <cstring>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda_test_util.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "mla_rope_test_util.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla {
 namespace {

@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "error_test_util.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "mla_rope_test_util.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla {
 namespace {

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "fp8mla/mla_prep.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla::test {
 

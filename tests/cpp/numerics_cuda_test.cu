@@ -113,19 +113,16 @@ __global__ void software_codec_on_device(std::uint32_t n, std::uint32_t* out) {
 
 TEST(NumericsCuda, HardwareConversionsEqualSoftwareCodec) {
   FP8MLA_REQUIRE_HOPPER();
-  Mismatches* d_m = nullptr;
-  cuda::check(cudaMalloc(&d_m, sizeof(Mismatches)), "cudaMalloc");
+  test::DeviceBuffer d_m(sizeof(Mismatches));
   Mismatches init{};
   for (unsigned int& f : init.first_input) f = 0xFFFFFFFFu;
-  cuda::check(cudaMemcpy(d_m, &init, sizeof init, cudaMemcpyHostToDevice), "cudaMemcpy");
+  d_m.upload(&init);
   const int sms = cuda::device_props(0).sm_count;
-  every_f32_pattern<<<sms * 8, 256>>>(d_m);
+  every_f32_pattern<<<sms * 8, 256>>>(d_m.as<Mismatches>());
   cuda::check_launch("every_f32_pattern");
-  every_16bit_pattern<<<256, 256>>>(d_m);
+  every_16bit_pattern<<<256, 256>>>(d_m.as<Mismatches>());
   cuda::check_launch("every_16bit_pattern");
-  Mismatches got{};
-  cuda::check(cudaMemcpy(&got, d_m, sizeof got, cudaMemcpyDeviceToHost), "cudaMemcpy");
-  cuda::check(cudaFree(d_m), "cudaFree");
+  const Mismatches got = d_m.download_as<Mismatches>()[0];
   for (int c = 0; c < kNumChecks; ++c) {
     EXPECT_EQ(got.count[c], 0ull) << kCheckNames[c] << ": first differing input 0x" << std::hex
                                   << got.first_input[c];
@@ -135,14 +132,10 @@ TEST(NumericsCuda, HardwareConversionsEqualSoftwareCodec) {
 TEST(NumericsCuda, DeviceSoftwareCodecEqualsHost) {
   FP8MLA_REQUIRE_HOPPER();
   constexpr std::uint32_t kN = 1u << 24;
-  std::uint32_t* d_out = nullptr;
-  cuda::check(cudaMalloc(&d_out, kN * sizeof(std::uint32_t)), "cudaMalloc");
-  software_codec_on_device<<<kN / 256, 256>>>(kN, d_out);
+  const test::DeviceBuffer d_out(kN * sizeof(std::uint32_t));
+  software_codec_on_device<<<kN / 256, 256>>>(kN, d_out.as<std::uint32_t>());
   cuda::check_launch("software_codec_on_device");
-  std::vector<std::uint32_t> got(kN);
-  cuda::check(cudaMemcpy(got.data(), d_out, kN * sizeof(std::uint32_t), cudaMemcpyDeviceToHost),
-              "cudaMemcpy");
-  cuda::check(cudaFree(d_out), "cudaFree");
+  const std::vector<std::uint32_t> got = d_out.download_as<std::uint32_t>();
   std::uint32_t mismatches = 0;
   for (std::uint32_t i = 0; i < kN; ++i) {
     const float x = float_from_bits(sample_pattern(i));

@@ -17,15 +17,16 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda_test_util.hpp"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/kernel_registry.hpp"
 #include "fp8mla/numerics.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla {
 namespace {
@@ -385,17 +386,25 @@ void expect_error_rule(const Case& c, std::uint32_t seed = 7) {
       c.describe().c_str(), err, err_no_lse, err_bf, bound, lse_err, static_cast<long long>(rows));
 }
 
-class PrefillCuda : public ::testing::TestWithParam<bool> {};  // param: fp8
+class PrefillCuda : public ::testing::TestWithParam<bool> {  // param: fp8
+ protected:
+  // Sequences of these query and key lengths (no key lengths: the query ones), FP8 as the param.
+  Case batch(std::vector<int> q_lens, std::vector<int> k_lens, int heads) const {
+    Case c;
+    c.q_lens = std::move(q_lens);
+    c.k_lens = std::move(k_lens);
+    c.heads = heads;
+    c.fp8 = GetParam();
+    return c;
+  }
+};
 
 TEST_P(PrefillCuda, SingleSequencesMeetTheErrorRule) {
   FP8MLA_REQUIRE_HOPPER();
   for (bool causal : {true, false}) {
     for (int n : {1, 2, 63, 64, 65, 127, 128, 129, 1000, 4096, 16384}) {
-      Case c;
-      c.q_lens = {n};
-      c.fp8 = GetParam();
+      Case c = batch({n}, {}, n <= 1000 ? 4 : 1);
       c.causal = causal;
-      c.heads = n <= 1000 ? 4 : 1;
       expect_error_rule(c, std::uint32_t(n));
     }
   }
@@ -404,10 +413,7 @@ TEST_P(PrefillCuda, SingleSequencesMeetTheErrorRule) {
 TEST_P(PrefillCuda, RaggedBatchWithEmptyAndShortSequences) {
   FP8MLA_REQUIRE_HOPPER();
   for (bool causal : {true, false}) {
-    Case c;
-    c.q_lens = {0, 1, 700, 0, 129, 1, 300};
-    c.heads = 16;
-    c.fp8 = GetParam();
+    Case c = batch({0, 1, 700, 0, 129, 1, 300}, {}, 16);
     c.causal = causal;
     c.out_pad = causal ? 0 : 2;  // rows not 16-byte aligned: the 4-byte stores
     expect_error_rule(c);
@@ -416,11 +422,7 @@ TEST_P(PrefillCuda, RaggedBatchWithEmptyAndShortSequences) {
 
 TEST_P(PrefillCuda, PrefixLongerThanExtendCausal) {
   FP8MLA_REQUIRE_HOPPER();
-  Case c;
-  c.q_lens = {100, 300, 1, 64};
-  c.k_lens = {612, 1300, 1, 64 + 2000};
-  c.heads = 16;
-  c.fp8 = GetParam();
+  Case c = batch({100, 300, 1, 64}, {612, 1300, 1, 64 + 2000}, 16);
   expect_error_rule(c);
   // k_len < q_len: the first rows see no key (O = 0, LSE = -inf).
   c.q_lens = {300, 50};
@@ -430,10 +432,7 @@ TEST_P(PrefillCuda, PrefixLongerThanExtendCausal) {
 
 TEST_P(PrefillCuda, ManyHeadsStridedViewsTransposedLse) {
   FP8MLA_REQUIRE_HOPPER();
-  Case c;
-  c.q_lens = {333, 1000};
-  c.heads = 128;
-  c.fp8 = GetParam();
+  Case c = batch({333, 1000}, {}, 128);
   c.strided = true;
   c.out_pad = 8;
   c.lse_transposed = true;
@@ -442,11 +441,7 @@ TEST_P(PrefillCuda, ManyHeadsStridedViewsTransposedLse) {
 
 TEST_P(PrefillCuda, AllOnesVGivesExactlyOne) {
   FP8MLA_REQUIRE_HOPPER();
-  Case c;
-  c.q_lens = {5, 700};
-  c.k_lens = {3, 900};
-  c.heads = 8;
-  c.fp8 = GetParam();
+  Case c = batch({5, 700}, {3, 900}, 8);
   c.descale[2] = 1.0f;
   c.ones_v = true;
   Problem p = make_problem(c, 3);
@@ -469,11 +464,7 @@ TEST_P(PrefillCuda, AllOnesVGivesExactlyOne) {
 TEST_P(PrefillCuda, WithoutLseMeetsTheRuleAndWritesNoLse) {
   FP8MLA_REQUIRE_HOPPER();
   for (bool causal : {true, false}) {
-    Case c;
-    c.q_lens = {1000, 0, 129, 1};
-    c.k_lens = {1300, 5, 129, 0};
-    c.heads = 16;
-    c.fp8 = GetParam();
+    Case c = batch({1000, 0, 129, 1}, {1300, 5, 129, 0}, 16);
     c.causal = causal;
     if (c.fp8) {
       expect_error_rule(c, 13);  // runs both loops against one reference
@@ -490,10 +481,7 @@ TEST_P(PrefillCuda, WithoutLseMeetsTheRuleAndWritesNoLse) {
 
 TEST_P(PrefillCuda, DeterministicOver100RunsAndPdlOnOff) {
   FP8MLA_REQUIRE_HOPPER();
-  Case c;
-  c.q_lens = {1000, 37};
-  c.heads = 16;
-  c.fp8 = GetParam();
+  Case c = batch({1000, 37}, {}, 16);
   Problem p = make_problem(c, 11);
   const Outputs first = run(p);
   for (int i = 0; i < 100; ++i) prefill_attention(args_of(p));

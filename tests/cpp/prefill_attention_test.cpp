@@ -13,14 +13,15 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "buffer_test_util.hpp"
 #include "error_test_util.hpp"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/kernel_registry.hpp"
 #include "fp8mla/numerics.hpp"
-#include "quantize_test_util.hpp"
 
 namespace fp8mla {
 namespace {
@@ -104,36 +105,94 @@ std::vector<double> fill(Tensor3& t, DType dtype, float descale, float range, st
   return values;
 }
 
+// Cumulative offsets [0, l0, l0 + l1, ...] of sequence lengths, and their I32 host buffer.
+struct SeqLens {
+  explicit SeqLens(const std::vector<int>& lens) : offsets(1, 0), buf((lens.size() + 1) * 4) {
+    for (int len : lens) offsets.push_back(offsets.back() + len);
+    std::memcpy(buf.data(), offsets.data(), offsets.size() * 4);
+  }
+  TensorView view() { return TensorView(buf.data(), DType::kI32, {std::int64_t(offsets.size())}); }
+  std::vector<std::int32_t> offsets;
+  HostBuffer buf;
+};
+
+// v as [tk, heads, dv]: as make3 does, or transposed ([H][Dv][tk + 3] memory).
+Tensor3 make_v(const PrefillCase& c, std::int64_t tk) {
+  if (!c.v_transposed) return make3(c.dtype, tk, c.heads, c.dv, c.strided);
+  const std::int64_t pitch = tk + 3;
+  Tensor3 v{HostBuffer(std::size_t(std::max<std::int64_t>(c.heads * c.dv * pitch, 1)) *
+                       dtype_size(c.dtype)),
+            {}};
+  v.view = TensorView(v.buf.data(), c.dtype, {tk, c.heads, c.dv}, {1, c.dv * pitch, pitch});
+  return v;
+}
+
+// The float64 reference of query row t, head h over its first `visible` keys (from key k0):
+// o = softmax(scale * q k^T) v, and the returned log-sum-exp (-inf with no visible key, o = 0).
+double reference_row(const PrefillCase& c, const std::vector<double>& qd,
+                     const std::vector<double>& kd, const std::vector<double>& vd, std::int64_t t,
+                     std::int64_t h, std::int64_t k0, std::int64_t visible, double scale,
+                     std::vector<double>& o) {
+  const std::int64_t H = c.heads;
+  std::fill(o.begin(), o.end(), 0.0);
+  if (visible == 0) return -std::numeric_limits<double>::infinity();
+  std::vector<double> s(std::size_t(visible), 0.0);
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t j = 0; j < visible; ++j) {
+    const double* qr = &qd[std::size_t((t * H + h) * c.dqk)];
+    const double* kr = &kd[std::size_t(((k0 + j) * H + h) * c.dqk)];
+    double dot = 0.0;
+    for (int d = 0; d < c.dqk; ++d) dot += qr[d] * kr[d];
+    s[j] = scale * dot;
+    m = std::max(m, s[j]);
+  }
+  double l = 0.0;
+  for (std::int64_t j = 0; j < visible; ++j) {
+    const double p = std::exp(s[j] - m);
+    l += p;
+    const double* vr = &vd[std::size_t(((k0 + j) * H + h) * c.dv)];
+    for (int d = 0; d < c.dv; ++d) o[d] += p * vr[d];
+  }
+  for (double& x : o) x /= l;
+  return m + std::log(l);
+}
+
+// Nothing written outside the out view (mask: 1 for an element byte); the LSE buffer untouched
+// without an lse view. Returns the failures, reporting the first few.
+int count_stray_writes(const HostBuffer& out, const std::vector<std::uint8_t>& mask,
+                       const HostBuffer& lse_buf, bool lse_given, int failures) {
+  for (std::size_t i = 0; i < out.bytes(); ++i) {
+    if (!mask[i] && out.data()[i] != test::kPoison && ++failures <= 10) {
+      ADD_FAILURE() << "out buffer byte " << i << " outside the view was written";
+    }
+  }
+  if (!lse_given) {
+    for (std::size_t i = 0; i < lse_buf.bytes(); ++i) {
+      if (lse_buf.data()[i] != test::kPoison && ++failures <= 10) ADD_FAILURE() << "lse written";
+    }
+  }
+  return failures;
+}
+
 void run_case(const PrefillCase& c, std::uint32_t seed = 1) {
   std::mt19937 rng(seed);
   const std::vector<int>& q_lens = c.q_lens;
   const std::vector<int>& k_lens = c.k_lens.empty() ? c.q_lens : c.k_lens;
   ASSERT_EQ(q_lens.size(), k_lens.size());
   const std::int64_t batch = std::int64_t(q_lens.size());
-  std::vector<std::int32_t> cu_q(1, 0), cu_k(1, 0);
-  for (std::int64_t b = 0; b < batch; ++b) {
-    cu_q.push_back(cu_q.back() + q_lens[b]);
-    cu_k.push_back(cu_k.back() + k_lens[b]);
-  }
-  const std::int64_t tq = cu_q.back(), tk = cu_k.back(), H = c.heads;
+  SeqLens cu_q(q_lens), cu_k(k_lens);
+  const std::int64_t tq = cu_q.offsets.back(), tk = cu_k.offsets.back(), H = c.heads;
   const bool fp8 = c.dtype == DType::kE4M3;
-  const float dq = fp8 ? c.descale[0] : 1.0f, dk = fp8 ? c.descale[1] : 1.0f,
-              dvs = fp8 ? c.descale[2] : 1.0f;
+  float descales[3] = {fp8 ? c.descale[0] : 1.0f, fp8 ? c.descale[1] : 1.0f,
+                       fp8 ? c.descale[2] : 1.0f};
 
   Tensor3 q = make3(c.dtype, tq, H, c.dqk, c.strided);
   Tensor3 k = make3(c.dtype, tk, H, c.dqk, c.strided);
-  Tensor3 v = make3(c.dtype, tk, H, c.dv, c.strided);
-  if (c.v_transposed) {
-    const std::int64_t pitch = tk + 3;
-    v = Tensor3{
-        HostBuffer(std::size_t(std::max<std::int64_t>(H * c.dv * pitch, 1)) * dtype_size(c.dtype)),
-        {}};
-    v.view = TensorView(v.buf.data(), c.dtype, {tk, H, c.dv}, {1, c.dv * pitch, pitch});
-  }
+  Tensor3 v = make_v(c, tk);
   const float range = fp8 ? 8.0f : 1.5f;  // logits of a few units: peaked, not one-hot
-  const std::vector<double> qd = fill(q, c.dtype, dq, range, rng);
-  const std::vector<double> kd = fill(k, c.dtype, dk, range, rng);
-  const std::vector<double> vd = fill(v, c.dtype, dvs, range, rng, c.ones_v);
+  const std::vector<double> qd = fill(q, c.dtype, descales[0], range, rng);
+  const std::vector<double> kd = fill(k, c.dtype, descales[1], range, rng);
+  const std::vector<double> vd = fill(v, c.dtype, descales[2], range, rng, c.ones_v);
   Tensor3 out = make3(DType::kBF16, tq, H, c.dv, c.strided);
 
   const std::int64_t lse_elems = std::max<std::int64_t>(tq * H, 1);
@@ -144,17 +203,13 @@ void run_case(const PrefillCase& c, std::uint32_t seed = 1) {
   } else if (c.lse == PrefillCase::Lse::kTransposed) {
     lse = TensorView(lse_buf.data(), DType::kF32, {tq, H}, {1, tq});
   }
-  HostBuffer cu_q_buf(cu_q.size() * 4), cu_k_buf(cu_k.size() * 4);
-  std::memcpy(cu_q_buf.data(), cu_q.data(), cu_q.size() * 4);
-  std::memcpy(cu_k_buf.data(), cu_k.data(), cu_k.size() * 4);
-  float descales[3] = {dq, dk, dvs};
 
   PrefillAttentionArgs a;
   a.q = q.view;
   a.k = k.view;
   a.v = v.view;
-  a.cu_seqlens_q = TensorView(cu_q_buf.data(), DType::kI32, {batch + 1});
-  a.cu_seqlens_k = TensorView(cu_k_buf.data(), DType::kI32, {batch + 1});
+  a.cu_seqlens_q = cu_q.view();
+  a.cu_seqlens_k = cu_k.view();
   a.max_seqlen_q = q_lens.empty() ? 0 : *std::max_element(q_lens.begin(), q_lens.end());
   a.max_seqlen_k = k_lens.empty() ? 0 : *std::max_element(k_lens.begin(), k_lens.end());
   a.softmax_scale = float(1.0 / std::sqrt(double(c.dqk)));
@@ -175,44 +230,22 @@ void run_case(const PrefillCase& c, std::uint32_t seed = 1) {
   EXPECT_TRUE(std::equal(q_before.begin(), q_before.end(), q.buf.payload().begin()));
   EXPECT_TRUE(std::equal(k_before.begin(), k_before.end(), k.buf.payload().begin()));
   EXPECT_TRUE(std::equal(v_before.begin(), v_before.end(), v.buf.payload().begin()));
-  for (HostBuffer* b : {&q.buf, &k.buf, &v.buf, &out.buf, &lse_buf, &cu_q_buf, &cu_k_buf}) {
+  for (HostBuffer* b : {&q.buf, &k.buf, &v.buf, &out.buf, &lse_buf, &cu_q.buf, &cu_k.buf}) {
     EXPECT_TRUE(b->guards_intact());
   }
 
   // Expected bytes of `out` (poison outside the view) and of the LSE buffer.
   std::vector<std::uint8_t> out_expected_mask(out.buf.bytes(), 0);  // 1: an element byte
   int failures = 0;
-  const double scale = double(a.softmax_scale);
-  std::vector<double> s, o(std::size_t(c.dv));
+  std::vector<double> o(std::size_t(c.dv));
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t ql = q_lens[b], kl = k_lens[b];
     for (std::int64_t i = 0; i < ql; ++i) {
-      const std::int64_t t = cu_q[b] + i;
+      const std::int64_t t = cu_q.offsets[b] + i;
       const std::int64_t visible = c.causal ? std::clamp<std::int64_t>(i + kl - ql + 1, 0, kl) : kl;
       for (std::int64_t h = 0; h < H; ++h) {
-        std::fill(o.begin(), o.end(), 0.0);
-        double ref_lse = -std::numeric_limits<double>::infinity();
-        if (visible > 0) {
-          s.assign(std::size_t(visible), 0.0);
-          double m = -std::numeric_limits<double>::infinity();
-          for (std::int64_t j = 0; j < visible; ++j) {
-            const double* qr = &qd[std::size_t((t * H + h) * c.dqk)];
-            const double* kr = &kd[std::size_t(((cu_k[b] + j) * H + h) * c.dqk)];
-            double dot = 0.0;
-            for (int d = 0; d < c.dqk; ++d) dot += qr[d] * kr[d];
-            s[j] = scale * dot;
-            m = std::max(m, s[j]);
-          }
-          double l = 0.0;
-          for (std::int64_t j = 0; j < visible; ++j) {
-            const double p = std::exp(s[j] - m);
-            l += p;
-            const double* vr = &vd[std::size_t(((cu_k[b] + j) * H + h) * c.dv)];
-            for (int d = 0; d < c.dv; ++d) o[d] += p * vr[d];
-          }
-          for (double& x : o) x /= l;
-          ref_lse = m + std::log(l);
-        }
+        const double ref_lse = reference_row(c, qd, kd, vd, t, h, cu_k.offsets[b], visible,
+                                             double(a.softmax_scale), o);
         const auto* out_row =
             static_cast<const std::uint16_t*>(out.view.data()) + at3(out.view, t, h, 0);
         for (int d = 0; d < c.dv; ++d) {
@@ -226,7 +259,8 @@ void run_case(const PrefillCase& c, std::uint32_t seed = 1) {
           } else if (c.ones_v) {
             ok = got == 1.0f;
           } else {
-            ok = std::fabs(got - o[d]) <= kBf16Rounding * std::fabs(o[d]) + 1e-5 * range * dvs;
+            ok = std::fabs(got - o[d]) <=
+                 kBf16Rounding * std::fabs(o[d]) + 1e-5 * range * descales[2];
           }
           if (!ok && ++failures <= 10) {
             ADD_FAILURE() << "out[" << t << ", " << h << ", " << d << "] = " << got
@@ -247,17 +281,8 @@ void run_case(const PrefillCase& c, std::uint32_t seed = 1) {
       }
     }
   }
-  // Nothing written outside the out view; the LSE buffer untouched without an lse view.
-  for (std::size_t i = 0; i < out.buf.bytes(); ++i) {
-    if (!out_expected_mask[i] && out.buf.data()[i] != test::kPoison && ++failures <= 10) {
-      ADD_FAILURE() << "out buffer byte " << i << " outside the view was written";
-    }
-  }
-  if (c.lse == PrefillCase::Lse::kNone) {
-    for (std::size_t i = 0; i < lse_buf.bytes(); ++i) {
-      if (lse_buf.data()[i] != test::kPoison && ++failures <= 10) ADD_FAILURE() << "lse written";
-    }
-  }
+  failures = count_stray_writes(out.buf, out_expected_mask, lse_buf,
+                                c.lse != PrefillCase::Lse::kNone, failures);
   EXPECT_EQ(failures, 0);
 }
 
@@ -265,6 +290,25 @@ PrefillCase single(int len, int heads) {
   PrefillCase c;
   c.q_lens = {len};
   c.heads = heads;
+  return c;
+}
+
+// Sequences of these query and key lengths.
+PrefillCase batch(std::vector<int> q_lens, std::vector<int> k_lens, int heads) {
+  PrefillCase c;
+  c.q_lens = std::move(q_lens);
+  c.k_lens = std::move(k_lens);
+  c.heads = heads;
+  return c;
+}
+
+// `c` with FP8 inputs and these q, k, v descales.
+PrefillCase as_fp8(PrefillCase c, float q_descale = 1.0f, float k_descale = 1.0f,
+                   float v_descale = 1.0f) {
+  c.dtype = DType::kE4M3;
+  c.descale[0] = q_descale;
+  c.descale[1] = k_descale;
+  c.descale[2] = v_descale;
   return c;
 }
 
@@ -281,24 +325,14 @@ TEST(PrefillAttentionCpu, SingleSequencesFp8) {
   for (int heads : {1, 16}) {
     for (int len : {1, 64, 129}) {
       SCOPED_TRACE(testing::Message() << "len " << len << ", heads " << heads);
-      PrefillCase c = single(len, heads);
-      c.dtype = DType::kE4M3;
-      c.descale[0] = 0.3f;
-      c.descale[1] = 0.125f;
-      c.descale[2] = 2.5f;
-      run_case(c);
+      run_case(as_fp8(single(len, heads), 0.3f, 0.125f, 2.5f));
     }
   }
 }
 
 TEST(PrefillAttentionCpu, LongSequence) {
   run_case(single(1000, 1));
-  PrefillCase c = single(1000, 2);
-  c.dtype = DType::kE4M3;
-  c.descale[0] = 0.2f;
-  c.descale[1] = 0.2f;
-  c.descale[2] = 0.5f;
-  run_case(c, 7);
+  run_case(as_fp8(single(1000, 2), 0.2f, 0.2f, 0.5f), 7);
 }
 
 TEST(PrefillAttentionCpu, Sequence4096) {
@@ -308,94 +342,61 @@ TEST(PrefillAttentionCpu, Sequence4096) {
 }
 
 TEST(PrefillAttentionCpu, RaggedBatchWithEmptySequences) {
-  PrefillCase c;
-  c.q_lens = {0, 1, 37, 0, 130, 1, 64};
-  c.heads = 4;
+  PrefillCase c = batch({0, 1, 37, 0, 130, 1, 64}, {}, 4);
   run_case(c);
-  c.dtype = DType::kE4M3;
-  c.descale[0] = 0.5f;
-  c.descale[1] = 0.75f;
-  c.descale[2] = 1.5f;
-  run_case(c, 2);
+  run_case(as_fp8(c, 0.5f, 0.75f, 1.5f), 2);
 }
 
 TEST(PrefillAttentionCpu, PrefixCausal) {
-  PrefillCase c;
-  c.q_lens = {5, 1, 64, 0, 17};
-  c.k_lens = {50, 200, 129, 33, 17};  // prefix > extend, prefix only, no prefix
-  c.heads = 3;
+  // Keys past the queries: prefix > extend, prefix only, no prefix.
+  PrefillCase c = batch({5, 1, 64, 0, 17}, {50, 200, 129, 33, 17}, 3);
   run_case(c);
-  c.dtype = DType::kE4M3;
-  c.descale[0] = 0.25f;
-  c.descale[1] = 0.4f;
-  c.descale[2] = 3.0f;
-  run_case(c, 3);
+  run_case(as_fp8(c, 0.25f, 0.4f, 3.0f), 3);
 }
 
 TEST(PrefillAttentionCpu, NonCausal) {
-  PrefillCase c;
-  c.q_lens = {40, 1, 0, 77};
-  c.k_lens = {10, 90, 5, 77};
-  c.heads = 2;
+  PrefillCase c = batch({40, 1, 0, 77}, {10, 90, 5, 77}, 2);
   c.causal = false;
   run_case(c);
-  c.dtype = DType::kE4M3;
-  c.descale[0] = 0.5f;
-  run_case(c, 4);
+  run_case(as_fp8(c, 0.5f), 4);
 }
 
 TEST(PrefillAttentionCpu, EmptyRowsGiveZeroAndMinusInf) {
-  PrefillCase c;
-  c.q_lens = {3, 20, 4, 2};
-  c.k_lens = {0, 5, 4, 0};  // k_len 0; causal rows 0..14 of the second see no key
-  c.heads = 2;
+  // k_len 0; causal rows 0..14 of the second sequence see no key.
+  PrefillCase c = batch({3, 20, 4, 2}, {0, 5, 4, 0}, 2);
   run_case(c);
   c.causal = false;
   run_case(c);
 }
 
 TEST(PrefillAttentionCpu, AllOnesVGivesExactlyOne) {
-  PrefillCase c;
-  c.q_lens = {1, 129, 7, 3};
-  c.k_lens = {1, 129, 30, 0};
-  c.heads = 3;
+  PrefillCase c = batch({1, 129, 7, 3}, {1, 129, 30, 0}, 3);
   c.ones_v = true;
   run_case(c);
-  c.dtype = DType::kE4M3;  // 1.0 is exact in e4m3; v descale 1
-  c.descale[0] = 0.7f;
-  run_case(c, 5);
+  run_case(as_fp8(c, 0.7f), 5);  // 1.0 is exact in e4m3; v descale 1
 }
 
 TEST(PrefillAttentionCpu, HeadDimsAndLayouts) {
   for (auto [dqk, dv] :
        {std::pair{192, 128}, std::pair{128, 128}, std::pair{64, 64}, std::pair{128, 64}}) {
     SCOPED_TRACE(testing::Message() << "dqk " << dqk << ", dv " << dv);
-    PrefillCase c;
-    c.q_lens = {9, 0, 33};
-    c.k_lens = {20, 4, 33};
-    c.heads = 5;
+    PrefillCase c = batch({9, 0, 33}, {20, 4, 33}, 5);
     c.dqk = dqk;
     c.dv = dv;
     c.strided = true;
     c.lse = PrefillCase::Lse::kTransposed;
     run_case(c);
-    c.dtype = DType::kE4M3;
-    c.descale[1] = 0.3f;
-    run_case(c, 6);
+    run_case(as_fp8(c, 1.0f, 0.3f), 6);
   }
 }
 
 // V transposed (contiguous tokens), the layout the FP8 CUDA kernel reads.
 TEST(PrefillAttentionCpu, TransposedV) {
-  PrefillCase c;
-  c.q_lens = {9, 0, 70};
-  c.k_lens = {20, 4, 70};
-  c.heads = 3;
+  PrefillCase c = batch({9, 0, 70}, {20, 4, 70}, 3);
   c.v_transposed = true;
   run_case(c);
-  c.dtype = DType::kE4M3;
   c.causal = false;
-  run_case(c, 8);
+  run_case(as_fp8(c), 8);
 }
 
 TEST(PrefillAttentionCpu, TransposedLseAndNoLse) {
@@ -417,14 +418,9 @@ TEST(PrefillAttentionCpu, ZeroTokens) {
 
 // ---- bad arguments -------------------------------------------------------------------------
 
-void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
-
 using test::expect_error;
-
-TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
-                Device device = Device::cpu()) {
-  return TensorView(kFake, dtype, shape, device);
-}
+using test::fake;
+using test::kFake;
 
 // Valid arguments (fake data) for 2 sequences, 10 query and 12 key tokens, 4 heads; cu_seqlens
 // point at real memory since the CPU path reads them.
@@ -457,6 +453,15 @@ void expect_bad(void (*mutate)(BadArgs&), ErrorCategory category,
   expect_error([&] { prefill_attention(b.a); }, category, needles);
 }
 
+// Valid arguments but for one view.
+void expect_bad_view(TensorView PrefillAttentionArgs::*view, const TensorView& bad,
+                     ErrorCategory category, std::initializer_list<std::string> needles,
+                     DType dtype = DType::kBF16) {
+  BadArgs b(dtype);
+  b.a.*view = bad;
+  expect_error([&] { prefill_attention(b.a); }, category, needles);
+}
+
 TEST(PrefillAttentionArgs, DtypeMismatch) {
   expect_bad(
       [](BadArgs& b) {
@@ -464,17 +469,12 @@ TEST(PrefillAttentionArgs, DtypeMismatch) {
       },
       ErrorCategory::kInvalidArgument,
       {"prefill_attention: `q` dtype", "expected one of {e4m3fn, bf16}", "got f16"});
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.k = fake(DType::kE4M3, {12, 4, 192});
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`k` dtype", "expected bf16 (the dtype of `q`)", "got e4m3fn"});
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.v = fake(DType::kBF16, {12, 4, 128});
-      },
-      ErrorCategory::kInvalidArgument, {"`v` dtype", "expected e4m3fn", "got bf16"}, DType::kE4M3);
+  expect_bad_view(&PrefillAttentionArgs::k, fake(DType::kE4M3, {12, 4, 192}),
+                  ErrorCategory::kInvalidArgument,
+                  {"`k` dtype", "expected bf16 (the dtype of `q`)", "got e4m3fn"});
+  expect_bad_view(&PrefillAttentionArgs::v, fake(DType::kBF16, {12, 4, 128}),
+                  ErrorCategory::kInvalidArgument, {"`v` dtype", "expected e4m3fn", "got bf16"},
+                  DType::kE4M3);
 }
 
 TEST(PrefillAttentionArgs, WrongHeadDims) {
@@ -484,34 +484,19 @@ TEST(PrefillAttentionArgs, WrongHeadDims) {
         b.a.k = fake(DType::kBF16, {12, 4, 256});
       },
       ErrorCategory::kUnsupported, {"`q`: expected a head dim of 192, 128 or 64", "256"});
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.k = fake(DType::kBF16, {12, 4, 128});
-      },
-      ErrorCategory::kInvalidArgument, {"`k`: expected [12, 4, 192]"});
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.v = fake(DType::kBF16, {12, 4, 192});
-      },
-      ErrorCategory::kUnsupported, {"`v`: expected a head dim of 128 or 64"});
+  expect_bad_view(&PrefillAttentionArgs::k, fake(DType::kBF16, {12, 4, 128}),
+                  ErrorCategory::kInvalidArgument, {"`k`: expected [12, 4, 192]"});
+  expect_bad_view(&PrefillAttentionArgs::v, fake(DType::kBF16, {12, 4, 192}),
+                  ErrorCategory::kUnsupported, {"`v`: expected a head dim of 128 or 64"});
 }
 
 TEST(PrefillAttentionArgs, HeadOrTokenMismatch) {
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.k = fake(DType::kBF16, {12, 8, 192});
-      },
-      ErrorCategory::kInvalidArgument, {"`k`: expected [12, 4, 192]"});
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.v = fake(DType::kBF16, {11, 4, 128});
-      },
-      ErrorCategory::kInvalidArgument, {"`v`: expected [12, 4, 128]"});
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.q = fake(DType::kBF16, {10, 4});
-      },
-      ErrorCategory::kInvalidArgument, {"`q`: expected 3 dims"});
+  expect_bad_view(&PrefillAttentionArgs::k, fake(DType::kBF16, {12, 8, 192}),
+                  ErrorCategory::kInvalidArgument, {"`k`: expected [12, 4, 192]"});
+  expect_bad_view(&PrefillAttentionArgs::v, fake(DType::kBF16, {11, 4, 128}),
+                  ErrorCategory::kInvalidArgument, {"`v`: expected [12, 4, 128]"});
+  expect_bad_view(&PrefillAttentionArgs::q, fake(DType::kBF16, {10, 4}),
+                  ErrorCategory::kInvalidArgument, {"`q`: expected 3 dims"});
 }
 
 TEST(PrefillAttentionArgs, CuSeqlensDtypeAndLength) {
@@ -545,34 +530,20 @@ TEST(PrefillAttentionArgs, MaxSeqlenTooSmall) {
 }
 
 TEST(PrefillAttentionArgs, BadOut) {
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.out = fake(DType::kF32, {10, 4, 128});
-      },
-      ErrorCategory::kInvalidArgument, {"`out` dtype", "expected bf16", "got f32"});
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.out = fake(DType::kBF16, {10, 4, 192});
-      },
-      ErrorCategory::kInvalidArgument, {"`out`: expected [10, 4, 128]"});
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.out = TensorView(kFake, DType::kBF16, {10, 4, 128}, {128, 0, 1});
-      },
+  expect_bad_view(&PrefillAttentionArgs::out, fake(DType::kF32, {10, 4, 128}),
+                  ErrorCategory::kInvalidArgument, {"`out` dtype", "expected bf16", "got f32"});
+  expect_bad_view(&PrefillAttentionArgs::out, fake(DType::kBF16, {10, 4, 192}),
+                  ErrorCategory::kInvalidArgument, {"`out`: expected [10, 4, 128]"});
+  expect_bad_view(
+      &PrefillAttentionArgs::out, TensorView(kFake, DType::kBF16, {10, 4, 128}, {128, 0, 1}),
       ErrorCategory::kInvalidArgument, {"`out`: expected strides that keep every element apart"});
 }
 
 TEST(PrefillAttentionArgs, BadLse) {
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.lse = fake(DType::kF32, {4, 10});
-      },
-      ErrorCategory::kInvalidArgument, {"`lse`: expected [10, 4]"});
-  expect_bad(
-      [](BadArgs& b) {
-        b.a.lse = fake(DType::kBF16, {10, 4});
-      },
-      ErrorCategory::kInvalidArgument, {"`lse` dtype", "expected f32", "got bf16"});
+  expect_bad_view(&PrefillAttentionArgs::lse, fake(DType::kF32, {4, 10}),
+                  ErrorCategory::kInvalidArgument, {"`lse`: expected [10, 4]"});
+  expect_bad_view(&PrefillAttentionArgs::lse, fake(DType::kBF16, {10, 4}),
+                  ErrorCategory::kInvalidArgument, {"`lse` dtype", "expected f32", "got bf16"});
 }
 
 TEST(PrefillAttentionArgs, MissingDescaleForFp8) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -21,16 +22,33 @@ namespace {
 using test::HostBuffer;
 using test::kPoison;
 
-void* const kFake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
-
 using test::expect_error;
-
-TensorView fake(DType dtype, std::initializer_list<std::int64_t> shape,
-                Device device = Device::cpu()) {
-  return TensorView(kFake, dtype, shape, device);
-}
+using test::fake;
+using test::kFake;
 
 const TensorView kScalar = fake(DType::kF32, {1});
+
+// The op called with these arguments is rejected as an invalid argument whose message holds
+// every one of `needles`.
+void expect_fp8_rejected(std::initializer_list<std::string> needles, const TensorView& input,
+                         const TensorView& out) {
+  expect_error([&] { quantize_fp8(input, out, 1.0f); }, ErrorCategory::kInvalidArgument, needles);
+}
+
+void expect_group_rejected(std::initializer_list<std::string> needles, const TensorView& input,
+                           const TensorView& out, const TensorView& scales,
+                           const GroupQuantOptions& options = {}) {
+  expect_error([&] { quantize_fp8_per_token_group(input, out, scales, options); },
+               ErrorCategory::kInvalidArgument, needles);
+}
+
+void expect_nvfp4_rejected(std::initializer_list<std::string> needles, const TensorView& input,
+                           const TensorView& out, const TensorView& block_scales,
+                           const TensorView& global_scale,
+                           Nvfp4ScaleLayout layout = Nvfp4ScaleLayout::kSwizzled128x4) {
+  expect_error([&] { quantize_nvfp4(input, out, block_scales, global_scale, layout); },
+               ErrorCategory::kInvalidArgument, needles);
+}
 
 TEST(QuantizeArgs, WrongInputDtype) {
   expect_error(
@@ -55,64 +73,41 @@ TEST(QuantizeArgs, WrongOutDtype) {
       },
       ErrorCategory::kInvalidArgument,
       {"`out` dtype", "expected one of {e4m3fn, e5m2}", "got bf16"});
-  expect_error(
-      [] {
-        quantize_nvfp4(fake(DType::kBF16, {4, 64}), fake(DType::kE4M3, {4, 32}),
-                       fake(DType::kE4M3, {128, 4}), kScalar);
-      },
-      ErrorCategory::kInvalidArgument, {"`out` dtype", "expected e2m1x2", "got e4m3fn"});
+  expect_nvfp4_rejected({"`out` dtype", "expected e2m1x2", "got e4m3fn"},
+                        fake(DType::kBF16, {4, 64}), fake(DType::kE4M3, {4, 32}),
+                        fake(DType::kE4M3, {128, 4}), kScalar);
 }
 
 TEST(QuantizeArgs, GroupQuantRejectsE5m2Out) {
-  expect_error(
-      [] {
-        quantize_fp8_per_token_group(fake(DType::kBF16, {4, 128}), fake(DType::kE5M2, {4, 128}),
-                                     fake(DType::kF32, {4, 1}));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"quantize_fp8_per_token_group: `out` dtype", "expected e4m3fn", "got e5m2"});
+  expect_group_rejected(
+      {"quantize_fp8_per_token_group: `out` dtype", "expected e4m3fn", "got e5m2"},
+      fake(DType::kBF16, {4, 128}), fake(DType::kE5M2, {4, 128}), fake(DType::kF32, {4, 1}));
 }
 
 TEST(QuantizeArgs, OutShapeMismatch) {
-  expect_error(
-      [] {
-        quantize_fp8(fake(DType::kBF16, {4, 576}), fake(DType::kE4M3, {4, 512}), 1.0f);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`out`: expected the shape of `input`", "bf16[4, 576]", "got e4m3fn[4, 512]"});
+  expect_fp8_rejected(
+      {"`out`: expected the shape of `input`", "bf16[4, 576]", "got e4m3fn[4, 512]"},
+      fake(DType::kBF16, {4, 576}), fake(DType::kE4M3, {4, 512}));
   // The same element count in another shape is still a mismatch.
-  expect_error(
-      [] {
-        quantize_fp8(fake(DType::kBF16, {4, 576}), fake(DType::kE4M3, {2, 2, 576}), 1.0f);
-      },
-      ErrorCategory::kInvalidArgument, {"expected the shape of `input`", "got e4m3fn[2, 2, 576]"});
+  expect_fp8_rejected({"expected the shape of `input`", "got e4m3fn[2, 2, 576]"},
+                      fake(DType::kBF16, {4, 576}), fake(DType::kE4M3, {2, 2, 576}));
 }
 
 TEST(QuantizeArgs, NonFoldableInput) {
   // Dim 1 spans 3 * 64 = 192 elements, but dim 0 steps 200: no single row stride.
   const TensorView input(kFake, DType::kBF16, {4, 3, 64}, {200, 64, 1});
-  expect_error(
-      [&] {
-        quantize_fp8(input, fake(DType::kE4M3, {4, 3, 64}), 1.0f);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"quantize_fp8: `input`", "cannot fold", "dim 0 has stride 200, expected 192"});
+  expect_fp8_rejected(
+      {"quantize_fp8: `input`", "cannot fold", "dim 0 has stride 200, expected 192"}, input,
+      fake(DType::kE4M3, {4, 3, 64}));
 }
 
 TEST(QuantizeArgs, LastDimNotContiguous) {
   const TensorView input(kFake, DType::kBF16, {4, 64}, {128, 2});
-  expect_error(
-      [&] {
-        quantize_fp8(input, fake(DType::kE4M3, {4, 64}), 1.0f);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`input`", "expected the last dim to be contiguous (stride 1)", "strides [128, 2]"});
+  expect_fp8_rejected(
+      {"`input`", "expected the last dim to be contiguous (stride 1)", "strides [128, 2]"}, input,
+      fake(DType::kE4M3, {4, 64}));
   const TensorView out(kFake, DType::kE4M3, {4, 64}, {128, 2});
-  expect_error(
-      [&] {
-        quantize_fp8(fake(DType::kBF16, {4, 64}), out, 1.0f);
-      },
-      ErrorCategory::kInvalidArgument, {"`out`", "contiguous (stride 1)"});
+  expect_fp8_rejected({"`out`", "contiguous (stride 1)"}, fake(DType::kBF16, {4, 64}), out);
 }
 
 TEST(QuantizeArgs, GroupSize96IsUnsupported) {
@@ -190,18 +185,11 @@ TEST(QuantizeArgs, OverlappingScaleStrides) {
 
 TEST(QuantizeArgs, MisalignedInputPointer) {
   void* odd = static_cast<char*>(kFake) + 1;
-  expect_error(
-      [&] {
-        quantize_fp8(TensorView(odd, DType::kBF16, {4, 64}), fake(DType::kE4M3, {4, 64}), 1.0f);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`input`: expected a 2-byte aligned data pointer", "got address 0x10001"});
-  expect_error(
-      [&] {
-        quantize_nvfp4(TensorView(odd, DType::kF16, {4, 64}), fake(DType::kE2M1x2, {4, 32}),
-                       fake(DType::kE4M3, {128, 4}), kScalar);
-      },
-      ErrorCategory::kInvalidArgument, {"`input`: expected a 2-byte aligned", "0x10001"});
+  expect_fp8_rejected({"`input`: expected a 2-byte aligned data pointer", "got address 0x10001"},
+                      TensorView(odd, DType::kBF16, {4, 64}), fake(DType::kE4M3, {4, 64}));
+  expect_nvfp4_rejected({"`input`: expected a 2-byte aligned", "0x10001"},
+                        TensorView(odd, DType::kF16, {4, 64}), fake(DType::kE2M1x2, {4, 32}),
+                        fake(DType::kE4M3, {128, 4}), kScalar);
 }
 
 TEST(QuantizeArgs, ScaleInvWithTwoElements) {
@@ -221,105 +209,70 @@ TEST(QuantizeArgs, ScaleInvWithTwoElements) {
 }
 
 TEST(QuantizeArgs, GlobalScaleWrongDtype) {
-  expect_error(
-      [] {
-        quantize_nvfp4(fake(DType::kBF16, {4, 64}), fake(DType::kE2M1x2, {4, 32}),
-                       fake(DType::kE4M3, {128, 4}), fake(DType::kBF16, {1}));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"quantize_nvfp4: `global_scale` dtype", "expected f32", "got bf16"});
+  expect_nvfp4_rejected({"quantize_nvfp4: `global_scale` dtype", "expected f32", "got bf16"},
+                        fake(DType::kBF16, {4, 64}), fake(DType::kE2M1x2, {4, 32}),
+                        fake(DType::kE4M3, {128, 4}), fake(DType::kBF16, {1}));
 }
 
 TEST(QuantizeArgs, Nvfp4KNotMultipleOf16) {
-  expect_error(
-      [] {
-        quantize_nvfp4(fake(DType::kBF16, {4, 40}), fake(DType::kE2M1x2, {4, 20}),
-                       fake(DType::kE4M3, {128, 4}), kScalar);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`input`: expected the last dim to be a multiple of 16", "got bf16[4, 40]"});
+  expect_nvfp4_rejected(
+      {"`input`: expected the last dim to be a multiple of 16", "got bf16[4, 40]"},
+      fake(DType::kBF16, {4, 40}), fake(DType::kE2M1x2, {4, 20}), fake(DType::kE4M3, {128, 4}),
+      kScalar);
 }
 
 TEST(QuantizeArgs, Nvfp4OutShapeWrong) {
-  expect_error(
-      [] {
-        quantize_nvfp4(fake(DType::kBF16, {4, 64}), fake(DType::kE2M1x2, {4, 64}),
-                       fake(DType::kE4M3, {128, 4}), kScalar);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`out`: expected the shape of `input` with the last dim halved", "bf16[4, 64]",
-       "got e2m1x2[4, 64]"});
+  expect_nvfp4_rejected({"`out`: expected the shape of `input` with the last dim halved",
+                         "bf16[4, 64]", "got e2m1x2[4, 64]"},
+                        fake(DType::kBF16, {4, 64}), fake(DType::kE2M1x2, {4, 64}),
+                        fake(DType::kE4M3, {128, 4}), kScalar);
 }
 
 TEST(QuantizeArgs, Nvfp4SwizzledScalesWrongShape) {
   // K = 80 is 5 blocks: two tiles of 4 along K.
-  expect_error(
-      [] {
-        quantize_nvfp4(fake(DType::kBF16, {4, 80}), fake(DType::kE2M1x2, {4, 40}),
-                       fake(DType::kE4M3, {1, 1, 32, 4, 4}), kScalar);
-      },
-      ErrorCategory::kInvalidArgument,
+  expect_nvfp4_rejected(
       {"`block_scales` (128x4 swizzled layout): expected contiguous [1, 2, 32, 4, 4] or [128, 8]",
-       "got e4m3fn[1, 1, 32, 4, 4]"});
-  expect_error(
-      [] {
-        quantize_nvfp4(fake(DType::kBF16, {4, 80}), fake(DType::kE2M1x2, {4, 40}),
-                       fake(DType::kE4M3, {4, 5}), kScalar);
-      },
-      ErrorCategory::kInvalidArgument, {"[1, 2, 32, 4, 4] or [128, 8]", "got e4m3fn[4, 5]"});
+       "got e4m3fn[1, 1, 32, 4, 4]"},
+      fake(DType::kBF16, {4, 80}), fake(DType::kE2M1x2, {4, 40}),
+      fake(DType::kE4M3, {1, 1, 32, 4, 4}), kScalar);
+  expect_nvfp4_rejected({"[1, 2, 32, 4, 4] or [128, 8]", "got e4m3fn[4, 5]"},
+                        fake(DType::kBF16, {4, 80}), fake(DType::kE2M1x2, {4, 40}),
+                        fake(DType::kE4M3, {4, 5}), kScalar);
 }
 
 TEST(QuantizeArgs, Nvfp4SwizzledScalesNotContiguous) {
   const TensorView scales(kFake, DType::kE4M3, {128, 8}, {16, 1});
-  expect_error(
-      [&] {
-        quantize_nvfp4(fake(DType::kBF16, {4, 80}), fake(DType::kE2M1x2, {4, 40}), scales, kScalar);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"128x4 swizzled layout): expected contiguous", "strides [16, 1]"});
+  expect_nvfp4_rejected({"128x4 swizzled layout): expected contiguous", "strides [16, 1]"},
+                        fake(DType::kBF16, {4, 80}), fake(DType::kE2M1x2, {4, 40}), scales,
+                        kScalar);
 }
 
 TEST(QuantizeArgs, Nvfp4LinearScalesWrongShape) {
-  expect_error(
-      [] {
-        quantize_nvfp4(fake(DType::kBF16, {4, 80}), fake(DType::kE2M1x2, {4, 40}),
-                       fake(DType::kE4M3, {4, 4}), kScalar, Nvfp4ScaleLayout::kLinear);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`block_scales` (linear layout): expected [4, 5]", "got e4m3fn[4, 4]"});
+  expect_nvfp4_rejected({"`block_scales` (linear layout): expected [4, 5]", "got e4m3fn[4, 4]"},
+                        fake(DType::kBF16, {4, 80}), fake(DType::kE2M1x2, {4, 40}),
+                        fake(DType::kE4M3, {4, 4}), kScalar, Nvfp4ScaleLayout::kLinear);
 }
 
 // Detected before anything about CUDA is asked, in every build.
 TEST(QuantizeArgs, DeviceMismatch) {
   const Device gpu = Device::cuda(0);
-  expect_error(
-      [&] {
-        quantize_fp8(fake(DType::kBF16, {4, 64}, gpu), fake(DType::kE4M3, {4, 64}), 1.0f);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`out`: expected a tensor on cuda:0, the device of the other tensors",
-       "e4m3fn[4, 64] strides [64, 1] on cpu"});
+  expect_fp8_rejected({"`out`: expected a tensor on cuda:0, the device of the other tensors",
+                       "e4m3fn[4, 64] strides [64, 1] on cpu"},
+                      fake(DType::kBF16, {4, 64}, gpu), fake(DType::kE4M3, {4, 64}));
   expect_error(
       [&] {
         quantize_fp8_dynamic(fake(DType::kBF16, {4, 64}, gpu), fake(DType::kE4M3, {4, 64}, gpu),
                              kScalar);
       },
       ErrorCategory::kInvalidArgument, {"`scale`: expected a tensor on cuda:0", "on cpu"});
-  expect_error(
-      [&] {
-        quantize_fp8_per_token_group(fake(DType::kBF16, {4, 128}), fake(DType::kE4M3, {4, 128}),
-                                     fake(DType::kF32, {4, 1}, gpu));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`scales`: expected a tensor on cpu, the device of the other tensors", "on cuda:0"});
-  expect_error(
-      [&] {
-        quantize_nvfp4(fake(DType::kBF16, {4, 64}, gpu), fake(DType::kE2M1x2, {4, 32}, gpu),
-                       fake(DType::kE4M3, {128, 4}), fake(DType::kF32, {1}, gpu));
-      },
-      ErrorCategory::kInvalidArgument,
+  expect_group_rejected(
+      {"`scales`: expected a tensor on cpu, the device of the other tensors", "on cuda:0"},
+      fake(DType::kBF16, {4, 128}), fake(DType::kE4M3, {4, 128}), fake(DType::kF32, {4, 1}, gpu));
+  expect_nvfp4_rejected(
       {"`block_scales`: expected a tensor on cuda:0, the device of the other tensors",
-       "e4m3fn[128, 4]", "on cpu"});
+       "e4m3fn[128, 4]", "on cpu"},
+      fake(DType::kBF16, {4, 64}, gpu), fake(DType::kE2M1x2, {4, 32}, gpu),
+      fake(DType::kE4M3, {128, 4}), fake(DType::kF32, {1}, gpu));
 }
 
 TEST(QuantizeArgs, CudaTensorsWithoutCuda) {

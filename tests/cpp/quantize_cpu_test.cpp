@@ -142,23 +142,14 @@ void check_fp8(const Fp8Case& c) {
 
 // Every row count with every odd row width, dtype pair and scale mode.
 TEST(QuantizeFp8Cpu, ShapesDtypesAndScaleModes) {
-  const DType in_dtypes[] = {DType::kBF16, DType::kF16, DType::kF32};
-  const float scale_invs[] = {1.0f, 0.37f, 3.0f, 1.0f / 1024.0f, 300.0f};
   std::uint64_t seed = 0;
-  for (DType in_dtype : in_dtypes) {
+  for (DType in_dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (DType out_dtype : {DType::kE4M3, DType::kE5M2}) {
       for (std::int64_t cols : {576, 384, 1, 7168}) {
         for (std::int64_t rows : kRows) {
           ++seed;
-          Fp8Case c;
-          c.in_dtype = in_dtype;
-          c.out_dtype = out_dtype;
-          c.shape = {rows, cols};
-          c.scale = Fp8Scale(seed % 3);
-          c.scale_inv = scale_invs[seed % 5];
-          c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
-          c.seed = seed;
-          check_fp8(c);
+          check_fp8(
+              test::fp8_sweep_case(in_dtype, out_dtype, rows, cols, Fp8Scale(seed % 3), seed));
         }
       }
     }
@@ -172,19 +163,7 @@ TEST(QuantizeFp8Cpu, StridedAndNdViews) {
     for (std::vector<std::int64_t> shape :
          {std::vector<std::int64_t>{7, 3, 128}, std::vector<std::int64_t>{17, 576},
           std::vector<std::int64_t>{2, 5, 3, 7}}) {
-      ++seed;
-      Fp8Case c;
-      c.in_dtype = DType(seed % 3);  // bf16, f16, f32
-      c.out_dtype = seed % 2 ? DType::kE5M2 : DType::kE4M3;
-      c.shape = shape;
-      c.in_pad = 13;
-      c.in_offset = 5;
-      c.out_pad = 3;
-      c.scale = scale;
-      c.scale_inv = 0.75f;
-      c.data = Data::kAdversarial;
-      c.seed = seed;
-      check_fp8(c);
+      check_fp8(test::with_padding(test::fp8_strided_case(shape, scale, ++seed), 13, 5, 3));
     }
   }
 }
@@ -385,16 +364,7 @@ TEST(QuantizeGroupCpu, EveryScaleLayout) {
         if (width.cols == 7168 && rows == 1025 && layout != ScaleLayout::kPackedTmaColMajor) {
           continue;
         }
-        ++seed;
-        GroupCase c;
-        c.in_dtype = DType(seed % 3);  // bf16, f16, f32
-        c.shape = {rows, width.cols};
-        c.group_size = width.group_size;
-        c.layout = layout;
-        c.eps = seed % 5 == 0 ? 1e-4f : 1e-10f;
-        c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
-        c.seed = seed;
-        check_group(c);
+        check_group(test::group_sweep_case(layout, rows, width.cols, width.group_size, ++seed));
       }
     }
   }
@@ -405,18 +375,7 @@ TEST(QuantizeGroupCpu, StridedAndNdViews) {
   std::uint64_t seed = 2000;
   for (ScaleLayout layout : test::kAllScaleLayouts) {
     for (int group_size : {64, 128}) {
-      ++seed;
-      GroupCase c;
-      c.in_dtype = DType(seed % 3);
-      c.shape = {7, 3, 128};
-      c.in_pad = 128;
-      c.in_offset = 128;
-      c.out_pad = 16;
-      c.group_size = group_size;
-      c.layout = layout;
-      c.data = Data::kAdversarial;
-      c.seed = seed;
-      check_group(c);
+      check_group(test::group_strided_case(layout, {7, 3, 128}, group_size, ++seed));
     }
   }
 }
@@ -567,23 +526,12 @@ void check_nvfp4(const Nvfp4Case& c) {
 
 // K = 80 (5 blocks: the swizzle pads to 8) and 7168, M not a multiple of 128, every layout.
 TEST(QuantizeNvfp4Cpu, EveryLayout) {
-  const float global_scales[] = {1.0f, 2688.0f / 64.0f, 0.01f, 448.0f * 6.0f / 1000.0f};
   std::uint64_t seed = 3000;
-  for (Nvfp4Scales layout :
-       {Nvfp4Scales::kSwizzled5d, Nvfp4Scales::kSwizzled2d, Nvfp4Scales::kLinear}) {
+  for (Nvfp4Scales layout : test::kAllNvfp4Scales) {
     for (std::int64_t k : {80, 16, 7168}) {
       for (std::int64_t rows : {0, 1, 3, 7, 17, 129, 1025}) {
         if (k == 7168 && rows > 129) continue;  // one wide case per row count is enough here
-        ++seed;
-        Nvfp4Case c;
-        c.in_dtype = seed % 2 ? DType::kF16 : DType::kBF16;
-        c.shape = {rows, k};
-        c.scales = layout;
-        c.scale_pad = layout == Nvfp4Scales::kLinear ? 3 : 0;
-        c.global_scale = global_scales[seed % 4];
-        c.data = seed % 3 ? Data::kAdversarial : Data::kRandom;
-        c.seed = seed;
-        check_nvfp4(c);
+        check_nvfp4(test::nvfp4_sweep_case(layout, rows, k, ++seed));
       }
     }
   }
@@ -591,25 +539,12 @@ TEST(QuantizeNvfp4Cpu, EveryLayout) {
 
 TEST(QuantizeNvfp4Cpu, StridedAndNdViews) {
   std::uint64_t seed = 4000;
-  for (Nvfp4Scales layout :
-       {Nvfp4Scales::kSwizzled5d, Nvfp4Scales::kSwizzled2d, Nvfp4Scales::kLinear}) {
-    ++seed;
-    Nvfp4Case c;
-    c.in_dtype = seed % 2 ? DType::kF16 : DType::kBF16;
-    c.shape = {45, 3, 128};  // kv[..., 128:] of [45, 3, 256]: 135 rows, two M tiles
-    c.in_pad = 128;
-    c.in_offset = 128;
-    c.out_pad = 8;
-    c.scales = layout;
-    c.scale_pad = 5;
-    c.global_scale = 3.0f;
-    c.data = Data::kAdversarial;
-    c.seed = seed;
-    check_nvfp4(c);
+  for (Nvfp4Scales layout : test::kAllNvfp4Scales) {
+    // kv[..., 128:] of [45, 3, 256]: 135 rows, two M tiles
+    check_nvfp4(test::nvfp4_strided_case(layout, {45, 3, 128}, ++seed));
   }
 }
 
-// Codes and swizzle positions spelled out: rows 0, 1 and 32 of a [33, 32] input, two blocks each.
 TEST(QuantizeNvfp4Cpu, KnownValues) {
   const float block[16] = {0.0f,  0.5f,  1.0f, 1.5f, 2.0f,  3.0f,  4.0f,  6.0f,
                            -6.0f, -4.0f, 2.5f, 5.0f, 0.25f, 0.75f, -0.0f, -0.5f};

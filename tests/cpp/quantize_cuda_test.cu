@@ -85,31 +85,17 @@ void expect_nvfp4_equals_cpu(const Nvfp4Case& c) {
 // ---- Matrices
 // -------------------------------------------------------------------------------------
 
+// Misaligned and padded rows on some cases: no vector path may assume them.
 std::vector<Fp8Case> fp8_cases() {
   std::vector<Fp8Case> cases;
-  const float scale_invs[] = {1.0f, 0.37f, 3.0f, 1.0f / 1024.0f, 300.0f};
   std::uint64_t seed = 0;
   for (DType in_dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
     for (DType out_dtype : {DType::kE4M3, DType::kE5M2}) {
       for (std::int64_t cols : {576, 384, 1, 7, 7168}) {
         for (std::int64_t rows : kRows) {
           for (Fp8Scale scale : {Fp8Scale::kValue, Fp8Scale::kMemory, Fp8Scale::kDynamic}) {
-            ++seed;
-            Fp8Case c;
-            c.in_dtype = in_dtype;
-            c.out_dtype = out_dtype;
-            c.shape = {rows, cols};
-            c.scale = scale;
-            c.scale_inv = scale_invs[seed % 5];
-            c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
-            c.seed = seed;
-            // Misaligned and padded rows on every other case: no vector path may assume them.
-            if (seed % 2 == 0) {
-              c.in_pad = 13;
-              c.in_offset = 5;
-              c.out_pad = 3;
-            }
-            cases.push_back(c);
+            Fp8Case c = test::fp8_sweep_case(in_dtype, out_dtype, rows, cols, scale, ++seed);
+            cases.push_back(seed % 2 == 0 ? test::with_padding(c, 13, 5, 3) : c);
           }
         }
       }
@@ -129,21 +115,8 @@ std::vector<GroupCase> group_cases() {
   for (ScaleLayout layout : test::kAllScaleLayouts) {
     for (const Width& width : widths) {
       for (std::int64_t rows : kRows) {
-        ++seed;
-        GroupCase c;
-        c.in_dtype = DType(seed % 3);  // bf16, f16, f32 in turn
-        c.shape = {rows, width.cols};
-        c.group_size = width.group_size;
-        c.layout = layout;
-        c.eps = seed % 5 == 0 ? 1e-4f : 1e-10f;
-        c.data = seed % 2 ? Data::kAdversarial : Data::kRandom;
-        c.seed = seed;
-        if (seed % 3 == 0) {
-          c.in_pad = 24;
-          c.in_offset = 8;
-          c.out_pad = 16;
-        }
-        cases.push_back(c);
+        GroupCase c = test::group_sweep_case(layout, rows, width.cols, width.group_size, ++seed);
+        cases.push_back(seed % 3 == 0 ? test::with_padding(c, 24, 8, 16) : c);
       }
     }
   }
@@ -151,28 +124,13 @@ std::vector<GroupCase> group_cases() {
 }
 
 std::vector<Nvfp4Case> nvfp4_cases() {
-  const float global_scales[] = {1.0f, 2688.0f / 64.0f, 0.01f, 448.0f * 6.0f / 1000.0f};
   std::vector<Nvfp4Case> cases;
   std::uint64_t seed = 3000;
-  for (Nvfp4Scales layout :
-       {Nvfp4Scales::kSwizzled5d, Nvfp4Scales::kSwizzled2d, Nvfp4Scales::kLinear}) {
+  for (Nvfp4Scales layout : test::kAllNvfp4Scales) {
     for (std::int64_t k : {80, 16, 64, 7168}) {
       for (std::int64_t rows : {0, 1, 3, 7, 17, 129, 1025}) {
-        ++seed;
-        Nvfp4Case c;
-        c.in_dtype = seed % 2 ? DType::kF16 : DType::kBF16;
-        c.shape = {rows, k};
-        c.scales = layout;
-        c.scale_pad = layout == Nvfp4Scales::kLinear ? 3 : 0;
-        c.global_scale = global_scales[seed % 4];
-        c.data = seed % 3 ? Data::kAdversarial : Data::kRandom;
-        c.seed = seed;
-        if (seed % 3 == 0) {
-          c.in_pad = 32;
-          c.in_offset = 16;
-          c.out_pad = 8;
-        }
-        cases.push_back(c);
+        Nvfp4Case c = test::nvfp4_sweep_case(layout, rows, k, ++seed);
+        cases.push_back(seed % 3 == 0 ? test::with_padding(c, 32, 16, 8) : c);
       }
     }
   }
@@ -192,19 +150,9 @@ TEST(QuantizeCuda, PerTensorStridedAndManyRows) {
     for (std::vector<std::int64_t> shape :
          {std::vector<std::int64_t>{9, 3, 128}, std::vector<std::int64_t>{65537, 384},
           std::vector<std::int64_t>{65537, 1}, std::vector<std::int64_t>{2, 5, 3, 7}}) {
-      ++seed;
-      Fp8Case c;
-      c.in_dtype = DType(seed % 3);
-      c.out_dtype = seed % 2 ? DType::kE5M2 : DType::kE4M3;
-      c.shape = shape;
-      c.in_pad = shape.back() == 128 ? 128 : 0;
-      c.in_offset = c.in_pad;
-      c.out_pad = seed % 4;
-      c.scale = scale;
-      c.scale_inv = 0.75f;
-      c.data = Data::kAdversarial;
-      c.seed = seed;
-      expect_cuda_equals_cpu(c);
+      const std::int64_t in_pad = shape.back() == 128 ? 128 : 0;
+      const Fp8Case c = test::fp8_strided_case(shape, scale, ++seed);
+      expect_cuda_equals_cpu(test::with_padding(c, in_pad, in_pad, std::int64_t(seed % 4)));
     }
   }
 }
@@ -220,18 +168,7 @@ TEST(QuantizeCuda, PerTokenGroupStridedAndManyRows) {
   for (ScaleLayout layout : test::kAllScaleLayouts) {
     for (std::vector<std::int64_t> shape :
          {std::vector<std::int64_t>{7, 3, 128}, std::vector<std::int64_t>{65537, 192}}) {
-      ++seed;
-      GroupCase c;
-      c.in_dtype = DType(seed % 3);
-      c.shape = shape;
-      c.in_pad = shape.size() == 3 ? 128 : 0;
-      c.in_offset = c.in_pad;
-      c.out_pad = 16;
-      c.group_size = 64;
-      c.layout = layout;
-      c.data = Data::kAdversarial;
-      c.seed = seed;
-      expect_cuda_equals_cpu(c);
+      expect_cuda_equals_cpu(test::group_strided_case(layout, shape, 64, ++seed));
     }
   }
 }
@@ -244,23 +181,10 @@ TEST(QuantizeCuda, Nvfp4MatchesCpu) {
 TEST(QuantizeCuda, Nvfp4StridedAndManyRows) {
   FP8MLA_REQUIRE_HOPPER();
   std::uint64_t seed = 4000;
-  for (Nvfp4Scales layout :
-       {Nvfp4Scales::kSwizzled5d, Nvfp4Scales::kSwizzled2d, Nvfp4Scales::kLinear}) {
+  for (Nvfp4Scales layout : test::kAllNvfp4Scales) {
     for (std::vector<std::int64_t> shape :
          {std::vector<std::int64_t>{45, 3, 128}, std::vector<std::int64_t>{65537, 80}}) {
-      ++seed;
-      Nvfp4Case c;
-      c.in_dtype = seed % 2 ? DType::kF16 : DType::kBF16;
-      c.shape = shape;
-      c.in_pad = shape.size() == 3 ? 128 : 0;
-      c.in_offset = c.in_pad;
-      c.out_pad = 8;
-      c.scales = layout;
-      c.scale_pad = 5;
-      c.global_scale = 3.0f;
-      c.data = Data::kAdversarial;
-      c.seed = seed;
-      expect_nvfp4_equals_cpu(c);
+      expect_nvfp4_equals_cpu(test::nvfp4_strided_case(layout, shape, ++seed));
     }
   }
 }

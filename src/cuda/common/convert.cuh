@@ -51,6 +51,17 @@ __device__ __forceinline__ std::uint16_t cvt_e5m2x2_from_f16x2(std::uint32_t f16
 #endif
 }
 
+__device__ __forceinline__ float cvt_f16_to_f32(std::uint16_t x) {
+  float out;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(out) : "h"(x));
+  return out;
+}
+
+// Two packed fp16 values (low half first) to fp32.
+__device__ __forceinline__ float2 cvt_f16x2_to_f32x2(std::uint32_t f16x2) {
+  return {cvt_f16_to_f32(std::uint16_t(f16x2)), cvt_f16_to_f32(std::uint16_t(f16x2 >> 16))};
+}
+
 // Two e4m3fn / e5m2 bytes to fp32, through the hardware's fp8 -> f16x2 conversion.
 __device__ __forceinline__ float2 cvt_e4m3x2_to_f32x2(std::uint16_t fp8x2) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ < 890
@@ -58,10 +69,7 @@ __device__ __forceinline__ float2 cvt_e4m3x2_to_f32x2(std::uint16_t fp8x2) {
 #else
   std::uint32_t f16x2;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(f16x2) : "h"(fp8x2));
-  float lo, hi;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(std::uint16_t(f16x2)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(std::uint16_t(f16x2 >> 16)));
-  return {lo, hi};
+  return cvt_f16x2_to_f32x2(f16x2);
 #endif
 }
 
@@ -71,10 +79,7 @@ __device__ __forceinline__ float2 cvt_e5m2x2_to_f32x2(std::uint16_t fp8x2) {
 #else
   std::uint32_t f16x2;
   asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(f16x2) : "h"(fp8x2));
-  float lo, hi;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(std::uint16_t(f16x2)));
-  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(std::uint16_t(f16x2 >> 16)));
-  return {lo, hi};
+  return cvt_f16x2_to_f32x2(f16x2);
 #endif
 }
 
@@ -87,12 +92,6 @@ __device__ __forceinline__ std::uint16_t cvt_bf16(float x) {
 __device__ __forceinline__ std::uint16_t cvt_f16(float x) {
   std::uint16_t out;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out) : "f"(x));
-  return out;
-}
-
-__device__ __forceinline__ float cvt_f16_to_f32(std::uint16_t x) {
-  float out;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(out) : "h"(x));
   return out;
 }
 

@@ -1,8 +1,11 @@
-// Kernel launch with optional programmatic dependent launch (PDL), and the device-side PDL calls.
+// Kernel launch with optional programmatic dependent launch (PDL), the device-side PDL calls, and
+// the grid sizing the memory-bound kernels share.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <utility>
 
 #include "cuda/common/runtime.hpp"
@@ -36,6 +39,23 @@ void launch(const char* name, void (*kernel)(KernelArgs...), const LaunchConfig&
     cfg.numAttrs = 1;
   }
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name);
+}
+
+// A 1-D grid of ceil(work / per_block) blocks, at least one and at most max_blocks.
+inline dim3 grid_for(std::int64_t work, std::int64_t per_block,
+                     std::int64_t max_blocks = std::int64_t(1) << 30) {
+  const std::int64_t blocks = (work + per_block - 1) / per_block;
+  return dim3(unsigned(std::clamp<std::int64_t>(blocks, 1, max_blocks)));
+}
+
+// Splits `rows` rows of `per_row` work items into launches of fewer than 2^31 items, so that the
+// kernels index in 32 bits (their offsets stay 64-bit): calls fn(first_row, rows_in_launch).
+template <typename Fn>
+void for_each_32bit_launch(std::int64_t rows, std::int64_t per_row, Fn&& fn) {
+  const std::int64_t max_rows = std::max<std::int64_t>(1, (std::int64_t(1) << 31) / per_row);
+  for (std::int64_t first = 0; first < rows; first += max_rows) {
+    fn(first, std::min(max_rows, rows - first));
+  }
 }
 
 // Blocks until the grids this one depends on have completed (or triggered); a no-op without PDL.

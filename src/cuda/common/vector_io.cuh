@@ -41,6 +41,27 @@ void dispatch_input_dtype(DType dtype, Fn&& fn) {
   }
 }
 
+// The same for ops that take bf16 or f16 only.
+template <typename Fn>
+void dispatch_16bit(DType dtype, Fn&& fn) {
+  if (dtype == DType::kBF16) {
+    fn.template operator()<Bf16In>();
+  } else {
+    fn.template operator()<F16In>();
+  }
+}
+
+// Calls fn.template operator()<kWide>() when `wide`, else fn.template operator()<1>(): the vector
+// variant of a kernel or its scalar one.
+template <int kWide, typename Fn>
+void dispatch_vector_width(bool wide, Fn&& fn) {
+  if (wide) {
+    fn.template operator()<kWide>();
+  } else {
+    fn.template operator()<1>();
+  }
+}
+
 // kN consecutive elements as fp32. When kN elements fill whole 16-byte words the address must be
 // 16-byte aligned and each word is one LDG.128; otherwise the loads are scalar.
 template <typename In, int kN>

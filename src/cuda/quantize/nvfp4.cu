@@ -139,12 +139,8 @@ void run(const QuantizeNvfp4Params& p, CudaStream stream) {
                     std::uint64_t(positions),
                     FastDivmod(std::uint32_t(k_tiles)),
                     FastDivmod(std::uint32_t(k_blocks))};
-  const auto* kernel = vector ? reinterpret_cast<const void*>(nvfp4_kernel<In, true>)
-                              : reinterpret_cast<const void*>(nvfp4_kernel<In, false>);
-  const int max_blocks = 1 << 30;
-  const std::int64_t blocks = (positions + kThreads * kUnroll - 1) / (kThreads * kUnroll);
-  const LaunchConfig config{dim3(unsigned(std::clamp<std::int64_t>(blocks, 1, max_blocks))),
-                            dim3(kThreads), 0, stream, true};
+  const LaunchConfig config{grid_for(positions, kThreads * kUnroll), dim3(kThreads), 0, stream,
+                            true};
   if (vector) {
     launch("quantize_nvfp4", nvfp4_kernel<In, true>, config, a);
   } else {
@@ -155,11 +151,7 @@ void run(const QuantizeNvfp4Params& p, CudaStream stream) {
 }  // namespace
 
 void quantize_nvfp4(const QuantizeNvfp4Params& p, CudaStream stream) {
-  if (p.input.dtype == DType::kBF16) {
-    run<Bf16In>(p, stream);
-  } else {
-    run<F16In>(p, stream);
-  }
+  dispatch_16bit(p.input.dtype, [&]<typename In>() { run<In>(p, stream); });
 }
 
 }  // namespace fp8mla::cuda

@@ -126,17 +126,12 @@ template <typename LaunchOne>
 void for_each_launch(const Rows& rows, int vec, int per_thread, const void* kernel,
                      LaunchOne launch_one) {
   const std::int64_t vectors_per_row = rows.cols / vec;
-  const std::int64_t max_rows =
-      std::max<std::int64_t>(1, (std::int64_t(1) << 31) / vectors_per_row);
   const int max_blocks = kernel ? resident_blocks(kernel, kThreads) : (1 << 30);
-  for (std::int64_t first = 0; first < rows.rows; first += max_rows) {
-    const std::int64_t n = std::min(max_rows, rows.rows - first);
-    Traversal t{first, std::uint32_t(n * vectors_per_row),
-                FastDivmod(std::uint32_t(vectors_per_row))};
-    const std::int64_t blocks =
-        (std::int64_t(t.vectors) + kThreads * per_thread - 1) / (kThreads * per_thread);
-    launch_one(t, dim3(unsigned(std::clamp<std::int64_t>(blocks, 1, max_blocks))));
-  }
+  for_each_32bit_launch(rows.rows, vectors_per_row, [&](std::int64_t first, std::int64_t n) {
+    const Traversal t{first, std::uint32_t(n * vectors_per_row),
+                      FastDivmod(std::uint32_t(vectors_per_row))};
+    launch_one(t, grid_for(t.vectors, kThreads * per_thread, max_blocks));
+  });
 }
 
 template <typename In>
@@ -176,11 +171,7 @@ void run(const QuantizeFp8Params& p, CudaStream stream) {
              args, t);
     });
   };
-  if (vec == kWide) {
-    launch_all.template operator()<kWide>();
-  } else {
-    launch_all.template operator()<1>();
-  }
+  dispatch_vector_width<kWide>(vec == kWide, launch_all);
   if (dynamic) {
     launch("quantize_fp8 finalize", finalize_scale_kernel, {dim3(1), dim3(1), 0, stream, true},
            p.scale_out, fp8_max);

@@ -171,13 +171,11 @@ void run(const QuantizeGroupParams& p, CudaStream stream) {
                       reinterpret_cast<std::uintptr_t>(p.out.data) % kVec == 0 &&
                       p.out.row_stride % kVec == 0;
   const std::int64_t groups_per_row = p.input.cols / kGroup;
-  const std::int64_t max_rows = std::max<std::int64_t>(1, (std::int64_t(1) << 31) / groups_per_row);
   const auto* kernel = vector
                            ? reinterpret_cast<const void*>(group_quant_vector_kernel<In, kGroup>)
                            : reinterpret_cast<const void*>(group_quant_scalar_kernel<In, kGroup>);
   const int max_blocks = resident_blocks(kernel, kThreads);
-  for (std::int64_t first = 0; first < p.input.rows; first += max_rows) {
-    const std::int64_t rows = std::min(max_rows, p.input.rows - first);
+  for_each_32bit_launch(p.input.rows, groups_per_row, [&](std::int64_t first, std::int64_t rows) {
     const GroupArgs a{p.input.data,
                       p.input.row_stride,
                       static_cast<std::uint8_t*>(p.out.data),
@@ -193,16 +191,15 @@ void run(const QuantizeGroupParams& p, CudaStream stream) {
                       FastDivmod(std::uint32_t(groups_per_row))};
     const std::int64_t groups_per_block =
         vector ? std::int64_t(kThreads / (kGroup / kVec)) * kUnroll : kThreads;  // per step
-    const std::int64_t blocks = (std::int64_t(a.groups) + groups_per_block - 1) / groups_per_block;
-    const LaunchConfig config{dim3(unsigned(std::clamp<std::int64_t>(blocks, 1, max_blocks))),
-                              dim3(kThreads), 0, stream, true};
+    const LaunchConfig config{grid_for(a.groups, groups_per_block, max_blocks), dim3(kThreads), 0,
+                              stream, true};
     if (vector) {
       launch("quantize_fp8_per_token_group", group_quant_vector_kernel<In, kGroup>, config, a);
     } else {
       launch("quantize_fp8_per_token_group (scalar)", group_quant_scalar_kernel<In, kGroup>, config,
              a);
     }
-  }
+  });
 }
 
 }  // namespace

@@ -285,11 +285,7 @@ void run(const MlaRopeQuantizeParams& p, CudaStream stream) {
 }  // namespace
 
 void mla_rope_quantize_fp8(const MlaRopeQuantizeParams& p, CudaStream stream) {
-  if (p.q_nope.dtype == DType::kF16) {
-    run<F16In>(p, stream);
-  } else {
-    run<Bf16In>(p, stream);
-  }
+  dispatch_16bit(p.q_nope.dtype, [&]<typename In>() { run<In>(p, stream); });
 }
 
 void copy_f32_rows_to_device(float* dst, std::int64_t dst_row_stride, const float* src,

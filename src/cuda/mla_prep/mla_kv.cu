@@ -35,28 +35,15 @@ struct Traversal {
   FastDivmod units_per_token;
 };
 
+// Calls launch_one(traversal, grid) for token ranges whose unit count fits in 32 bits.
 template <typename Fn>
 void for_each_launch(std::int64_t tokens, std::int64_t units_per_token, int per_thread,
                      Fn launch_one) {
-  const std::int64_t max_tokens =
-      std::max<std::int64_t>(1, (std::int64_t(1) << 31) / units_per_token);
-  for (std::int64_t first = 0; first < tokens; first += max_tokens) {
-    const std::int64_t n = std::min(max_tokens, tokens - first);
+  for_each_32bit_launch(tokens, units_per_token, [&](std::int64_t first, std::int64_t n) {
     const Traversal t{first, std::uint32_t(n * units_per_token),
                       FastDivmod(std::uint32_t(units_per_token))};
-    const std::int64_t blocks =
-        (std::int64_t(t.units) + kThreads * per_thread - 1) / (kThreads * per_thread);
-    launch_one(t, dim3(unsigned(std::max<std::int64_t>(blocks, 1))));
-  }
-}
-
-template <typename Fn>
-void dispatch_16bit(DType dtype, Fn&& fn) {
-  if (dtype == DType::kBF16) {
-    fn.template operator()<Bf16In>();
-  } else {
-    fn.template operator()<F16In>();
-  }
+    launch_one(t, grid_for(t.units, kThreads * per_thread));
+  });
 }
 
 bool aligned16(const void* p) {
@@ -392,11 +379,7 @@ void mla_kv_cache_write(const MlaKvCacheWriteParams& p, CudaStream stream) {
                                {grid, dim3(kThreads), 0, stream, true}, p, t);
                       });
     };
-    if (wide) {
-      run.template operator()<kWide>();
-    } else {
-      run.template operator()<1>();
-    }
+    dispatch_vector_width<kWide>(wide, run);
   });
 }
 
@@ -409,11 +392,7 @@ void mla_kv_gather(const MlaKvGatherParams& p, CudaStream stream) {
                              {grid, dim3(kThreads), 0, stream, true}, p, t);
                     });
   };
-  if (wide) {
-    run.template operator()<kWide>();
-  } else {
-    run.template operator()<1>();
-  }
+  dispatch_vector_width<kWide>(wide, run);
 }
 
 // Also mla_v_quantize_fp8 (p.v_only): pack_kernel with V units only (token-major V), or
@@ -445,13 +424,8 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
         launch(op, pack_kernel<In, kVec>, {grid, dim3(kThreads), 0, stream, true}, p, t);
       });
     };
-    if (unit_sets == 0) {
-      // V alone, transposed: nothing for pack_kernel.
-    } else if (wide) {
-      run.template operator()<kWide>();
-    } else {
-      run.template operator()<1>();
-    }
+    // V alone into a transposed V leaves pack_kernel nothing to do.
+    if (unit_sets != 0) dispatch_vector_width<kWide>(wide, run);
     if (p.v_transposed) {
       const char* name = p.v_only ? "mla_v_quantize_fp8 (transposed V)"
                                   : "mla_kv_pack_quantize_fp8 (transposed V)";
