@@ -11,7 +11,7 @@ Each implementation is captured in a CUDA graph and timed by bench/common.py: re
 back to back behind a gate, CUDA events around each, median, the SM clock read meanwhile. The card
 lowers its clock once it reaches its power limit, so every implementation is timed in two states
 of the card (MODES): `burst`, rested and then briefly warmed (the state of a short benchmark, and
-of the cuDNN reference figure in DESIGN section 9), and `sustained`, after a second of
+of the cuDNN reference figure in docs/design.md section 9), and `sustained`, after a second of
 back-to-back load (the state of a busy server). FLOPs = 2 * H * sum over rows of visible keys *
 (Dqk + Dv); causal counts only the visible half. Ratio = cuDNN time / fp8mla time in the same
 mode (> 1: fp8mla faster).

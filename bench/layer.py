@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The MLA layer's anchor: an eager PyTorch BF16 DeepSeek-V3 attention layer, written from DESIGN
-section 5 the way an engine would write it without fp8mla, timed on the shapes `fp8mla bench
-layer` runs (a single sequence of T new tokens, T = 2k, 8k, 32k, with no prefix or a cached prefix
-of T tokens); bench/report.py --kind layer puts both side by side.
+"""The MLA layer's anchor: an eager PyTorch BF16 DeepSeek-V3 attention layer, written from
+docs/design.md section 5 the way an engine would write it without fp8mla, timed on the shapes
+`fp8mla bench layer` runs (a single sequence of T new tokens, T = 2k, 8k, 32k, with no prefix
+or a cached prefix of T tokens); bench/report.py --kind layer puts both side by side.
 
 The eager layer: q_a -> RMSNorm -> q_b; kv_a_with_mqa -> RMSNorm on kv_c -> kv_b; interleaved
 RoPE on q_pe and k_pe; the FP8 latent cache write of the new tokens (e4m3 of [kv_c | k_pe] scattered

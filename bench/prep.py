@@ -15,7 +15,7 @@ outputs (allocation is not timed); the anchors allocate as they normally do.
 
 Ops and anchors (ratio = anchor time / fp8mla time, > 1: fp8mla faster):
   rope_quant_neox         fp8mla style="neox"   vs anchors.rope_quant_compiled (torch.compile, the
-                          anchor of DESIGN section 9) and anchors._rope_quant run eagerly
+                          anchor of docs/design.md section 9) and anchors._rope_quant run eagerly
   rope_quant_interleaved  fp8mla style="interleaved" (DeepSeek's) vs the same math, interleaved
                           pairs, written here: torch.compile'd and eager
   kv_pack                 fp8mla.mla_kv_pack_quantize_fp8 vs cat(k_nope, broadcast k_pe), scale,

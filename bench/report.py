@@ -9,8 +9,8 @@ library, and matplotlib for the plots).
     python3 bench/report.py --kind layer --cli OUT/layer_cli.json --py OUT/layer_py.json
 
 - quant (`fp8mla bench quant --json`, bench/quant.py) into bench/RESULTS.md: one dated section
-  (date and device from the JSON) with, per op, the measured tables and the DESIGN section 9
-  targets marked met / MISSED. The section replaces one for the same runs (same dates and device)
+  (date and device from the JSON) with, per op, the measured tables and the targets of
+  docs/design.md section 9, marked met / MISSED. The section replaces one for the same runs (same dates and device)
   if the file has it, else it goes first; the others stay.
 - prep (`fp8mla bench prep --json`, bench/prep.py) into bench/RESULTS_prep.md, the same way:
   RoPE + FP8 Q/K and K/V pack >= 3.8 TB/s at T >= 8k (C++ and Python), <= 8 us at T <= 64 (C++
@@ -33,8 +33,8 @@ import sys
 OPS = ["per_tensor_static", "per_tensor_dynamic", "group128_f32", "group128_packed_ue8m0",
        "nvfp4_swizzled"]
 
-# DESIGN section 9. Bandwidth targets are judged at sizes >= LARGE_BYTES (bytes moved: input +
-# output + scales): section 9 states that size for per-tensor quantization, and the same size is
+# docs/design.md section 9. Bandwidth targets are judged at sizes >= LARGE_BYTES (bytes moved:
+# input + output + scales): section 9 states that size for per-tensor quantization, and the same size is
 # used for the other ops (smaller tensors are bound by launch latency, not bandwidth).
 LARGE_BYTES = 256e6
 BANDWIDTH_TARGETS = {
@@ -109,7 +109,7 @@ def check(checks, key, *args, **kwargs):
 
 def summary(checks):
     """The targets table: one line per check, in the order they were made."""
-    out = ["### Targets (DESIGN section 9)\n",
+    out = ["### Targets (docs/design.md section 9)\n",
            "| target | measured by | rows judged | worst | missed at | status |",
            "|---|---|---:|---:|---|---|"]
     for c in checks.values():
@@ -286,8 +286,9 @@ def update(path, run_id, section, title=TITLE, preamble=PREAMBLE):
 
 # ---- MLA prep ops (`--kind prep`): fp8mla bench prep and bench/prep.py -------------------------
 
-# DESIGN section 9, row "RoPE+quant Q/K, KV pack": >= 3.8 TB/s at T >= 8k, <= 8 us at T <= 64
-# (kernel time: the C++ harness) and, from the issue, >= 1.6x the torch.compile anchor at T >= 8k.
+# docs/design.md section 9, row "RoPE+quant Q/K, KV pack": >= 3.8 TB/s at T >= 8k, <= 8 us at
+# T <= 64 (kernel time: the C++ harness) and, from the issue, >= 1.6x the torch.compile anchor at
+# T >= 8k.
 PREP_LARGE_TOKENS = 8192
 PREP_BANDWIDTH_TBPS = 3.8
 PREP_SMALL_TOKENS = 64
@@ -439,7 +440,8 @@ def prep_build_section(cli, py, cli_path, py_path, analysis=None, plot=None):
 ATTENTION_HEADS, ATTENTION_DQK, ATTENTION_DV = 128, 192, 128
 ATTENTION_SHAPES = [("1k", [1024]), ("4k", [4096]), ("8k", [8192]), ("16k", [16384]),
                     ("16x1k", [1024] * 16)]
-# (dtype, causal, shape) -> TFLOP/s targets: (the attention issue's, DESIGN section 9's).
+# (dtype, causal, shape) -> TFLOP/s targets judged in RESULTS_attention.md: (bar, goal), as set
+# on 2026-11-30, before the FlashAttention-3 comparison of docs/design.md section 9.
 ATTENTION_TARGETS = {("e4m3", True, "8k"): (800.0, 1000.0), ("e4m3", False, "8k"): (900.0, 1100.0),
                      ("e4m3", True, "16x1k"): (550.0, 650.0)}
 BF16_RATIO_TARGET = 0.9  # the BF16 kernel against cuDNN BF16 on the same shapes
@@ -463,10 +465,10 @@ def attention_judgement(rows, modes):
             r = find(rows, f"fp8mla_{dtype}", causal, shape, mode)
             got = r["tflops"] if r else None
             status = ("n/a" if got is None else "both met" if got >= design
-                      else f"issue {'met' if got >= issue else '**MISSED**'}, DESIGN **MISSED**")
+                      else f"issue {'met' if got >= issue else '**MISSED**'}, design **MISSED**")
             cells.append(f"{got:.0f} ({status})" if got is not None else "n/a")
         lines.append(f"| e4m3 {'causal' if causal else 'non-causal'} {shape}: issue >= {issue:.0f}, "
-                     f"DESIGN >= {design:.0f} TFLOP/s | " + " | ".join(cells) + " |")
+                     f"design >= {design:.0f} TFLOP/s | " + " | ".join(cells) + " |")
     cells = []
     for mode in modes:
         worst = min((r.get("ratio_vs_cudnn", 0.0) for r in rows if r["impl"] == "fp8mla_bf16"
@@ -536,7 +538,7 @@ def prepend_attention_section(path, section):
 
 # ---- MLA layer (`--kind layer`): fp8mla bench layer and bench/layer.py ------------------------
 
-# DESIGN section 9 / the layer issue: the FP8 path against the BF16 path and eager PyTorch.
+# docs/design.md section 9 / the layer issue: the FP8 path against the BF16 path and eager PyTorch.
 LAYER_TARGET_VS_BF16, LAYER_TARGET_VS_EAGER = 1.5, 2.0
 
 

@@ -1,4 +1,4 @@
-// Prefill attention for MLA and the merge of attention states (DESIGN section 3, ops 8-9;
+// Prefill attention for MLA and the merge of attention states (docs/design.md section 3, ops 8-9;
 // sections 1 and 8 for masking, LSE and the error rule). Conventions as in quantize.hpp:
 // TensorViews on one device, caller-allocated outputs written in full, 0 tokens valid, bad
 // arguments throw fp8mla::Error.

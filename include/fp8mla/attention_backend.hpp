@@ -1,5 +1,5 @@
-// Attention backends (DESIGN section 4): what the MLA layer runs its attention and, where the
-// backend has it, its BF16 -> FP8 transition through. A backend declares its capabilities; the
+// Attention backends (docs/design.md section 4): what the MLA layer runs its attention and, where
+// the backend has it, its BF16 -> FP8 transition through. A backend declares its capabilities; the
 // layer states its requirements, and asking a backend for something it lacks is an error listing
 // what was required, what the backend supports, what is missing, and the device.
 //

@@ -1,6 +1,6 @@
-// The compiled kernel variants and their one-time set-up (DESIGN section 4). The prefill attention
-// kernel exists for the variants listed in src/cuda/attention/prefill_variants.def (none in a
-// build without CUDA); src/cuda/attention/prefill_registry.cpp holds their table. The runtime
+// The compiled kernel variants and their one-time set-up (docs/design.md section 4). The prefill
+// attention kernel exists for the variants listed in src/cuda/attention/prefill_variants.def (none
+// in a build without CUDA); src/cuda/attention/prefill_registry.cpp holds their table. The runtime
 // lookup (prefill_attention) and warm_up_attention compute keys with the same function,
 // attention_variant_key, so a key warmed up is the key a call asks for.
 #pragma once

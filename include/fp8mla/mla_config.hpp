@@ -1,6 +1,6 @@
-// Shapes of one MLA attention layer (DESIGN section 5) and the presets of the models it comes
-// from. The head dims are the ops' fixed MLA dims (fp8mla/mla_prep.hpp); a preset differs in the
-// hidden size, the head count, the query LoRA rank and the RoPE scaling.
+// Shapes of one MLA attention layer (docs/design.md section 5) and the presets of the models it
+// comes from. The head dims are the ops' fixed MLA dims (fp8mla/mla_prep.hpp); a preset differs in
+// the hidden size, the head count, the query LoRA rank and the RoPE scaling.
 #pragma once
 
 #include <cstdint>

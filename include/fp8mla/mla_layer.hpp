@@ -1,4 +1,4 @@
-// One MLA attention layer's prefill (DESIGN section 5): q_a -> RMSNorm -> q_b (or q_proj),
+// One MLA attention layer's prefill (docs/design.md section 5): q_a -> RMSNorm -> q_b (or q_proj),
 // kv_a_proj_with_mqa -> RMSNorm on kv_c, kv_b_proj, RoPE, latent cache write, attention over
 // each sequence's cached prefix and new tokens (one-shot, or chunked prefix with LSE merge),
 // o_proj. The attention backend (fp8mla/attention_backend.hpp) decides the path, both

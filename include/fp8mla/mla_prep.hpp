@@ -1,4 +1,4 @@
-// MLA prefill preparation ops (DESIGN section 3, ops 4-7): the kernels a backend's
+// MLA prefill preparation ops (docs/design.md section 3, ops 4-7): the kernels a backend's
 // prepare_prefill_qkv hook is made of. Conventions as in quantize.hpp: TensorViews on one device,
 // caller-allocated outputs written in full, 0 tokens valid, bad arguments throw fp8mla::Error.
 //

@@ -1,8 +1,8 @@
-// The weights of one MLA attention layer (DESIGN section 5), named and shaped as DeepSeek ships
-// them under model.layers.<N>.self_attn.: q_a_proj, q_a_layernorm, q_b_proj (or q_proj without a
-// query LoRA), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj. Projections are [out, in],
-// bf16, or e4m3 with f32 weight_scale_inv [ceil(out / 128), ceil(in / 128)] (one scale per
-// 128 x 128 block: w = e4m3 * scale_inv); the RMSNorm weights are bf16.
+// The weights of one MLA attention layer (docs/design.md section 5), named and shaped as DeepSeek
+// ships them under model.layers.<N>.self_attn.: q_a_proj, q_a_layernorm, q_b_proj (or q_proj
+// without a query LoRA), kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj. Projections are
+// [out, in], bf16, or e4m3 with f32 weight_scale_inv [ceil(out / 128), ceil(in / 128)] (one scale
+// per 128 x 128 block: w = e4m3 * scale_inv); the RMSNorm weights are bf16.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Software codecs for every storage format the library reads or writes (DESIGN section 2).
+// Software codecs for every storage format the library reads or writes (docs/design.md section 2).
 //
 // These functions are the definition of fp8mla's numerics: CPU ops call them directly, and the CUDA
 // kernels either call them too (compiled for the device) or use a hardware `cvt` that the tests

@@ -1,4 +1,4 @@
-// Quantization ops (DESIGN section 2 and section 3, ops 1-3).
+// Quantization ops (docs/design.md section 2 and section 3, ops 1-3).
 //
 // Every op reads and writes caller memory through TensorViews, on the CPU or on one CUDA device
 // (all tensors of a call on the same device; the CUDA path runs on `stream` and never syncs).

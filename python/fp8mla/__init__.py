@@ -1,11 +1,10 @@
 """fp8mla — FP8 MLA prefill for NVIDIA Hopper, with a CPU implementation of every op.
 
-Quantization ops (DESIGN sections 2 and 3). Tensors cross through DLPack: torch tensors (CPU or
-CUDA; each op is also a torch.library custom op, see fp8mla.torch_ops), numpy arrays (CPU; bf16
+Quantization ops (docs/design.md sections 2 and 3). Tensors cross through DLPack: torch tensors (CPU
+or CUDA; each op is also a torch.library custom op, see fp8mla.torch_ops), numpy arrays (CPU; bf16
 and fp8 through ml_dtypes), or any other DLPack array when every output is given. Outputs are
 allocated on the input's device when not given. Bad arguments raise fp8mla.Error (its subclass
 InvalidArgumentError is also a ValueError) with the C++ library's message.
-
     quantize_fp8(x, scale_inv, *, out=None, dtype="e4m3") -> out
     quantize_fp8_dynamic(x, *, out=None, scale=None, dtype="e4m3") -> (out, scale)
     quantize_fp8_per_token_group(x, *, out=None, scales=None, group_size=128, eps=1e-10,
@@ -15,8 +14,8 @@ InvalidArgumentError is also a ValueError) with the C++ library's message.
         -> (out, block_scales)
     info() -> dict
 
-MLA prefill preparation (DESIGN section 3, ops 4-7; the C++ header fp8mla/mla_prep.hpp defines
-the arithmetic). The latent cache is e4m3 [num_pages, page_size, 576] = [kv_c 512 | k_pe 64]:
+MLA prefill preparation (docs/design.md section 3, ops 4-7; the C++ header fp8mla/mla_prep.hpp
+defines the arithmetic). The latent cache is e4m3 [num_pages, page_size, 576] = [kv_c 512 | k_pe 64]:
 
     make_cos_sin_cache(max_pos, *, out=None, rope_dim=64, theta=10000.0, yarn=None, device=None)
         -> f32 [max_pos, rope_dim]
@@ -32,7 +31,7 @@ the arithmetic). The latent cache is e4m3 [num_pages, page_size, 576] = [kv_c 51
                              v_out=None, v_layout="token_major") -> (k_out, v_out)
     mla_v_quantize_fp8(v, *, v_out=None, v_scale_inv=1.0, v_layout="token_major") -> v_out
 
-Attention (DESIGN section 3, ops 8-9; fp8mla/attention.hpp):
+Attention (docs/design.md section 3, ops 8-9; fp8mla/attention.hpp):
 
     prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                       softmax_scale, causal=True, q_descale=None, k_descale=None,

@@ -1,5 +1,5 @@
-// The plan of chunked prefix attention (DESIGN section 5): the cached prefixes of a batch split
-// into chunks of at most `capacity` keys. Each chunk is one ragged key batch over the same
+// The plan of chunked prefix attention (docs/design.md section 5): the cached prefixes of a batch
+// split into chunks of at most `capacity` keys. Each chunk is one ragged key batch over the same
 // sequences as the queries: sequence b contributes a contiguous run of its prefix tokens (maybe
 // none, which the attention answers with O = 0, LSE = -inf and the merge then ignores).
 #pragma once

@@ -1,6 +1,6 @@
-// Plain parameter struct of prefill_attention (fp8mla/attention.hpp, DESIGN section 3, op 8): what
-// the argument checks in ops/prefill_attention.cpp produce and what the CPU implementation and the
-// CUDA launcher consume. Strides are in elements of the tensor's own dtype.
+// Plain parameter struct of prefill_attention (fp8mla/attention.hpp, docs/design.md section 3, op
+// 8): what the argument checks in ops/prefill_attention.cpp produce and what the CPU implementation
+// and the CUDA launcher consume. Strides are in elements of the tensor's own dtype.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
-// CPU merge_attention_states (DESIGN section 3, op 9) against a float64 reference: bf16 and f32,
-// every argument with its own layout (lse_a [T, H] against lse_b a transposed [H, T] buffer, o_b a
-// strided slice, out head-major), empty rows on one or both sides, the in-place forms, poisoned
-// outputs and guard bytes; then the argument checks.
+// CPU merge_attention_states (docs/design.md section 3, op 9) against a float64 reference: bf16 and
+// f32, every argument with its own layout (lse_a [T, H] against lse_b a transposed [H, T] buffer,
+// o_b a strided slice, out head-major), empty rows on one or both sides, the in-place forms,
+// poisoned outputs and guard bytes; then the argument checks.
 #include <gtest/gtest.h>
 
 #include <cstdint>

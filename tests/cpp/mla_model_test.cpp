@@ -1,7 +1,7 @@
-// MLA configs and weights (DESIGN section 5): the presets' values, safetensors files written and
-// read back byte for byte, DeepSeek's per-layer names for bf16 and FP8-with-block-scales weights,
-// and clear errors for missing tensors, wrong shapes or dtypes, mixed formats, truncated or
-// malformed files.
+// MLA configs and weights (docs/design.md section 5): the presets' values, safetensors files
+// written and read back byte for byte, DeepSeek's per-layer names for bf16 and
+// FP8-with-block-scales weights, and clear errors for missing tensors, wrong shapes or dtypes,
+// mixed formats, truncated or malformed files.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-// One test per cell of the numerics policy table (DESIGN section 2, fp8mla/numerics.hpp).
+// One test per cell of the numerics policy table (docs/design.md section 2, fp8mla/numerics.hpp).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -1,10 +1,11 @@
 // CUDA prefill_attention (Hopper kernel) against a float64 reference on the dequantized inputs,
-// under the error rule of DESIGN section 8: max |O - O_ref| <= 2 x the error of a BF16 attention
-// on the same dequantized inputs (scores, P and O rounded to bf16, as an eager bf16 attention
-// does) + the bf16 rounding noise of O; LSE within 1e-3. Outputs are poisoned first; every row of
-// every sequence is checked for having been written, bytes around the views stay untouched; the
-// reference is computed on all rows of small cases and on boundary and random rows of large ones.
-// Also: all-ones V gives exactly 1, determinism over 100 runs, PDL on/off, layout errors.
+// under the error rule of docs/design.md section 8: max |O - O_ref| <= 2 x the error of a BF16
+// attention on the same dequantized inputs (scores, P and O rounded to bf16, as an eager bf16
+// attention does) + the bf16 rounding noise of O; LSE within 1e-3. Outputs are poisoned first;
+// every row of every sequence is checked for having been written, bytes around the views stay
+// untouched; the reference is computed on all rows of small cases and on boundary and random rows
+// of large ones. Also: all-ones V gives exactly 1, determinism over 100 runs, PDL on/off, layout
+// errors.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// prefill_attention on the CPU (DESIGN section 3, op 8; section 8): the op against a float64
-// reference written here on the same dequantized inputs, over single sequences, ragged batches,
-// prefixes (k_len > q_len), causal and non-causal, FP8 and BF16 inputs with descales != 1, strided
-// views and a transposed LSE buffer; outputs are poisoned (NaN) first and checked in full, and
-// every bad argument is an Error with a clear message.
+// prefill_attention on the CPU (docs/design.md section 3, op 8; section 8): the op against a
+// float64 reference written here on the same dequantized inputs, over single sequences, ragged
+// batches, prefixes (k_len > q_len), causal and non-causal, FP8 and BF16 inputs with descales != 1,
+// strided views and a transposed LSE buffer; outputs are poisoned (NaN) first and checked in full,
+// and every bad argument is an Error with a clear message.
 #include <gtest/gtest.h>
 
 #include <algorithm>

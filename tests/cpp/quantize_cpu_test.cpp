@@ -1,8 +1,8 @@
-// CPU semantics of the quantization ops (DESIGN section 2, ops 1-3): each op against a naive
-// reference written here. The reference reads the input through its own stride walk into a dense
-// logical copy, computes every output by the documented formula, and writes the expected bytes of
-// every output buffer (poison where nothing may be written, zero in swizzle padding), so strides,
-// row folding, scale layouts, packing and swizzle are checked, not only the rounding.
+// CPU semantics of the quantization ops (docs/design.md section 2, ops 1-3): each op against a
+// naive reference written here. The reference reads the input through its own stride walk into a
+// dense logical copy, computes every output by the documented formula, and writes the expected
+// bytes of every output buffer (poison where nothing may be written, zero in swizzle padding), so
+// strides, row folding, scale layouts, packing and swizzle are checked, not only the rounding.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
-"""Straightforward numpy references for the quantization ops (DESIGN section 2), written from the
-spec with ml_dtypes casts, independent of the library. All arithmetic is float32 like the library.
+"""Straightforward numpy references for the quantization ops (docs/design.md section 2), written
+from the spec with ml_dtypes casts, independent of the library. All arithmetic is float32 like the
+library.
 
 ml_dtypes' float8 / float4 casts round to nearest-even but do not saturate (overflow gives NaN or
 inf), so values are clamped to the format's largest finite value first."""

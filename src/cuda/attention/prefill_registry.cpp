@@ -1,7 +1,7 @@
-// The prefill attention variants (fp8mla/kernel_registry.hpp, DESIGN section 4): the table of the
-// compiled ones, built from prefill_variants.def in a CUDA build and empty without CUDA; the key
-// of a call, computed by the one function both the runtime lookup and warm_up_attention use; the
-// lookup, whose miss is an error naming the key and the compiled ones; each variant's one-time
+// The prefill attention variants (fp8mla/kernel_registry.hpp, docs/design.md section 4): the table
+// of the compiled ones, built from prefill_variants.def in a CUDA build and empty without CUDA; the
+// key of a call, computed by the one function both the runtime lookup and warm_up_attention use;
+// the lookup, whose miss is an error naming the key and the compiled ones; each variant's one-time
 // set-up.
 #include "cuda/attention/prefill_registry.hpp"
 

@@ -1,7 +1,7 @@
 // `fp8mla bench attention`: times prefill_attention (op 8) on CUDA device 0 through the public
 // C++ API: e4m3 (V transposed, as the FP8 kernel reads it) and bf16, causal and not, H = 128,
 // Dqk = 192, Dv = 128, on single sequences and a ragged batch of 16 x 1k (the shapes of the
-// targets in DESIGN section 9).
+// targets in docs/design.md section 9).
 //
 // Method (bench/README.md): CUDA events around each launch, --warmup untimed launches, then
 // --iters timed ones queued behind a host gate (device time only), median. The kernel is

@@ -1,6 +1,6 @@
-// `fp8mla bench prep`: times the MLA prefill preparation ops (DESIGN section 3, ops 4-7) on CUDA
-// device 0 through the public C++ API and the default stream, next to a device-to-device copy of
-// the same byte count measured the same way. Same method and JSON shape as `fp8mla bench quant`.
+// `fp8mla bench prep`: times the MLA prefill preparation ops (docs/design.md section 3, ops 4-7) on
+// CUDA device 0 through the public C++ API and the default stream, next to a device-to-device copy
+// of the same byte count measured the same way. Same method and JSON shape as `fp8mla bench quant`.
 //
 // Layouts are those of an engine (DeepSeek-V3, H = 128 by default): q is [T, H, 192] bf16 and the
 // op reads q_nope = q[..., :128] and q_pe = q[..., 128:]; kv (kv_b_proj's output) is [T, H, 256]

@@ -1,6 +1,6 @@
-// `fp8mla bench quant`: times the quantization ops (DESIGN section 3, ops 1-3) on CUDA device 0
-// through the public C++ API and the default stream, next to a device-to-device copy of the same
-// byte count measured the same way.
+// `fp8mla bench quant`: times the quantization ops (docs/design.md section 3, ops 1-3) on CUDA
+// device 0 through the public C++ API and the default stream, next to a device-to-device copy of
+// the same byte count measured the same way.
 //
 // Method (see bench/README.md): CUDA events around each launch, `--warmup` untimed launches, then
 // `--iters` timed ones, median. Every launch uses the next of a ring of buffer sets whose total
