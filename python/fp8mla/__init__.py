@@ -15,7 +15,8 @@ InvalidArgumentError is also a ValueError) with the C++ library's message.
     info() -> dict
 
 MLA prefill preparation (docs/design.md section 3, ops 4-7; the C++ header fp8mla/mla_prep.hpp
-defines the arithmetic). The latent cache is e4m3 [num_pages, page_size, 576] = [kv_c 512 | k_pe 64]:
+defines the arithmetic). The latent cache is e4m3 [num_pages, page_size, 576] =
+[kv_c 512 | k_pe 64]:
 
     make_cos_sin_cache(max_pos, *, out=None, rope_dim=64, theta=10000.0, yarn=None, device=None)
         -> f32 [max_pos, rope_dim]
