@@ -20,20 +20,8 @@
 #include "fp8mla/quantize.hpp"
 #include "quantize_test_util.hpp"
 
-namespace fp8mla {
+namespace fp8mla::test {
 namespace {
-
-using test::Data;
-using test::Fp8Case;
-using test::Fp8Scale;
-using test::GroupCase;
-using test::HostBuffer;
-using test::kPoison;
-using test::Nvfp4Case;
-using test::Nvfp4Scales;
-using test::ScaleLayout;
-
-constexpr std::int64_t kRows[] = {0, 1, 3, 7, 17, 1025};
 
 // The expected bytes of one whole buffer.
 class Image {
@@ -221,12 +209,10 @@ TEST(QuantizeFp8Cpu, NarrowedKvViewAndOddViews) {
 
 // 65537 rows (past the 65535 limit of a CUDA grid's y and z dims).
 TEST(QuantizeFp8Cpu, ManyRowsDynamic) {
-  Fp8Case c;
-  c.shape = {65537, 384};
-  c.scale = Fp8Scale::kDynamic;
-  c.data = Data::kAdversarial;
-  c.seed = 65537;
-  check_fp8(c);
+  check_fp8({.shape = {65537, 384},
+             .scale = Fp8Scale::kDynamic,
+             .data = Data::kAdversarial,
+             .seed = 65537});
 }
 
 // Exact codes: nearest-even, saturation past the format's max and for +-inf, NaN to 0x7F.
@@ -390,13 +376,11 @@ TEST(QuantizeGroupCpu, StridedAndNdViews) {
 }
 
 TEST(QuantizeGroupCpu, ManyRowsPacked) {
-  GroupCase c;
-  c.shape = {65537, 192};
-  c.group_size = 64;
-  c.layout = ScaleLayout::kPackedTmaColMajor;
-  c.data = Data::kAdversarial;
-  c.seed = 65537;
-  check_group(c);
+  check_group({.shape = {65537, 192},
+               .group_size = 64,
+               .layout = ScaleLayout::kPackedTmaColMajor,
+               .data = Data::kAdversarial,
+               .seed = 65537});
 }
 
 // Worked examples with their codes spelled out.
@@ -604,4 +588,4 @@ TEST(QuantizeNvfp4Cpu, SignalingNanIgnoredInAmax) {
 }
 
 }  // namespace
-}  // namespace fp8mla
+}  // namespace fp8mla::test
