@@ -181,15 +181,14 @@ TEST(MlaKvCuda, VQuantizeMatchesCpu) {
 TEST(MlaKvCuda, VQuantizeEqualsPackV) {
   FP8MLA_REQUIRE_HOPPER();
   for (bool transposed : {false, true}) {
-    KvPackCase c;
-    c.tokens = 777;
-    c.heads = 16;
-    c.v_transposed = transposed;
-    c.v_pitch_pad = 7;
-    c.v_scale_inv = 2.0f;
-    c.data = Data::kAdversarial;
-    c.seed = 4242;
-    c.v_only = true;
+    KvPackCase c{.tokens = 777,
+                 .heads = 16,
+                 .v_transposed = transposed,
+                 .v_pitch_pad = 7,
+                 .v_scale_inv = 2.0f,
+                 .data = Data::kAdversarial,
+                 .seed = 4242,
+                 .v_only = true};
     SCOPED_TRACE(c.describe());
     const std::vector<HostBuffer> initial = test::host_buffers(c);
     const std::vector<DeviceBuffer> alone = run_gpu_on(c, initial);
