@@ -8,19 +8,10 @@
 # --bench attention also pip-installs the Python package with CUDA (CUTLASS must be in .deps).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bin=$1 out=$2
-shift 2
-tests="" memcheck="" benches="" anchors=.anchors
-while (($#)); do
-  case "$1" in
-    --tests) tests=$2; shift ;;
-    --memcheck) memcheck=$2; shift ;;
-    --bench) benches=$2; shift ;;
-    --anchors) anchors=$2; shift ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
-  esac
-  shift
-done
+source scripts/options.sh
+tests="" memcheck="" bench="" anchors=.anchors
+parse_options "tests memcheck bench anchors" "" "$@"
+bin=${positional[0]} out=${positional[1]}
 mkdir -p "$out"
 rows=()
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | sed 's/^/gpu: /'
@@ -53,7 +44,7 @@ if [[ -x $bin/fp8mla ]]; then
   cat "$out/run.log"
 fi
 
-IFS=, read -ra bench_list <<<"$benches"
+IFS=, read -ra bench_list <<<"$bench"
 for b in "${bench_list[@]}"; do
   case "$b" in
     layer)

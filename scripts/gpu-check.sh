@@ -8,21 +8,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-build=1 out="" dir=build-gpu label_list=cpu,long,cuda,install sanitize=all
-while (($#)); do
-  case "$1" in
-    --no-build) build=0 ;;
-    --out) out=$2; shift ;;
-    --labels) label_list=$2; shift ;;
-    --sanitize) sanitize=$2; shift ;;
-    *) dir=$1 ;;
-  esac
-  shift
-done
+source scripts/options.sh
+no_build=0 out="" labels=cpu,long,cuda,install sanitize=all
+parse_options "out labels sanitize" "no-build" "$@"
+dir=${positional[0]:-build-gpu}
 out=${out:-$dir/gpu-check}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 
-if ((build)); then
+if ((!no_build)); then
   scripts/setup.sh
   cmake -S . -B "$dir" -G Ninja -DFP8MLA_CUDA=ON >"$out/configure.log" 2>&1 || { cat "$out/configure.log"; exit 1; }
   start=$(date +%s)
@@ -34,8 +27,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 "$dir/fp8mla" info
 
 ctest_status=0
-IFS=, read -ra labels <<<"$label_list"
-for label in "${labels[@]}"; do
+IFS=, read -ra label_list <<<"$labels"
+for label in "${label_list[@]}"; do
   ctest --test-dir "$dir" -L "^$label\$" --output-on-failure --no-tests=ignore \
     --output-junit "$out/ctest-$label.xml" >"$out/ctest-$label.log" 2>&1 || ctest_status=1
 done
@@ -73,7 +66,7 @@ if command -v compute-sanitizer >/dev/null; then
 fi
 
 echo
-python3 - "$out" "${labels[@]}" <<'PY'
+python3 - "$out" "${label_list[@]}" <<'PY'
 import os, sys, xml.etree.ElementTree as ET
 out, labels = sys.argv[1], sys.argv[2:]
 print(f"{'tests':<10}{'passed':>8}{'failed':>8}{'skipped':>9}{'seconds':>10}")

@@ -2,6 +2,7 @@
 // make_cos_sin_cache, softmax_mscale and mla_rope_quantize_fp8.
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <numbers>
 #include <string>
 #include <string_view>
@@ -112,6 +113,22 @@ const void* index_vector(const ArgChecker& check, const TensorView& t, std::stri
   return t.data();
 }
 
+// A `dtype` tensor [leading..., width] with contiguous rows; `note` follows the expected shape in
+// the message.
+void contiguous_rows(const ArgChecker& check, const TensorView& t, std::string_view name,
+                     DType dtype, std::initializer_list<std::string_view> leading,
+                     std::int64_t width, std::string_view note) {
+  check.dtype(t, name, {dtype});
+  const int dims = int(leading.size()) + 1;
+  check.require(t.ndim() == dims && t.size(dims - 1) == width && t.stride(dims - 1) == 1,
+                ErrorCategory::kInvalidArgument, [&] {
+                  std::string shape;
+                  for (std::string_view dim : leading) shape += concat(dim, ", ");
+                  return concat("`", name, "`: expected [", shape, width, "] with contiguous rows",
+                                note, ", got ", t.describe());
+                });
+}
+
 }  // namespace
 
 double softmax_mscale(const RopeConfig& config) {
@@ -180,12 +197,8 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
   p.position_dtype = args.positions.dtype();
 
   const TensorView& cs = args.cos_sin;
-  check.dtype(cs, "cos_sin", {DType::kF32});
-  check.require(cs.ndim() == 2 && cs.size(1) == kMlaRopeDim && cs.stride(1) == 1,
-                ErrorCategory::kInvalidArgument, [&] {
-                  return concat("`cos_sin`: expected [max_pos, ", kMlaRopeDim,
-                                "] with contiguous rows (make_cos_sin_cache), got ", cs.describe());
-                });
+  contiguous_rows(check, cs, "cos_sin", DType::kF32, {"max_pos"}, kMlaRopeDim,
+                  " (make_cos_sin_cache)");
   check.aligned(cs, "cos_sin", 4);
   p.cos_sin = cs.data_as<const float>();
   p.max_pos = cs.size(0);
@@ -213,12 +226,7 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
     });
     p.kv_c = token_heads(check, args.kv_c, "kv_c", in, tokens, 1, kMlaKvLoraRank, true);
     const TensorView& c = w.cache;
-    check.dtype(c, "cache", {DType::kE4M3});
-    check.require(c.ndim() == 3 && c.size(2) == kMlaLatentDim && c.stride(2) == 1,
-                  ErrorCategory::kInvalidArgument, [&] {
-                    return concat("`cache`: expected [num_pages, page_size, ", kMlaLatentDim,
-                                  "] with contiguous rows, got ", c.describe());
-                  });
+    contiguous_rows(check, c, "cache", DType::kE4M3, {"num_pages", "page_size"}, kMlaLatentDim, "");
     check.require(c.size(1) >= 1 && c.size(1) <= 128, ErrorCategory::kUnsupported, [&] {
       return concat("`cache`: expected a page size from 1 to 128, got ", c.describe());
     });

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <span>
 #include <vector>
@@ -83,44 +84,41 @@ void expect_flag_set(const std::vector<DeviceBuffer>& device) {
   for (const DeviceBuffer& d : device) EXPECT_TRUE(d.guards_intact());
 }
 
-TEST(MlaKvCuda, WriteMatchesCpu) {
-  FP8MLA_REQUIRE_HOPPER();
-  std::uint64_t seed = 0;
+// The cache sweep of one op (make: write_sweep_case or gather_sweep_case, given `pages`) on the
+// CPU and the GPU; every other case also asks for the error flag.
+template <typename Case>
+void expect_sweep_equals_cpu(Case (*make)(std::int64_t, std::int64_t, int, std::uint64_t,
+                                          std::int64_t),
+                             std::initializer_list<std::int64_t> token_counts, int layouts,
+                             std::uint64_t first_seed, std::int64_t pages) {
   test::for_each_cache_layout(
-      {0, 1, 3, 5, 7, 64, 1000}, 4, [&](auto page_size, auto tokens, int layout) {
-        KvWriteCase c = test::write_sweep_case(page_size, tokens, layout, ++seed, 2);
+      token_counts, layouts, first_seed,
+      [&](std::int64_t page_size, std::int64_t tokens, int layout, std::uint64_t seed) {
+        Case c = make(page_size, tokens, layout, seed, pages);
         c.with_flag = seed % 2 == 0;
         expect_cuda_equals_cpu(c);
       });
 }
 
+TEST(MlaKvCuda, WriteMatchesCpu) {
+  FP8MLA_REQUIRE_HOPPER();
+  expect_sweep_equals_cpu(test::write_sweep_case, {0, 1, 3, 5, 7, 64, 1000}, 4, 0, 2);
+}
+
 TEST(MlaKvCuda, GatherMatchesCpu) {
   FP8MLA_REQUIRE_HOPPER();
-  std::uint64_t seed = 100;
-  test::for_each_cache_layout(
-      {0, 1, 3, 7, 65, 3000}, 3, [&](auto page_size, auto tokens, int layout) {
-        KvGatherCase c = test::gather_sweep_case(page_size, tokens, layout, ++seed, 5);
-        c.with_flag = seed % 2 == 0;
-        expect_cuda_equals_cpu(c);
-      });
+  expect_sweep_equals_cpu(test::gather_sweep_case, {0, 1, 3, 7, 65, 3000}, 3, 100, 5);
 }
 
 TEST(MlaKvCuda, PackMatchesCpuForEveryTokenCount) {
   FP8MLA_REQUIRE_HOPPER();
   for (std::int64_t n = 0; n <= 64; ++n) {
     for (std::int64_t heads : {1, 16, 128}) {
-      KvPackCase c;
-      c.dtype = n % 2 ? DType::kF16 : DType::kBF16;
-      c.tokens = n;
-      c.heads = heads;
-      c.fused = n % 3 != 0;
+      KvPackCase c = test::pack_sweep_case(n, heads, std::uint64_t(n * 1000 + heads));
       c.in_pad = n % 7 == 0 ? 3 : 8;  // 3: scalar path
       c.k_pe_3d = n % 4 == 1;
       c.out_pad = n % 5 == 0 ? 16 : n % 5 == 1 ? 1 : 0;
       c.k_scale_inv = 0.5f;
-      c.v_scale_inv = 3.0f;
-      c.data = n % 2 ? Data::kAdversarial : Data::kRandom;
-      c.seed = std::uint64_t(n * 1000 + heads);
       expect_cuda_equals_cpu(c);
       c.v_transposed = true;  // the layout FP8 attention reads; odd pitches take the byte stores
       c.v_pitch_pad = n % 3 == 0 ? 16 - n % 16 : n % 3;
@@ -183,15 +181,14 @@ TEST(MlaKvCuda, VQuantizeMatchesCpu) {
 TEST(MlaKvCuda, VQuantizeEqualsPackV) {
   FP8MLA_REQUIRE_HOPPER();
   for (bool transposed : {false, true}) {
-    KvPackCase c;
-    c.tokens = 777;
-    c.heads = 16;
-    c.v_transposed = transposed;
-    c.v_pitch_pad = 7;
-    c.v_scale_inv = 2.0f;
-    c.data = Data::kAdversarial;
-    c.seed = 4242;
-    c.v_only = true;
+    KvPackCase c{.tokens = 777,
+                 .heads = 16,
+                 .v_transposed = transposed,
+                 .v_pitch_pad = 7,
+                 .v_scale_inv = 2.0f,
+                 .data = Data::kAdversarial,
+                 .seed = 4242,
+                 .v_only = true};
     SCOPED_TRACE(c.describe());
     const std::vector<HostBuffer> initial = test::host_buffers(c);
     const std::vector<DeviceBuffer> alone = run_gpu_on(c, initial);

@@ -74,10 +74,9 @@ void expect_pack(const KvPackCase& c) {
 // ---- mla_kv_cache_write -------------------------------------------------------------------
 
 TEST(MlaKvCacheWrite, EveryPageSizeAndLayout) {
-  std::uint64_t seed = 0;
   test::for_each_cache_layout(
-      {0, 1, 3, 7, 33, 100}, 4, [&](auto page_size, auto tokens, int layout) {
-        expect_write(test::write_sweep_case(page_size, tokens, layout, ++seed, 1));
+      {0, 1, 3, 7, 33, 100}, 4, 0, [](auto page_size, auto tokens, int layout, std::uint64_t seed) {
+        expect_write(test::write_sweep_case(page_size, tokens, layout, seed, 1));
       });
 }
 
@@ -115,10 +114,10 @@ TEST(MlaKvCacheWrite, OutOfRangeSlotThrowsAndWritesNothing) {
 // ---- mla_kv_gather ------------------------------------------------------------------------
 
 TEST(MlaKvGather, EveryPageSizeAndLayout) {
-  std::uint64_t seed = 100;
   test::for_each_cache_layout(
-      {0, 1, 3, 7, 65, 200}, 3, [&](auto page_size, auto tokens, int layout) {
-        expect_gather(test::gather_sweep_case(page_size, tokens, layout, ++seed, 3));
+      {0, 1, 3, 7, 65, 200}, 3, 100,
+      [](auto page_size, auto tokens, int layout, std::uint64_t seed) {
+        expect_gather(test::gather_sweep_case(page_size, tokens, layout, seed, 3));
       });
 }
 
@@ -194,18 +193,11 @@ TEST(MlaKvGather, RoundTripsTheWrite) {
 TEST(MlaKvPack, EveryTokenCountUpTo64) {
   for (std::int64_t n = 0; n <= 64; ++n) {
     for (std::int64_t heads : {1, 16}) {
-      KvPackCase c;
-      c.dtype = n % 2 ? DType::kF16 : DType::kBF16;
-      c.tokens = n;
-      c.heads = heads;
-      c.fused = n % 3 != 0;
+      KvPackCase c = test::pack_sweep_case(n, heads, std::uint64_t(n * 10 + heads));
       c.in_pad = 8;
       c.k_pe_3d = n % 4 == 1;
       c.out_pad = n % 5 == 0 ? 16 : 0;
       c.k_scale_inv = 0.5f;
-      c.v_scale_inv = 3.0f;
-      c.data = n % 2 ? Data::kAdversarial : Data::kRandom;
-      c.seed = std::uint64_t(n * 10 + heads);
       expect_pack(c);
     }
   }
@@ -239,16 +231,9 @@ TEST(MlaKvPack, HeadsAndLayouts) {
 TEST(MlaKvPack, TransposedV) {
   for (std::int64_t n : {0, 1, 3, 15, 16, 63, 64, 65, 129, 1000}) {
     for (std::int64_t heads : {1, 16}) {
-      KvPackCase c;
-      c.dtype = n % 2 ? DType::kF16 : DType::kBF16;
-      c.tokens = n;
-      c.heads = heads;
-      c.fused = n % 3 != 0;
+      KvPackCase c = test::pack_sweep_case(n, heads, std::uint64_t(n * 7 + heads));
       c.v_transposed = true;
       c.v_pitch_pad = n % 16 == 0 ? 0 : 16 - n % 16;
-      c.v_scale_inv = 3.0f;
-      c.data = n % 2 ? Data::kAdversarial : Data::kRandom;
-      c.seed = std::uint64_t(n * 7 + heads);
       expect_pack(c);
     }
   }
@@ -329,18 +314,19 @@ void write_call(const TensorView& kv_c, const TensorView& k_pe, const LatentCach
   mla_kv_cache_write(kv_c, k_pe, w);
 }
 
+// mla_kv_cache_write is rejected as an invalid argument whose message holds every one of
+// `needles`.
+void expect_write_rejected(std::initializer_list<std::string> needles, const TensorView& kv_c,
+                           const TensorView& k_pe, const LatentCacheWrite& w) {
+  expect_error([&] { write_call(kv_c, k_pe, w); }, ErrorCategory::kInvalidArgument, needles);
+}
+
 TEST(MlaKvArgs, WriteKvDtype) {
-  expect_error(
-      [] {
-        write_call(fake(DType::kF32, {4, 512}), fake(DType::kF32, {4, 64}), fake_write(4));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"mla_kv_cache_write: `kv_c` dtype", "expected one of {bf16, f16}", "got f32"});
-  expect_error(
-      [] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kF16, {4, 64}), fake_write(4));
-      },
-      ErrorCategory::kInvalidArgument, {"`k_pe` dtype", "expected bf16", "got f16"});
+  expect_write_rejected(
+      {"mla_kv_cache_write: `kv_c` dtype", "expected one of {bf16, f16}", "got f32"},
+      fake(DType::kF32, {4, 512}), fake(DType::kF32, {4, 64}), fake_write(4));
+  expect_write_rejected({"`k_pe` dtype", "expected bf16", "got f16"}, fake(DType::kBF16, {4, 512}),
+                        fake(DType::kF16, {4, 64}), fake_write(4));
 }
 
 TEST(MlaKvArgs, WritePageSizeRange) {
@@ -358,90 +344,53 @@ TEST(MlaKvArgs, WritePageSizeRange) {
 TEST(MlaKvArgs, WriteLatentWidth) {
   LatentCacheWrite w = fake_write(4);
   w.cache = fake(DType::kE4M3, {4, 16, 512});
-  expect_error(
-      [&] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
-      },
-      ErrorCategory::kInvalidArgument, {"`cache`", "latent width 576", "e4m3fn[4, 16, 512]"});
+  expect_write_rejected({"`cache`", "latent width 576", "e4m3fn[4, 16, 512]"},
+                        fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
   w.cache = fake(DType::kBF16, {4, 16, 576});
-  expect_error(
-      [&] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
-      },
-      ErrorCategory::kInvalidArgument, {"`cache` dtype", "expected e4m3fn", "got bf16"});
+  expect_write_rejected({"`cache` dtype", "expected e4m3fn", "got bf16"},
+                        fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
 }
 
 TEST(MlaKvArgs, WriteMismatchedTokens) {
-  expect_error(
-      [] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {5, 64}), fake_write(4));
-      },
-      ErrorCategory::kInvalidArgument, {"`k_pe`", "expected 4 tokens like `kv_c`"});
-  expect_error(
-      [] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), fake_write(3));
-      },
-      ErrorCategory::kInvalidArgument, {"`slot_mapping`", "expected [4]", "i64[3]"});
+  expect_write_rejected({"`k_pe`", "expected 4 tokens like `kv_c`"}, fake(DType::kBF16, {4, 512}),
+                        fake(DType::kBF16, {5, 64}), fake_write(4));
+  expect_write_rejected({"`slot_mapping`", "expected [4]", "i64[3]"}, fake(DType::kBF16, {4, 512}),
+                        fake(DType::kBF16, {4, 64}), fake_write(3));
 }
 
 TEST(MlaKvArgs, WriteKPeShape) {
-  expect_error(
-      [] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 2, 64}), fake_write(4));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`k_pe`", "expected [tokens, 64] or [tokens, 1, 64]", "bf16[4, 2, 64]"});
-  expect_error(
-      [] {
-        write_call(fake(DType::kBF16, {4, 256}), fake(DType::kBF16, {4, 64}), fake_write(4));
-      },
-      ErrorCategory::kInvalidArgument, {"`kv_c`", "expected [tokens, 512]"});
+  expect_write_rejected({"`k_pe`", "expected [tokens, 64] or [tokens, 1, 64]", "bf16[4, 2, 64]"},
+                        fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 2, 64}),
+                        fake_write(4));
+  expect_write_rejected({"`kv_c`", "expected [tokens, 512]"}, fake(DType::kBF16, {4, 256}),
+                        fake(DType::kBF16, {4, 64}), fake_write(4));
 }
 
 TEST(MlaKvArgs, WriteSlotAndFlagDtypes) {
   LatentCacheWrite w = fake_write(4);
   w.slot_mapping = fake(DType::kF32, {4});
-  expect_error(
-      [&] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`slot_mapping` dtype", "expected one of {i32, i64}", "got f32"});
+  expect_write_rejected({"`slot_mapping` dtype", "expected one of {i32, i64}", "got f32"},
+                        fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
   w = fake_write(4);
   w.error_flag = fake(DType::kI64, {1});
-  expect_error(
-      [&] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
-      },
-      ErrorCategory::kInvalidArgument, {"`error_flag` dtype", "expected i32", "got i64"});
+  expect_write_rejected({"`error_flag` dtype", "expected i32", "got i64"},
+                        fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
   w.error_flag = fake(DType::kI32, {2});
-  expect_error(
-      [&] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
-      },
-      ErrorCategory::kInvalidArgument, {"`error_flag`", "expected one i32", "i32[2]"});
+  expect_write_rejected({"`error_flag`", "expected one i32", "i32[2]"},
+                        fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
 }
 
 TEST(MlaKvArgs, WriteAlignmentAndStrides) {
   const TensorView odd(reinterpret_cast<void*>(std::uintptr_t{0x10001}), DType::kBF16, {4, 512});
-  expect_error(
-      [&] {
-        write_call(odd, fake(DType::kBF16, {4, 64}), fake_write(4));
-      },
-      ErrorCategory::kInvalidArgument, {"`kv_c`", "2-byte aligned", "0x10001"});
+  expect_write_rejected({"`kv_c`", "2-byte aligned", "0x10001"}, odd, fake(DType::kBF16, {4, 64}),
+                        fake_write(4));
   const TensorView transposed(kFake, DType::kBF16, {4, 512}, {1, 4});
-  expect_error(
-      [&] {
-        write_call(transposed, fake(DType::kBF16, {4, 64}), fake_write(4));
-      },
-      ErrorCategory::kInvalidArgument, {"`kv_c`", "contiguous last dim"});
+  expect_write_rejected({"`kv_c`", "contiguous last dim"}, transposed, fake(DType::kBF16, {4, 64}),
+                        fake_write(4));
   LatentCacheWrite w = fake_write(4);
   w.slot_mapping = TensorView(kFake, DType::kI64, {4}, {2});
-  expect_error(
-      [&] {
-        write_call(fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
-      },
-      ErrorCategory::kInvalidArgument, {"`slot_mapping`", "contiguous", "strides [2]"});
+  expect_write_rejected({"`slot_mapping`", "contiguous", "strides [2]"},
+                        fake(DType::kBF16, {4, 512}), fake(DType::kBF16, {4, 64}), w);
 }
 
 TEST(MlaKvArgs, MixedDevices) {
@@ -500,36 +449,32 @@ MlaKvPackArgs fake_pack(std::int64_t n, std::int64_t h) {
   return a;
 }
 
-TEST(MlaKvArgs, PackShapesDtypesAndCounts) {
+// mla_kv_pack_quantize_fp8 of fake_pack(4, 16) with `field` set to `value` is rejected as an
+// invalid argument whose message holds every one of `needles`.
+template <typename Field>
+void expect_pack_rejected(Field MlaKvPackArgs::*field, Field value,
+                          std::initializer_list<std::string> needles) {
   MlaKvPackArgs a = fake_pack(4, 16);
-  a.k_pe = fake(DType::kBF16, {4, 2, 64});
-  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
-               {"mla_kv_pack_quantize_fp8: `k_pe`", "[tokens, 1, 64]", "bf16[4, 2, 64]"});
-  a = fake_pack(4, 16);
-  a.v = fake(DType::kBF16, {4, 8, 128});
-  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
-               {"`v`", "expected 16 heads like `k_nope`"});
-  a = fake_pack(4, 16);
-  a.k_out = fake(DType::kE4M3, {5, 16, 192});
-  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
-               {"`k_out`", "expected 4 tokens like `k_nope`"});
-  a = fake_pack(4, 16);
-  a.k_out = fake(DType::kE4M3, {4, 16, 128});
-  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
-               {"`k_out`", "expected [tokens, heads, 192]"});
-  a = fake_pack(4, 16);
-  a.v_out = fake(DType::kE5M2, {4, 16, 128});
-  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
-               {"`v_out` dtype", "expected e4m3fn", "got e5m2"});
-  a = fake_pack(4, 16);
-  a.v_layout = static_cast<VLayout>(7);
-  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
-               {"`v_layout`", "kTokenMajor or kTransposed"});
+  a.*field = value;
+  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument, needles);
+}
+
+TEST(MlaKvArgs, PackShapesDtypesAndCounts) {
+  expect_pack_rejected(&MlaKvPackArgs::k_pe, fake(DType::kBF16, {4, 2, 64}),
+                       {"mla_kv_pack_quantize_fp8: `k_pe`", "[tokens, 1, 64]", "bf16[4, 2, 64]"});
+  expect_pack_rejected(&MlaKvPackArgs::v, fake(DType::kBF16, {4, 8, 128}),
+                       {"`v`", "expected 16 heads like `k_nope`"});
+  expect_pack_rejected(&MlaKvPackArgs::k_out, fake(DType::kE4M3, {5, 16, 192}),
+                       {"`k_out`", "expected 4 tokens like `k_nope`"});
+  expect_pack_rejected(&MlaKvPackArgs::k_out, fake(DType::kE4M3, {4, 16, 128}),
+                       {"`k_out`", "expected [tokens, heads, 192]"});
+  expect_pack_rejected(&MlaKvPackArgs::v_out, fake(DType::kE5M2, {4, 16, 128}),
+                       {"`v_out` dtype", "expected e4m3fn", "got e5m2"});
+  expect_pack_rejected(&MlaKvPackArgs::v_layout, static_cast<VLayout>(7),
+                       {"`v_layout`", "kTokenMajor or kTransposed"});
   // kTransposed with a token-major v_out: its tokens are not contiguous.
-  a = fake_pack(4, 16);
-  a.v_layout = VLayout::kTransposed;
-  expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
-               {"`v_out` (kTransposed)", "token stride 1"});
+  expect_pack_rejected(&MlaKvPackArgs::v_layout, VLayout::kTransposed,
+                       {"`v_out` (kTransposed)", "token stride 1"});
 }
 
 // mla_v_quantize_fp8(v, v_out) rejects its arguments with a message holding every needle.

@@ -360,14 +360,28 @@ struct KvPackCase {
 
 // ---- The sweeps the CPU and CUDA tests share ----------------------------------------------
 
-// Calls fn(page_size, tokens, layout) for every page size, token count and layout < `layouts`.
+// Calls fn(page_size, tokens, layout, seed) for every page size, token count and layout <
+// `layouts`, the seeds counting up from seed + 1.
 template <typename Fn>
-void for_each_cache_layout(std::initializer_list<std::int64_t> token_counts, int layouts, Fn fn) {
+void for_each_cache_layout(std::initializer_list<std::int64_t> token_counts, int layouts,
+                           std::uint64_t seed, Fn fn) {
   for (std::int64_t page_size : {1, 16, 32, 64, 128}) {
     for (std::int64_t tokens : token_counts) {
-      for (int layout = 0; layout < layouts; ++layout) fn(page_size, tokens, layout);
+      for (int layout = 0; layout < layouts; ++layout) fn(page_size, tokens, layout, ++seed);
     }
   }
+}
+
+// The pack case of the token-count sweeps: n tokens of `heads` heads, f16 and adversarial data on
+// odd n, k_nope and v slices of one kv unless n is a multiple of 3, v_scale_inv 3.
+inline KvPackCase pack_sweep_case(std::int64_t n, std::int64_t heads, std::uint64_t seed) {
+  return {.dtype = n % 2 ? DType::kF16 : DType::kBF16,
+          .tokens = n,
+          .heads = heads,
+          .fused = n % 3 != 0,
+          .v_scale_inv = 3.0f,
+          .data = n % 2 ? Data::kAdversarial : Data::kRandom,
+          .seed = seed};
 }
 
 // Cache-write case `layout` (0..3): padded pages and kv_c rows, 3-d k_pe, unaligned pages (3, the

@@ -198,14 +198,13 @@ double e4m3_ulp(double v) {
 // RoPE outputs are within one FP8 rounding of the float64 RoPE of the same inputs and table.
 TEST(MlaRopeQuantize, RopeWithinHalfUlpOfFloat64) {
   for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kNeox}) {
-    RopeCase c;
-    c.tokens = 200;
-    c.heads = 4;
-    c.style = style;
-    c.q_scale_inv = 0.8f;
-    c.k_scale_inv = 2.5f;
-    c.page_size = 16;
-    c.cache_scale_inv = 0.5f;
+    const RopeCase c{.tokens = 200,
+                     .heads = 4,
+                     .style = style,
+                     .q_scale_inv = 0.8f,
+                     .k_scale_inv = 2.5f,
+                     .page_size = 16,
+                     .cache_scale_inv = 0.5f};
     SCOPED_TRACE(c.describe());
     std::vector<HostBuffer> b = c.buffers();
     c.init(b);

@@ -120,67 +120,43 @@ TEST(QuantizeArgs, GroupSize96IsUnsupported) {
 }
 
 TEST(QuantizeArgs, ColsNotMultipleOfGroupSize) {
-  expect_error(
-      [] {
-        quantize_fp8_per_token_group(fake(DType::kBF16, {4, 200}), fake(DType::kE4M3, {4, 200}),
-                                     fake(DType::kF32, {4, 3}), {64});
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`input`: expected the last dim to be a multiple of group_size 64", "got bf16[4, 200]"});
+  expect_group_rejected(
+      {"`input`: expected the last dim to be a multiple of group_size 64", "got bf16[4, 200]"},
+      fake(DType::kBF16, {4, 200}), fake(DType::kE4M3, {4, 200}), fake(DType::kF32, {4, 3}), {64});
 }
 
 TEST(QuantizeArgs, EpsMustBePositive) {
-  expect_error(
-      [] {
-        quantize_fp8_per_token_group(fake(DType::kBF16, {4, 128}), fake(DType::kE4M3, {4, 128}),
-                                     fake(DType::kF32, {4, 1}), {128, 0.0f});
-      },
-      ErrorCategory::kInvalidArgument, {"expected eps > 0", "got 0"});
+  expect_group_rejected({"expected eps > 0", "got 0"}, fake(DType::kBF16, {4, 128}),
+                        fake(DType::kE4M3, {4, 128}), fake(DType::kF32, {4, 1}), {128, 0.0f});
 }
 
 TEST(QuantizeArgs, ScalesDtypeWrong) {
-  expect_error(
-      [] {
-        quantize_fp8_per_token_group(fake(DType::kBF16, {4, 128}), fake(DType::kE4M3, {4, 128}),
-                                     fake(DType::kBF16, {4, 1}));
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`scales` dtype", "expected one of {f32, ue8m0, i32}", "got bf16"});
+  expect_group_rejected({"`scales` dtype", "expected one of {f32, ue8m0, i32}", "got bf16"},
+                        fake(DType::kBF16, {4, 128}), fake(DType::kE4M3, {4, 128}),
+                        fake(DType::kBF16, {4, 1}));
 }
 
 TEST(QuantizeArgs, ScalesShapeWrong) {
   const TensorView input = fake(DType::kBF16, {4, 192}), out = fake(DType::kE4M3, {4, 192});
-  expect_error(
-      [&] {
-        quantize_fp8_per_token_group(input, out, fake(DType::kF32, {4, 2}), {64});
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`scales`: expected [4, 3]", "3 groups of 64 per row", "got f32[4, 2]"});
-  expect_error([&] { quantize_fp8_per_token_group(input, out, fake(DType::kF32, {12}), {64}); },
-               ErrorCategory::kInvalidArgument, {"`scales`: expected 2 dims", "got f32[12]"});
+  expect_group_rejected({"`scales`: expected [4, 3]", "3 groups of 64 per row", "got f32[4, 2]"},
+                        input, out, fake(DType::kF32, {4, 2}), {64});
+  expect_group_rejected({"`scales`: expected 2 dims", "got f32[12]"}, input, out,
+                        fake(DType::kF32, {12}), {64});
 }
 
 TEST(QuantizeArgs, PackedScalesShapeWrong) {
   // 3 groups fit one packed word per row; one word per group is wrong.
-  expect_error(
-      [] {
-        quantize_fp8_per_token_group(fake(DType::kBF16, {4, 192}), fake(DType::kE4M3, {4, 192}),
-                                     fake(DType::kI32, {4, 3}), {64});
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`scales`: expected [4, 1]", "packed UE8M0 words for 3 groups of 64", "got i32[4, 3]"});
+  expect_group_rejected(
+      {"`scales`: expected [4, 1]", "packed UE8M0 words for 3 groups of 64", "got i32[4, 3]"},
+      fake(DType::kBF16, {4, 192}), fake(DType::kE4M3, {4, 192}), fake(DType::kI32, {4, 3}), {64});
 }
 
 TEST(QuantizeArgs, OverlappingScaleStrides) {
   // Row stride 1 and column stride 2 over 4 rows: scale (2, 0) and scale (0, 1) share memory.
   const TensorView scales(kFake, DType::kF32, {4, 3}, {1, 2});
-  expect_error(
-      [&] {
-        quantize_fp8_per_token_group(fake(DType::kBF16, {4, 192}), fake(DType::kE4M3, {4, 192}),
-                                     scales, {64});
-      },
-      ErrorCategory::kInvalidArgument,
-      {"`scales`: expected strides that keep every scale apart", "strides [1, 2]"});
+  expect_group_rejected(
+      {"`scales`: expected strides that keep every scale apart", "strides [1, 2]"},
+      fake(DType::kBF16, {4, 192}), fake(DType::kE4M3, {4, 192}), scales, {64});
 }
 
 TEST(QuantizeArgs, MisalignedInputPointer) {

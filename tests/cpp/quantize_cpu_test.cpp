@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <span>
 #include <type_traits>
@@ -19,20 +20,8 @@
 #include "fp8mla/quantize.hpp"
 #include "quantize_test_util.hpp"
 
-namespace fp8mla {
+namespace fp8mla::test {
 namespace {
-
-using test::Data;
-using test::Fp8Case;
-using test::Fp8Scale;
-using test::GroupCase;
-using test::HostBuffer;
-using test::kPoison;
-using test::Nvfp4Case;
-using test::Nvfp4Scales;
-using test::ScaleLayout;
-
-constexpr std::int64_t kRows[] = {0, 1, 3, 7, 17, 1025};
 
 // The expected bytes of one whole buffer.
 class Image {
@@ -77,28 +66,49 @@ std::uint8_t encode_fp8(float x, DType dtype) {
   return dtype == DType::kE5M2 ? encode_e5m2(x) : encode_e4m3(x);
 }
 
-// Copies of the buffers before the run, to check that inputs stay unchanged.
-std::vector<std::vector<std::uint8_t>> snapshot(const std::vector<HostBuffer>& buffers) {
-  std::vector<std::vector<std::uint8_t>> copies;
-  for (const HostBuffer& b : buffers) copies.emplace_back(b.payload().begin(), b.payload().end());
-  return copies;
-}
+// One CPU run of a case: its buffers, their bytes before the run and the views of its specs;
+// `ok` is false (with a failure) when the op threw.
+struct CpuRun {
+  std::vector<HostBuffer> b;
+  std::vector<std::vector<std::uint8_t>> before;
+  std::vector<TensorView> views;
+  bool ok = false;
 
-// Runs the case's CPU op; false (with a failure) when it throws.
-template <typename Case>
-bool run_ok(const Case& c, std::vector<HostBuffer>& buffers) {
-  try {
-    test::run_cpu(c, buffers);
-    return true;
-  } catch (const Error& e) {
-    ADD_FAILURE() << "the op threw: " << e.what();
-    return false;
+  template <typename Case>
+  explicit CpuRun(const Case& c, std::uint8_t poison = kPoison) : b(test::host_buffers(c, poison)) {
+    for (const HostBuffer& buffer : b)
+      before.emplace_back(buffer.payload().begin(), buffer.payload().end());
+    const std::vector<test::Spec> specs = c.specs();
+    for (std::size_t i = 0; i < specs.size(); ++i) views.push_back(specs[i].view(b[i].data()));
+    try {
+      test::run_cpu(c, b);
+      ok = true;
+    } catch (const Error& e) {
+      ADD_FAILURE() << "the op threw: " << e.what();
+    }
   }
-}
+};
 
-void expect_guards(const std::vector<HostBuffer>& buffers) {
-  for (std::size_t i = 0; i < buffers.size(); ++i) {
-    EXPECT_TRUE(buffers[i].guards_intact()) << "buffer " << i;
+// What buffer i must hold after the run: `image`, or its bytes before the run when null.
+struct Expected {
+  const char* name;
+  const Image* image = nullptr;
+};
+
+// Every buffer of the run holds what `expected` (one entry per buffer) says; guards intact.
+void expect_buffers(const CpuRun& run, std::initializer_list<Expected> expected) {
+  std::size_t i = 0;
+  for (const Expected& e : expected) {
+    if (e.image != nullptr) {
+      EXPECT_TRUE(test::same_bytes(run.b[i].payload(), e.image->bytes(), e.name));
+    } else {
+      EXPECT_TRUE(test::same_bytes(run.b[i].payload(), run.before[i],
+                                   concat(e.name, " (must not change)")));
+    }
+    ++i;
+  }
+  for (std::size_t k = 0; k < run.b.size(); ++k) {
+    EXPECT_TRUE(run.b[k].guards_intact()) << "buffer " << k;
   }
 }
 
@@ -115,15 +125,12 @@ void put_fp8(Image& image, const TensorView& in, const TensorView& out, float sc
 
 void check_fp8(const Fp8Case& c) {
   SCOPED_TRACE(c.describe());
-  std::vector<HostBuffer> b = test::host_buffers(c);
-  const auto before = snapshot(b);
-  if (!run_ok(c, b)) return;
-  const std::vector<test::Spec> s = c.specs();
-  const TensorView in = s[0].view(b[0].data()), out = s[1].view(b[1].data());
-  const TensorView scalar = s[2].view(b[2].data());
+  const CpuRun run(c);
+  if (!run.ok) return;
+  const TensorView &in = run.views[0], &out = run.views[1], &scalar = run.views[2];
 
   float scale_inv = c.scale_inv;
-  Image scalar_image(b[2]);
+  Image scalar_image(run.b[2]);
   if (c.scale == Fp8Scale::kMemory) scalar_image.put(scalar, 0, c.scale_inv);
   if (c.scale == Fp8Scale::kDynamic) {
     const float fp8_max = c.out_dtype == DType::kE5M2 ? kE5M2Max : kE4M3Max;
@@ -131,13 +138,9 @@ void check_fp8(const Fp8Case& c) {
     scale_inv = 1.0f / scale;
     scalar_image.put(scalar, 0, scale);
   }
-  Image out_image(b[1]);
+  Image out_image(run.b[1]);
   put_fp8(out_image, in, out, scale_inv);
-
-  EXPECT_TRUE(test::same_bytes(b[0].payload(), before[0], "input (must not change)"));
-  EXPECT_TRUE(test::same_bytes(b[1].payload(), out_image.bytes(), "out"));
-  EXPECT_TRUE(test::same_bytes(b[2].payload(), scalar_image.bytes(), "scale scalar"));
-  expect_guards(b);
+  expect_buffers(run, {{"input"}, {"out", &out_image}, {"scale scalar", &scalar_image}});
 }
 
 // Every row count with every odd row width, dtype pair and scale mode.
@@ -206,12 +209,10 @@ TEST(QuantizeFp8Cpu, NarrowedKvViewAndOddViews) {
 
 // 65537 rows (past the 65535 limit of a CUDA grid's y and z dims).
 TEST(QuantizeFp8Cpu, ManyRowsDynamic) {
-  Fp8Case c;
-  c.shape = {65537, 384};
-  c.scale = Fp8Scale::kDynamic;
-  c.data = Data::kAdversarial;
-  c.seed = 65537;
-  check_fp8(c);
+  check_fp8({.shape = {65537, 384},
+             .scale = Fp8Scale::kDynamic,
+             .data = Data::kAdversarial,
+             .seed = 65537});
 }
 
 // Exact codes: nearest-even, saturation past the format's max and for +-inf, NaN to 0x7F.
@@ -294,12 +295,9 @@ std::uint8_t ue8m0_byte(float s) {
 
 void check_group(const GroupCase& c) {
   SCOPED_TRACE(c.describe());
-  std::vector<HostBuffer> b = test::host_buffers(c);
-  const auto before = snapshot(b);
-  if (!run_ok(c, b)) return;
-  const std::vector<test::Spec> s = c.specs();
-  const TensorView in = s[0].view(b[0].data()), out = s[1].view(b[1].data());
-  const TensorView scales = s[2].view(b[2].data());
+  const CpuRun run(c);
+  if (!run.ok) return;
+  const TensorView &in = run.views[0], &out = run.views[1], &scales = run.views[2];
   const std::int64_t rows = c.rows(), cols = c.shape.back(), groups = c.groups();
 
   const std::vector<float> x = logical_values(in);
@@ -320,7 +318,7 @@ void check_group(const GroupCase& c) {
       scale_values[std::size_t(r * groups + g)] = scale;
     }
   }
-  Image out_image(b[1]), scale_image(b[2]);
+  Image out_image(run.b[1]), scale_image(run.b[2]);
   test::for_each_element(out, [&](std::int64_t i, std::int64_t offset) {
     out_image.put(out, offset, q[std::size_t(i)]);
   });
@@ -343,10 +341,7 @@ void check_group(const GroupCase& c) {
       }
     }
   });
-  EXPECT_TRUE(test::same_bytes(b[0].payload(), before[0], "input (must not change)"));
-  EXPECT_TRUE(test::same_bytes(b[1].payload(), out_image.bytes(), "out"));
-  EXPECT_TRUE(test::same_bytes(b[2].payload(), scale_image.bytes(), "scales"));
-  expect_guards(b);
+  expect_buffers(run, {{"input"}, {"out", &out_image}, {"scales", &scale_image}});
 }
 
 // Every scale layout with widths that are not powers of two and every row count.
@@ -381,13 +376,11 @@ TEST(QuantizeGroupCpu, StridedAndNdViews) {
 }
 
 TEST(QuantizeGroupCpu, ManyRowsPacked) {
-  GroupCase c;
-  c.shape = {65537, 192};
-  c.group_size = 64;
-  c.layout = ScaleLayout::kPackedTmaColMajor;
-  c.data = Data::kAdversarial;
-  c.seed = 65537;
-  check_group(c);
+  check_group({.shape = {65537, 192},
+               .group_size = 64,
+               .layout = ScaleLayout::kPackedTmaColMajor,
+               .data = Data::kAdversarial,
+               .seed = 65537});
 }
 
 // Worked examples with their codes spelled out.
@@ -464,12 +457,9 @@ TEST(QuantizeGroupCpu, SignalingNanIgnoredInAmax) {
 
 void check_nvfp4(const Nvfp4Case& c, std::uint8_t poison) {
   SCOPED_TRACE(c.describe() + concat(", poison 0x", std::hex, int(poison)));
-  std::vector<HostBuffer> b = test::host_buffers(c, poison);
-  const auto before = snapshot(b);
-  if (!run_ok(c, b)) return;
-  const std::vector<test::Spec> s = c.specs();
-  const TensorView in = s[0].view(b[0].data()), out = s[1].view(b[1].data());
-  const TensorView scales = s[2].view(b[2].data());
+  const CpuRun run(c, poison);
+  if (!run.ok) return;
+  const TensorView &in = run.views[0], &out = run.views[1], &scales = run.views[2];
   const std::int64_t rows = c.rows(), k = c.shape.back(), k_blocks = c.k_blocks();
   const float gs = c.global_scale;
 
@@ -488,7 +478,7 @@ void check_nvfp4(const Nvfp4Case& c, std::uint8_t poison) {
       sf[std::size_t(r * k_blocks + kb)] = code;
     }
   }
-  Image out_image(b[1], poison), scale_image(b[2], poison);
+  Image out_image(run.b[1], poison), scale_image(run.b[2], poison);
   test::for_each_element(out, [&](std::int64_t i, std::int64_t offset) {
     out_image.put(out, offset, packed[std::size_t(i)]);
   });
@@ -510,11 +500,8 @@ void check_nvfp4(const Nvfp4Case& c, std::uint8_t poison) {
           r < rows && kb < k_blocks ? sf[std::size_t(r * k_blocks + kb)] : std::uint8_t{0});
     });
   }
-  EXPECT_TRUE(test::same_bytes(b[0].payload(), before[0], "input (must not change)"));
-  EXPECT_TRUE(test::same_bytes(b[1].payload(), out_image.bytes(), "out"));
-  EXPECT_TRUE(test::same_bytes(b[2].payload(), scale_image.bytes(), "block_scales"));
-  EXPECT_TRUE(test::same_bytes(b[3].payload(), before[3], "global_scale (must not change)"));
-  expect_guards(b);
+  expect_buffers(
+      run, {{"input"}, {"out", &out_image}, {"block_scales", &scale_image}, {"global_scale"}});
 }
 
 // Both poisons: a packed byte may legitimately be 0xFF (-6, -6) or 0x00, so a byte only passes as
@@ -601,4 +588,4 @@ TEST(QuantizeNvfp4Cpu, SignalingNanIgnoredInAmax) {
 }
 
 }  // namespace
-}  // namespace fp8mla
+}  // namespace fp8mla::test

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
+#include <iterator>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,21 +20,8 @@
 #include "fp8mla/quantize.hpp"
 #include "quantize_test_util.hpp"
 
-namespace fp8mla {
+namespace fp8mla::test {
 namespace {
-
-using test::Data;
-using test::DeviceBuffer;
-using test::Fp8Case;
-using test::Fp8Scale;
-using test::GroupCase;
-using test::HostBuffer;
-using test::kPoison;
-using test::Nvfp4Case;
-using test::Nvfp4Scales;
-using test::ScaleLayout;
-
-constexpr std::int64_t kRows[] = {0, 1, 3, 7, 17, 1025};
 
 class Stream {
  public:
@@ -46,10 +35,6 @@ class Stream {
  private:
   cudaStream_t stream_ = nullptr;
 };
-
-using test::device_bases;
-using test::PdlScope;
-using test::upload;
 
 // Every byte of every device buffer equals its host counterpart; device guards intact.
 void expect_same_buffers(const std::vector<DeviceBuffer>& device,
@@ -137,6 +122,20 @@ std::vector<Nvfp4Case> nvfp4_cases() {
   return cases;
 }
 
+// make(layout, shape, seed) for every layout (or scale mode) and shape, the seeds counting up
+// from seed + 1.
+template <typename Layouts, typename Make>
+auto strided_cases(const Layouts& layouts, std::initializer_list<std::vector<std::int64_t>> shapes,
+                   std::uint64_t seed, Make make) {
+  std::vector<decltype(make(*std::begin(layouts), *shapes.begin(), seed))> cases;
+  for (const auto& layout : layouts) {
+    for (const std::vector<std::int64_t>& shape : shapes) {
+      cases.push_back(make(layout, shape, ++seed));
+    }
+  }
+  return cases;
+}
+
 TEST(QuantizeCuda, PerTensorMatchesCpu) {
   FP8MLA_REQUIRE_HOPPER();
   for (const Fp8Case& c : fp8_cases()) expect_cuda_equals_cpu(c);
@@ -145,15 +144,15 @@ TEST(QuantizeCuda, PerTensorMatchesCpu) {
 // N-d views that fold (kv[..., 128:] of [T, H, 256]), 65537 rows, a 1-element row width.
 TEST(QuantizeCuda, PerTensorStridedAndManyRows) {
   FP8MLA_REQUIRE_HOPPER();
-  std::uint64_t seed = 500;
-  for (Fp8Scale scale : {Fp8Scale::kValue, Fp8Scale::kMemory, Fp8Scale::kDynamic}) {
-    for (std::vector<std::int64_t> shape :
-         {std::vector<std::int64_t>{9, 3, 128}, std::vector<std::int64_t>{65537, 384},
-          std::vector<std::int64_t>{65537, 1}, std::vector<std::int64_t>{2, 5, 3, 7}}) {
-      const std::int64_t in_pad = shape.back() == 128 ? 128 : 0;
-      const Fp8Case c = test::fp8_strided_case(shape, scale, ++seed);
-      expect_cuda_equals_cpu(test::with_padding(c, in_pad, in_pad, std::int64_t(seed % 4)));
-    }
+  const Fp8Scale scales[] = {Fp8Scale::kValue, Fp8Scale::kMemory, Fp8Scale::kDynamic};
+  const auto make = [](Fp8Scale scale, const std::vector<std::int64_t>& shape, std::uint64_t seed) {
+    const std::int64_t in_pad = shape.back() == 128 ? 128 : 0;
+    const Fp8Case c = test::fp8_strided_case(shape, scale, seed);
+    return test::with_padding(c, in_pad, in_pad, std::int64_t(seed % 4));
+  };
+  for (const Fp8Case& c :
+       strided_cases(scales, {{9, 3, 128}, {65537, 384}, {65537, 1}, {2, 5, 3, 7}}, 500, make)) {
+    expect_cuda_equals_cpu(c);
   }
 }
 
@@ -164,12 +163,13 @@ TEST(QuantizeCuda, PerTokenGroupMatchesCpu) {
 
 TEST(QuantizeCuda, PerTokenGroupStridedAndManyRows) {
   FP8MLA_REQUIRE_HOPPER();
-  std::uint64_t seed = 2000;
-  for (ScaleLayout layout : test::kAllScaleLayouts) {
-    for (std::vector<std::int64_t> shape :
-         {std::vector<std::int64_t>{7, 3, 128}, std::vector<std::int64_t>{65537, 192}}) {
-      expect_cuda_equals_cpu(test::group_strided_case(layout, shape, 64, ++seed));
-    }
+  const auto make = [](ScaleLayout layout, const std::vector<std::int64_t>& shape,
+                       std::uint64_t seed) {
+    return test::group_strided_case(layout, shape, 64, seed);
+  };
+  for (const GroupCase& c :
+       strided_cases(test::kAllScaleLayouts, {{7, 3, 128}, {65537, 192}}, 2000, make)) {
+    expect_cuda_equals_cpu(c);
   }
 }
 
@@ -180,12 +180,9 @@ TEST(QuantizeCuda, Nvfp4MatchesCpu) {
 
 TEST(QuantizeCuda, Nvfp4StridedAndManyRows) {
   FP8MLA_REQUIRE_HOPPER();
-  std::uint64_t seed = 4000;
-  for (Nvfp4Scales layout : test::kAllNvfp4Scales) {
-    for (std::vector<std::int64_t> shape :
-         {std::vector<std::int64_t>{45, 3, 128}, std::vector<std::int64_t>{65537, 80}}) {
-      expect_nvfp4_equals_cpu(test::nvfp4_strided_case(layout, shape, ++seed));
-    }
+  for (const Nvfp4Case& c : strided_cases(test::kAllNvfp4Scales, {{45, 3, 128}, {65537, 80}}, 4000,
+                                          test::nvfp4_strided_case)) {
+    expect_nvfp4_equals_cpu(c);
   }
 }
 
@@ -217,17 +214,12 @@ void expect_deterministic(const Case& c) {
 
 TEST(QuantizeCuda, DeterministicOverRuns) {
   FP8MLA_REQUIRE_HOPPER();
-  Fp8Case dynamic;
-  dynamic.shape = {4099, 7168};
-  dynamic.scale = Fp8Scale::kDynamic;
-  dynamic.data = Data::kAdversarial;
-  dynamic.seed = 77;
-  expect_deterministic(dynamic);
-  GroupCase group;
-  group.shape = {4099, 7168};
-  group.layout = ScaleLayout::kPackedTmaColMajor;
-  group.data = Data::kAdversarial;
-  group.seed = 78;
+  expect_deterministic(Fp8Case{
+      .shape = {4099, 7168}, .scale = Fp8Scale::kDynamic, .data = Data::kAdversarial, .seed = 77});
+  const GroupCase group{.shape = {4099, 7168},
+                        .layout = ScaleLayout::kPackedTmaColMajor,
+                        .data = Data::kAdversarial,
+                        .seed = 78};
   expect_deterministic(group);
   GroupCase group_f32 = group;
   group_f32.layout = ScaleLayout::kF32TmaColMajor;
@@ -266,21 +258,14 @@ void expect_chain_equals_cpu() {
 
 TEST(QuantizeCuda, PdlOnAndOffBitIdentical) {
   FP8MLA_REQUIRE_HOPPER();
-  Fp8Case fp8;
-  fp8.shape = {1025, 7168};
-  fp8.scale = Fp8Scale::kDynamic;
-  fp8.data = Data::kAdversarial;
-  fp8.seed = 11;
-  GroupCase group;
-  group.shape = {1025, 896};
-  group.layout = ScaleLayout::kPackedTmaColMajor;
-  group.data = Data::kAdversarial;
-  group.seed = 12;
-  Nvfp4Case nvfp4;
-  nvfp4.shape = {1025, 80};
-  nvfp4.global_scale = 42.0f;
-  nvfp4.data = Data::kAdversarial;
-  nvfp4.seed = 13;
+  const Fp8Case fp8{
+      .shape = {1025, 7168}, .scale = Fp8Scale::kDynamic, .data = Data::kAdversarial, .seed = 11};
+  const GroupCase group{.shape = {1025, 896},
+                        .layout = ScaleLayout::kPackedTmaColMajor,
+                        .data = Data::kAdversarial,
+                        .seed = 12};
+  const Nvfp4Case nvfp4{
+      .shape = {1025, 80}, .global_scale = 42.0f, .data = Data::kAdversarial, .seed = 13};
   for (bool pdl : {false, true}) {
     const PdlScope scope(pdl);
     SCOPED_TRACE(pdl ? "PDL on" : "PDL off");
@@ -443,4 +428,4 @@ TEST(QuantizeCuda, Nvfp4Past2To31Elements) {
 }
 
 }  // namespace
-}  // namespace fp8mla
+}  // namespace fp8mla::test

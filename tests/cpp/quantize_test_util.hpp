@@ -215,6 +215,9 @@ struct Nvfp4Case {
 
 // ---- The sweeps the CPU and CUDA tests share --------------------------------------------------
 
+// The row counts of the sweeps: none, one, odd counts, and past 1024.
+inline constexpr std::int64_t kRows[] = {0, 1, 3, 7, 17, 1025};
+
 // `c` with its input rows `in_pad` elements wider and read from `in_offset` in, and its out rows
 // `out_pad` elements wider.
 template <typename Case>
