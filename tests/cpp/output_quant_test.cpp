@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -215,6 +216,121 @@ TEST(DetectOutputQuantKey, Errors) {
       }
     }
   }
+}
+
+// The attention ops read their output's key the same way and reject every quantized one until
+// it is fused: kUnsupported naming the key. Fake views: the check comes before any data is read.
+struct OpCase {
+  std::string name;
+  TensorView out, scale, block;
+  ErrorCategory category;
+  std::vector<std::string> needles;
+};
+
+void expect_op_error(const std::string& op, const OpCase& c, const std::function<void()>& run) {
+  SCOPED_TRACE(op + ": " + c.name);
+  try {
+    run();
+    ADD_FAILURE() << "expected an fp8mla::Error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), c.category) << e.what();
+    EXPECT_EQ(e.message().rfind(op + ": ", 0), 0u) << e.message();
+    for (const std::string& needle : c.needles) {
+      EXPECT_NE(e.message().find(needle), std::string::npos)
+          << "message lacks '" << needle << "': " << e.message();
+    }
+  }
+}
+
+std::vector<OpCase> op_cases(std::int64_t tokens, std::int64_t heads) {
+  const std::int64_t width = heads * 128;
+  const ErrorCategory unsupported = ErrorCategory::kUnsupported;
+  const ErrorCategory invalid = ErrorCategory::kInvalidArgument;
+  const TensorView e4m3 = fake(DType::kE4M3, {tokens, heads, 128});
+  return {
+      {"group128",
+       e4m3,
+       {},
+       fake(DType::kF32, {tokens, heads}),
+       unsupported,
+       {"fused output quantization fp8_group128 is not built yet"}},
+      {"group64 packed",
+       e4m3,
+       {},
+       fake(DType::kI32, {tokens, (2 * heads + 3) / 4}),
+       unsupported,
+       {"fused output quantization fp8_group64 is not built yet"}},
+      {"static",
+       e4m3,
+       kOne,
+       {},
+       unsupported,
+       {"fused output quantization fp8_static is not built yet"}},
+      {"nvfp4",
+       fake(DType::kE2M1x2, {tokens, heads, 64}),
+       kOne,
+       fake(DType::kE4M3, {tokens, width / 16}),
+       unsupported,
+       {"fused output quantization nvfp4 is not built yet"}},
+      {"e4m3 without scales",
+       e4m3,
+       {},
+       {},
+       invalid,
+       {"`out` dtype: expected bf16, got e4m3fn (a quantized output needs output_scale or "
+        "output_block_scale)"}},
+      {"scale with bf16",
+       fake(DType::kBF16, {tokens, heads, 128}),
+       kOne,
+       {},
+       invalid,
+       {"`out` dtype: expected e4m3fn", "got bf16"}},
+      {"group of 256",
+       e4m3,
+       {},
+       fake(DType::kF32, {tokens, heads / 2}),
+       invalid,
+       {"`output_block_scale`: expected groups of 64 or 128"}},
+  };
+}
+
+TEST(DetectOutputQuantKey, PrefillAttentionRejectsQuantizedOut) {
+  std::int32_t cu_q[3] = {0, 4, 10}, cu_k[3] = {0, 6, 12};
+  for (const OpCase& c : op_cases(10, 4)) {
+    PrefillAttentionArgs a;
+    a.q = fake(DType::kBF16, {10, 4, 192});
+    a.k = fake(DType::kBF16, {12, 4, 192});
+    a.v = fake(DType::kBF16, {12, 4, 128});
+    a.cu_seqlens_q = TensorView(cu_q, DType::kI32, {3});
+    a.cu_seqlens_k = TensorView(cu_k, DType::kI32, {3});
+    a.max_seqlen_q = a.max_seqlen_k = 6;
+    a.softmax_scale = 0.1f;
+    a.out = c.out;
+    a.output_scale = c.scale;
+    a.output_block_scale = c.block;
+    expect_op_error("prefill_attention", c, [&] { prefill_attention(a); });
+  }
+}
+
+TEST(DetectOutputQuantKey, MergeAttentionStatesRejectsQuantizedOut) {
+  for (const OpCase& c : op_cases(6, 4)) {
+    const TensorView o = fake(DType::kBF16, {6, 4, 128}), lse = fake(DType::kF32, {6, 4});
+    expect_op_error("merge_attention_states", c,
+                    [&] { merge_attention_states(o, lse, o, lse, c.out, lse, c.scale, c.block); });
+  }
+  // f32 states keep their f32 `out` without scales, and name f32 when it is missing.
+  const TensorView o32 = fake(DType::kF32, {4, 2, 128}), lse = fake(DType::kF32, {4, 2});
+  expect_op_error(
+      "merge_attention_states",
+      {"e4m3 out, f32 states",
+       fake(DType::kE4M3, {4, 2, 128}),
+       {},
+       {},
+       ErrorCategory::kInvalidArgument,
+       {"`out` dtype: expected f32, got e4m3fn"}},
+      [&] {
+        merge_attention_states(o32, lse, o32, lse, fake(DType::kE4M3, {4, 2, 128}), lse, {}, {});
+      });
 }
 
 }  // namespace
