@@ -6,7 +6,7 @@
 // T tokens (dim 0). W counts values: a packed-FP4 output holds W / 2 bytes per row.
 // detect_output_quant_key reads metadata only (dtypes, shapes, strides, devices): it works on
 // views of any device, touches no data, allocates nothing on success and is cheap enough to call
-// on every op call. Empty views mean "not given".
+// on every op call. Empty views (data == nullptr, e.g. TensorView()) mean "not given".
 #pragma once
 
 #include <cstdint>
@@ -51,6 +51,10 @@ std::string_view to_string(OutputQuantKey key);
 // count that does not divide D, too few scale rows, a wrong scale dtype, D not the row width, a
 // last dim that is not contiguous) throws ErrorCategory::kInvalidArgument naming what was
 // expected and what was given. Without scales only the output's dtype is checked.
+// The values in one row of `output`: the product of dims 1.. (of a 2-d or 3-d view), doubled for
+// e2m1x2 (two values a byte); 0 for fewer than 2 dims. The output_dim the attention ops pass.
+std::int64_t output_row_width(const TensorView& output);
+
 OutputQuantKey detect_output_quant_key(const TensorView& output, const TensorView& output_scale,
                                        const TensorView& output_block_scale,
                                        std::int64_t output_dim);

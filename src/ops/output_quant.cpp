@@ -17,14 +17,6 @@ std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }
 
-// Values in one row of `output` (dims 1.. of a 2-d or 3-d view; two a byte for e2m1x2).
-std::int64_t row_width(const TensorView& output) {
-  if (output.ndim() < 2) return 0;
-  std::int64_t width = output.dtype() == DType::kE2M1x2 ? 2 : 1;
-  for (int d = 1; d < output.ndim(); ++d) width *= output.size(d);
-  return width;
-}
-
 // The output of a quantized key: [T, W] or [T, H, Dv], contiguous last dim, W == output_dim.
 void check_output(const ArgChecker& check, const TensorView& output, std::string_view name,
                   std::int64_t output_dim) {
@@ -34,8 +26,8 @@ void check_output(const ArgChecker& check, const TensorView& output, std::string
   });
   check.contiguous_last_dim(output, name);
   const bool packed = output.dtype() == DType::kE2M1x2;
-  check.require(output_dim == row_width(output), ErrorCategory::kInvalidArgument, [&] {
-    return concat("output_dim: expected the row width of `", name, "`, ", row_width(output),
+  check.require(output_dim == output_row_width(output), ErrorCategory::kInvalidArgument, [&] {
+    return concat("output_dim: expected the row width of `", name, "`, ", output_row_width(output),
                   packed ? " values (two e2m1 values a byte)" : " values", ", got ", output_dim);
   });
 }
@@ -125,6 +117,13 @@ void check_nvfp4_block_scale(const ArgChecker& check, const TensorView& block, s
 
 }  // namespace
 
+std::int64_t output_row_width(const TensorView& output) {
+  if (output.ndim() < 2) return 0;
+  std::int64_t width = output.dtype() == DType::kE2M1x2 ? 2 : 1;
+  for (int d = 1; d < output.ndim(); ++d) width *= output.size(d);
+  return width;
+}
+
 std::string_view to_string(OutputQuantKey key) {
   switch (key) {
     case OutputQuantKey::kNone:
@@ -202,7 +201,7 @@ void check_unquantized_output(const ArgChecker& check, const TensorView& out,
                               const TensorView& output_scale, const TensorView& output_block_scale,
                               DType unquantized) {
   const OutputQuantKey key = detect_output_quant_key(
-      check, out, "out", output_scale, output_block_scale, row_width(out), unquantized);
+      check, out, "out", output_scale, output_block_scale, output_row_width(out), unquantized);
   check.require(key == OutputQuantKey::kNone, ErrorCategory::kUnsupported, [&] {
     return concat("fused output quantization ", to_string(key),
                   " is not built yet: give a bf16 `out` without output scales and quantize it "

@@ -18,7 +18,7 @@ OutputQuantKey detect_output_quant_key(const ArgChecker& check, const TensorView
                                        std::int64_t output_dim, DType unquantized);
 
 // The attention ops' output check: without scales `out` must be `unquantized`; with them the
-// key is detected (over the row width of `out`) and, since no op fuses a quantization yet,
+// key is detected (over output_row_width(out)) and, since no op fuses a quantization yet,
 // rejected as ErrorCategory::kUnsupported.
 void check_unquantized_output(const ArgChecker& check, const TensorView& out,
                               const TensorView& output_scale, const TensorView& output_block_scale,
