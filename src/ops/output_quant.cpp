@@ -1,6 +1,7 @@
 // The output quantization key (fp8mla/output_quant.hpp): the rules, on metadata only.
 #include "ops/output_quant.hpp"
 
+#include <iterator>
 #include <string>
 
 namespace fp8mla {
@@ -125,19 +126,11 @@ std::int64_t output_row_width(const TensorView& output) {
 }
 
 std::string_view to_string(OutputQuantKey key) {
-  switch (key) {
-    case OutputQuantKey::kNone:
-      return "none";
-    case OutputQuantKey::kFp8Static:
-      return "fp8_static";
-    case OutputQuantKey::kFp8Group128:
-      return "fp8_group128";
-    case OutputQuantKey::kFp8Group64:
-      return "fp8_group64";
-    case OutputQuantKey::kNvfp4:
-      return "nvfp4";
-  }
-  return "unknown";
+  // In the enum's order.
+  static constexpr std::string_view kNames[] = {"none", "fp8_static", "fp8_group128", "fp8_group64",
+                                                "nvfp4"};
+  const auto index = std::size_t(key);
+  return index < std::size(kNames) ? kNames[index] : "unknown";
 }
 
 OutputQuantKey detect_output_quant_key(const ArgChecker& check, const TensorView& output,
