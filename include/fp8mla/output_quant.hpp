@@ -6,7 +6,8 @@
 // T tokens (dim 0). W counts values: a packed-FP4 output holds W / 2 bytes per row.
 // detect_output_quant_key reads metadata only (dtypes, shapes, strides, devices): it works on
 // views of any device, touches no data, allocates nothing on success and is cheap enough to call
-// on every op call. Empty views (data == nullptr, e.g. TensorView()) mean "not given".
+// on every op call. A default TensorView() (no data, no dims; None in Python) is "not given"; a
+// view with dims is given even without data (0 tokens).
 #pragma once
 
 #include <cstdint>

@@ -10,8 +10,10 @@ namespace {
 constexpr std::string_view kScale = "output_scale";
 constexpr std::string_view kBlockScale = "output_block_scale";
 
+// Not given: a default view. A view with dims is given even without data (no tokens: torch's
+// empty tensors have no data pointer).
 bool given(const TensorView& t) {
-  return t.data() != nullptr;
+  return t.data() != nullptr || t.ndim() > 0;
 }
 
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
@@ -57,7 +59,10 @@ std::int64_t packed_groups(const ArgChecker& check, const TensorView& block,
   std::int64_t groups = 0, matches = 0;
   for (std::int64_t group_size : {128, 64}) {
     const std::int64_t g = output_dim / group_size;
-    if (output_dim % group_size == 0 && (g + 3) / 4 == words) groups = g, ++matches;
+    if (output_dim % group_size == 0 && (g + 3) / 4 == words) {
+      groups = g;
+      ++matches;
+    }
   }
   check.require(matches == 1, ErrorCategory::kInvalidArgument, [&] {
     const std::string expected =
