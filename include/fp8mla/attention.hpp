@@ -42,6 +42,13 @@ struct PrefillAttentionArgs {
   // needs three). So its O differs in the last bits from a call with an LSE; both meet the error
   // rule. bf16 gives the same O either way.
   TensorView lse;
+  // Fused output quantization (docs/design.md section 6; fp8mla/output_quant.hpp): with either
+  // scale given, `out` is read as a quantized o_proj input and its key detected by
+  // detect_output_quant_key over its row width (bad combinations are its kInvalidArgument
+  // errors). No key is fused yet, so a valid one is ErrorCategory::kUnsupported "fused output
+  // quantization <key> is not built yet". Leave both empty for the bf16 `out`.
+  TensorView output_scale;
+  TensorView output_block_scale;
 };
 
 // The CPU path is the reference (fp32 accumulation, threaded). The CUDA path (Hopper, sm_90a) runs
@@ -70,6 +77,13 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream = nul
 void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
                             const TensorView& lse_b, const TensorView& out,
                             const TensorView& out_lse, CudaStream stream = nullptr);
+
+// The same with output scales for a quantized `out`, read as PrefillAttentionArgs reads them:
+// empty scales give the call above; a valid key is ErrorCategory::kUnsupported (not fused yet).
+void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
+                            const TensorView& lse_b, const TensorView& out,
+                            const TensorView& out_lse, const TensorView& output_scale,
+                            const TensorView& output_block_scale, CudaStream stream = nullptr);
 
 // (o, lse) <- (o, lse) (+) (o_b, lse_b), in place.
 void merge_attention_states_inplace(const TensorView& o, const TensorView& lse,

@@ -27,7 +27,8 @@ struct BackendCapabilities {
   int min_page_size = 1;
   int max_page_size = 128;
   // Fused output quantization keys: empty for every backend, as none fuses it yet (a layer that
-  // asks for one gets a "Missing: fused output quantization" error).
+  // asks for one gets a "Missing: fused output quantization" error). Keys are spelled as
+  // to_string(OutputQuantKey) spells them (fp8mla/output_quant.hpp).
   std::vector<std::string> output_quant;
   std::vector<std::string> architectures;  // "cpu", "sm_90a", ...
   bool prepare_prefill_qkv = false;

@@ -36,13 +36,21 @@ Attention (docs/design.md section 3, ops 8-9; fp8mla/attention.hpp):
 
     prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                       softmax_scale, causal=True, q_descale=None, k_descale=None,
-                      v_descale=None, out=None, lse=None, return_lse=False)
+                      v_descale=None, out=None, lse=None, output_scale=None,
+                      output_block_scale=None, return_lse=False)
         -> out, or (out, lse)
-    merge_attention_states(o_a, lse_a, o_b, lse_b, *, out=None, out_lse=None) -> (out, out_lse)
+    merge_attention_states(o_a, lse_a, o_b, lse_b, *, out=None, out_lse=None, output_scale=None,
+                           output_block_scale=None) -> (out, out_lse)
 
-The keyword-only arguments follow the order of the C++ API. Every op also takes `stream=` (an
-int cudaStream_t handle); by default CUDA torch tensors use torch.cuda.current_stream(). The ops
-are generated from the table in fp8mla/_ops.py, which says how to add one.
+Output quantization (docs/design.md section 6; fp8mla/output_quant.hpp):
+
+    detect_output_quant_key(output, output_scale=None, output_block_scale=None, output_dim=None)
+        -> None, "fp8_static", "fp8_group128", "fp8_group64" or "nvfp4"
+
+The keyword-only arguments follow the order of the C++ API. Every op but
+detect_output_quant_key (metadata only) also takes `stream=` (an int cudaStream_t handle); by
+default CUDA torch tensors use torch.cuda.current_stream(). The ops are generated from the table
+in fp8mla/_ops.py, which says how to add one.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`, `permute` for the
 transposed layouts), makes one-element f32 scalars (`scalar`), says what is an array
-(`is_array`), converts an array for _C (`tensor`) and runs an op (`call`); `require` sees the
+(`is_array`), converts an array for _C (`tensor`) and runs an op (`call`, or `query` for an op
+that returns a value); `require` sees the
 outputs about to be allocated (other DLPack arrays cannot be).
 Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
 passed through as they are, every output given). torch's adapter is in torch_ops.py, which
@@ -39,6 +40,11 @@ class Arrays:
     def call(cls, op, values, stream):
         """Runs op on `values`, its arguments as the torch op takes them (outputs allocated)."""
         getattr(_C, op.name)(*op.c_args(cls.tensor, *values), stream)
+
+    @classmethod
+    def query(cls, op, values):
+        """Runs query `op` (metadata only: no stream, no outputs) and returns its result."""
+        return getattr(_C, op.name)(*op.c_args(cls.tensor, *values))
 
 
 class Numpy(Arrays):

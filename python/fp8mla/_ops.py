@@ -34,6 +34,7 @@ from ._spec import (
     INOUT,
     INT,
     OPT_INOUT,
+    OPT_INT,
     OPT_SCALAR_TENSOR,
     OPT_TENSOR,
     OUT,
@@ -75,6 +76,22 @@ def _check_cos_sin_rows(max_pos, out):
 
 def _cos_sin_adapter(out, device):
     return adapter_for(out) if out is not None else adapter_for_device(device)
+
+
+def _is_bytes(x) -> bool:
+    """A plain uint8 array (numpy or torch): raw bytes whose format the op table names."""
+    return str(x.dtype).rpartition(".")[2] == "uint8"
+
+
+def _raw_quantized_out(out):
+    """A uint8 output of the attention ops is packed FP4 bytes (as quantize_nvfp4 returns them);
+    a uint16 one, bf16 bits."""
+    return "e2m1x2" if _is_bytes(out) else "bf16"
+
+
+def _raw_block_scale(out):
+    """uint8 block scales: e4m3 with a packed FP4 (uint8) output, UE8M0 exponents otherwise."""
+    return "e4m3" if _is_bytes(out) else "ue8m0"
 
 
 def _fp8_out(arrays, x, dtype):
@@ -252,7 +269,9 @@ OPS = (
     [H, 128, >= Tk] memory, keys contiguous) and bf16 v token-major. Causal masking is
     bottom-right aligned. Returns out (bf16 [Tq, H, 128], allocated when not given), or
     (out, lse) when `lse` is given or `return_lse` (f32 [Tq, H], natural log; -inf for rows that
-    see no key).""", [
+    see no key). `output_scale` / `output_block_scale` ask for a quantized `out`, read as
+    detect_output_quant_key reads them; no quantization is fused yet, so a valid key raises
+    fp8mla.UnsupportedError ("fused output quantization <key> is not built yet").""", [
         Arg("q", TENSOR),
         Arg("k", TENSOR),
         Arg("v", TENSOR),
@@ -265,23 +284,49 @@ OPS = (
         Arg("q_descale", OPT_SCALAR_TENSOR, None),
         Arg("k_descale", OPT_SCALAR_TENSOR, None),
         Arg("v_descale", OPT_SCALAR_TENSOR, None),
-        Arg("out", OUT, dtype="bf16", alloc=lambda arrays, q, v: arrays.empty(
+        Arg("out", OUT, dtype=_raw_quantized_out, alloc=lambda arrays, q, v: arrays.empty(
             (q.shape[0], q.shape[1], v.shape[2]), "bf16", q)),
         Arg("lse", OUT, dtype="f32", alloc=lambda arrays, q: arrays.empty(
             (q.shape[0], q.shape[1]), "f32", q), when=lambda return_lse: return_lse),
+        Arg("output_scale", OPT_TENSOR, None),
+        Arg("output_block_scale", OPT_TENSOR, None, dtype=_raw_block_scale),
         Arg("return_lse", PY, False),
     ], result=lambda out, lse: (out, lse) if lse is not None else out),
     Op("merge_attention_states", """(o_a, lse_a) merged with (o_b, lse_b) (natural-log LSE):
     returns (out, out_lse), allocated when not given; `out`/`out_lse` may be o_a/lse_a for an
-    in-place merge.""", [
+    in-place merge. `output_scale` / `output_block_scale` as for prefill_attention (a valid key
+    raises fp8mla.UnsupportedError: not fused yet).""", [
         Arg("o_a", TENSOR),
         Arg("lse_a", TENSOR),
         Arg("o_b", TENSOR),
         Arg("lse_b", TENSOR),
-        Arg("out", OUT, dtype="bf16", alloc=lambda arrays, o_a: arrays.empty_like(o_a)),
+        Arg("out", OUT, dtype=_raw_quantized_out, alloc=lambda arrays, o_a: arrays.empty_like(
+            o_a)),
         Arg("out_lse", OUT, dtype="f32", alloc=lambda arrays, lse_a: arrays.empty(
             tuple(lse_a.shape), "f32", lse_a)),
+        Arg("output_scale", OPT_TENSOR, None),
+        Arg("output_block_scale", OPT_TENSOR, None, dtype=_raw_block_scale),
     ], result=lambda out, out_lse: (out, out_lse)),
+    # ---- output quantization key (fp8mla/output_quant.hpp) ----
+    Op("detect_output_quant_key", """The quantization an attention output asks for: None (bf16,
+    no scales), "fp8_static", "fp8_group128", "fp8_group64" or "nvfp4", by the rules of
+    fp8mla/output_quant.hpp (docs/design.md section 6); a bad combination raises
+    fp8mla.InvalidArgumentError naming what was expected and what was given.
+
+    `output` is the o_proj input [T, H * 128] (or its [T, H, 128] view): float8_e4m3fn for FP8,
+    packed FP4 bytes (uint8 or float4_e2m1fn_x2, as quantize_nvfp4 returns them) for NVFP4.
+    `output_scale` one f32; `output_block_scale` per-token-group scales in any layout
+    quantize_fp8_per_token_group takes (f32, ue8m0, packed int32) or NVFP4 e4m3 block scales.
+    `output_dim` defaults to the output's row width in values (its last dim for a 2-d FP8
+    output, twice the last dim for packed FP4). Reads metadata only: no data, no stream, no
+    allocation; torch tensors on any device (it is not a torch custom op: it returns a Python
+    value and puts nothing in a graph, so under torch.compile it runs at a graph break).""", [
+        Arg("output", TENSOR, dtype=lambda output: _raw_quantized_out(output)),
+        Arg("output_scale", OPT_TENSOR, None, keyword=False),
+        Arg("output_block_scale", OPT_TENSOR, None, keyword=False,
+            dtype=lambda output: _raw_block_scale(output)),
+        Arg("output_dim", OPT_INT, None, keyword=False),
+    ], query=True),
 )
 
 

@@ -20,6 +20,7 @@ Kinds:
     SCALAR_TENSOR, OPT_SCALAR_TENSOR
                               a one-element f32 tensor; a number becomes one on the op's device
     FLOAT, INT, BOOL, STR     scalars (STR: an enum of the C++ API, checked by the binding)
+    OPT_INT                   None or an integer
     YARN                      None or a YaRN dict (see make_cos_sin_cache), six numbers for C++
     DTYPE                     an fp8 output format ("e4m3" / "e5m2"), checked here, not passed
                               to the C++ op (it names the output's dtype)
@@ -28,6 +29,10 @@ Kinds:
 plain unsigned array given for it holds (uint8 bytes of e4m3, uint16 bits of bf16). Rules
 (`alloc`, `when`, `dtype` when callable, an op's `check`, `choose` and `result`) are functions
 whose parameter names are argument names (`arrays` first: the adapter).
+
+A query (Op(..., query=True)) reads its tensors' metadata only and returns what _C returns: it
+has no outputs, no `stream` and no `result` rule, and it is not a torch custom op (it puts
+nothing in a graph: torch_ops.py leaves it out).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from ._common import FP8_DTYPES, check_choice, yarn_list, yarn_tuple
 TENSOR, OPT_TENSOR, OUT, INOUT, OPT_INOUT = "tensor", "tensor?", "out", "inout", "inout?"
 SCALE, SCALAR_TENSOR, OPT_SCALAR_TENSOR = "scale", "scalar_tensor", "scalar_tensor?"
 FLOAT, INT, BOOL, STR, YARN, DTYPE, PY = "float", "int", "bool", "str", "yarn", "dtype", "py"
+OPT_INT = "int?"
 
 TENSOR_KINDS = (TENSOR, OPT_TENSOR, OUT, INOUT, OPT_INOUT, SCALAR_TENSOR, OPT_SCALAR_TENSOR)
 MUTATED_KINDS = (OUT, INOUT, OPT_INOUT)
@@ -66,8 +72,10 @@ class Arg:
 class Op:
     """One op: its arguments in C++ order, docstring, rules, and the code generated from them."""
 
-    def __init__(self, name, doc, args, *, result, check=None, choose=None, host_fill=False):
+    def __init__(self, name, doc, args, *, result=None, check=None, choose=None, host_fill=False,
+                 query=False):
         self.name = name
+        self.query = query
         self.__doc__ = doc
         self.args = tuple(args)
         # What the torch op and _C take: the Python-only arguments left out.
@@ -101,8 +109,11 @@ class Op:
             return a.public if a.default is _REQUIRED else f"{a.public}={a.default!r}"
 
         positional = [param(a) for a in self.args if not a.keyword]
-        keyword = [param(a) for a in self.args if a.keyword] + ["stream=None"]
-        lines = [f"def {self.name}({', '.join(positional + ['*'] + keyword)}):"]
+        keyword = [param(a) for a in self.args if a.keyword]
+        if not self.query:
+            keyword.append("stream=None")
+        params = positional + (["*"] + keyword if keyword else [])
+        lines = [f"def {self.name}({', '.join(params)}):"]
         if choose is not None:
             lines.append(f"    arrays = {self._rule(choose, 'choose')}")
         else:
@@ -125,6 +136,9 @@ class Op:
                 lines.append(f"        if {missing[a.public]}:")
                 lines.append(f"            {a.public} = {self._rule(a.alloc, 'alloc_' + a.name)}")
         values = ", ".join(self._schema_value(a) for a in self.schema_args)
+        if self.query:
+            lines.append(f"    return arrays.query(_op, ({values},))")
+            return "\n".join(lines) + "\n"
         lines.append(f"    arrays.call(_op, ({values},), stream or 0)")
         lines.append(f"    return {self._rule(result, 'result')}")
         return "\n".join(lines) + "\n"
@@ -134,6 +148,8 @@ class Op:
         v, first = a.public, self.first_tensor.public
         if a.kind in (FLOAT, INT, BOOL):
             return f"{a.kind}({v})"
+        if a.kind == OPT_INT:
+            return f"(None if {v} is None else int({v}))"
         if a.kind == SCALE:
             return f"({v} if arrays.is_array({v}) else float({v}))"
         if a.kind == SCALAR_TENSOR:

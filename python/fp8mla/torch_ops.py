@@ -129,6 +129,8 @@ def _fake(*values):
 _IMPLS = {}  # custom op name -> its plain implementation, for the eager fast path
 _OPS = {}  # custom op name -> torch.ops.fp8mla.<name>
 for _op in OPS:
+    if _op.query:
+        continue  # metadata only, returns a value: called directly (Torch.query), not a graph op
     _variants = {_op.name: "float"}
     if _op.scale is not None:
         _variants[_op.name + "_scale_tensor"] = "Tensor"
@@ -158,6 +160,7 @@ class Torch(Arrays):
     """The adapter of _arrays.run for torch tensors: outputs on the first tensor's device."""
 
     array_type = torch.Tensor
+    tensor = staticmethod(_tensor)
     empty_like = staticmethod(torch.empty_like)
     permute = staticmethod(torch.permute)
 

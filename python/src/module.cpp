@@ -31,6 +31,7 @@
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
+#include "fp8mla/output_quant.hpp"
 #include "fp8mla/quantize.hpp"
 #include "fp8mla/runtime_info.hpp"
 #include "fp8mla/tensor_view.hpp"
@@ -339,6 +340,14 @@ constexpr Value<T> value(const char* name) {
   return {name};
 }
 
+// None or an integer, converted by nanobind.
+struct OptionalInt {
+  const char* name;
+  using Py = std::optional<std::int64_t>;
+  auto arg() const { return nb::arg(name).none(); }
+  Py convert(Args&, Py py) const { return py; }
+};
+
 // A float, or a one-element f32 tensor read by the kernel (quantize_fp8's two overloads).
 struct ScaleInv {
   const char* name;
@@ -434,6 +443,20 @@ void def_op(nb::module_& m, const char* name, Fn fn, Params... params) {
       params.arg()..., nb::arg("stream") = 0);
 }
 
+// Binds _C.<name>(params...) for a query: it reads metadata only, so it takes no stream and
+// keeps the GIL; returns what fn(values...) returns.
+template <typename Fn, typename... Params>
+void def_query(nb::module_& m, const char* name, Fn fn, Params... params) {
+  m.def(
+      name,
+      [name, fn, params...](typename Params::Py... py) {
+        Args args(name);
+        const std::tuple<decltype(params.convert(args, py))...> values{params.convert(args, py)...};
+        return std::apply(fn, values);
+      },
+      params.arg()...);
+}
+
 using fp8mla::CudaStream;
 
 void def_ops(nb::module_& m) {
@@ -524,18 +547,42 @@ void def_ops(nb::module_& m) {
          const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, int max_seqlen_q,
          int max_seqlen_k, float softmax_scale, bool causal, const TensorView& q_descale,
          const TensorView& k_descale, const TensorView& v_descale, const TensorView& out,
-         const TensorView& lse, CudaStream stream) {
+         const TensorView& lse, const TensorView& output_scale,
+         const TensorView& output_block_scale, CudaStream stream) {
         fp8mla::prefill_attention(
             {q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-             q_descale, k_descale, v_descale, out, lse},
+             q_descale, k_descale, v_descale, out, lse, output_scale, output_block_scale},
             stream);
       },
       in("q"), in("k"), in("v"), in("cu_seqlens_q"), in("cu_seqlens_k"), value<int>("max_seqlen_q"),
       value<int>("max_seqlen_k"), value<float>("softmax_scale"), value<bool>("causal"),
       optional_in("q_descale"), optional_in("k_descale"), optional_in("v_descale"), out("out"),
-      optional_out("lse"));
-  def_op(m, "merge_attention_states", fp8mla::merge_attention_states, in("o_a"), in("lse_a"),
-         in("o_b"), in("lse_b"), out("out"), out("out_lse"));
+      optional_out("lse"), optional_in("output_scale"), optional_in("output_block_scale"));
+  def_op(
+      m, "merge_attention_states",
+      [](const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
+         const TensorView& lse_b, const TensorView& out, const TensorView& out_lse,
+         const TensorView& output_scale, const TensorView& output_block_scale, CudaStream stream) {
+        fp8mla::merge_attention_states(o_a, lse_a, o_b, lse_b, out, out_lse, output_scale,
+                                       output_block_scale, stream);
+      },
+      in("o_a"), in("lse_a"), in("o_b"), in("lse_b"), out("out"), out("out_lse"),
+      optional_in("output_scale"), optional_in("output_block_scale"));
+
+  // ---- Output quantization key (fp8mla/output_quant.hpp): None or the key's name ----
+  def_query(
+      m, "detect_output_quant_key",
+      [](const TensorView& output, const TensorView& output_scale,
+         const TensorView& output_block_scale,
+         std::optional<std::int64_t> output_dim) -> std::optional<std::string> {
+        const fp8mla::OutputQuantKey key =
+            fp8mla::detect_output_quant_key(output, output_scale, output_block_scale,
+                                            output_dim.value_or(fp8mla::output_row_width(output)));
+        if (key == fp8mla::OutputQuantKey::kNone) return std::nullopt;
+        return std::string(fp8mla::to_string(key));
+      },
+      in("output"), optional_in("output_scale"), optional_in("output_block_scale"),
+      OptionalInt{"output_dim"});
 }
 
 // A dict from keyword arguments: make_dict("a"_a = 1, "b"_a = 2).

@@ -6,6 +6,7 @@
 #include "fp8mla/attention.hpp"
 #include "ops/device_dispatch.hpp"
 #include "ops/merge_states_params.hpp"
+#include "ops/output_quant.hpp"
 
 namespace fp8mla {
 namespace {
@@ -55,7 +56,8 @@ void check_alias(const ArgChecker& check, const TensorView& out, std::string_vie
 
 void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView& lse_a,
                const TensorView& o_b, const TensorView& lse_b, const TensorView& out,
-               const TensorView& out_lse, CudaStream stream) {
+               const TensorView& out_lse, const TensorView& output_scale,
+               const TensorView& output_block_scale, CudaStream stream) {
   check.dtype(o_a, "o_a", {DType::kBF16, DType::kF32});
   check.ndim(o_a, "o_a", 3);
   MergeStatesParams p;
@@ -65,6 +67,7 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
   p.dim = o_a.size(2);
   p.o_a = states_of(check, o_a, "o_a", o_a);
   p.o_b = states_of(check, o_b, "o_b", o_a);
+  check_unquantized_output(check, out, output_scale, output_block_scale, o_a.dtype());
   p.out = states_of(check, out, "out", o_a);
   p.lse_a = lse_of(check, lse_a, "lse_a", o_a);
   p.lse_b = lse_of(check, lse_b, "lse_b", o_a);
@@ -100,15 +103,22 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
 void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
                             const TensorView& lse_b, const TensorView& out,
                             const TensorView& out_lse, CudaStream stream) {
+  merge_attention_states(o_a, lse_a, o_b, lse_b, out, out_lse, {}, {}, stream);
+}
+
+void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
+                            const TensorView& lse_b, const TensorView& out,
+                            const TensorView& out_lse, const TensorView& output_scale,
+                            const TensorView& output_block_scale, CudaStream stream) {
   const ArgChecker check("merge_attention_states");
-  run_merge(check, o_a, lse_a, o_b, lse_b, out, out_lse, stream);
+  run_merge(check, o_a, lse_a, o_b, lse_b, out, out_lse, output_scale, output_block_scale, stream);
 }
 
 void merge_attention_states_inplace(const TensorView& o, const TensorView& lse,
                                     const TensorView& o_b, const TensorView& lse_b,
                                     CudaStream stream) {
   const ArgChecker check("merge_attention_states_inplace");
-  run_merge(check, o, lse, o_b, lse_b, o, lse, stream);
+  run_merge(check, o, lse, o_b, lse_b, o, lse, {}, {}, stream);
 }
 
 }  // namespace fp8mla

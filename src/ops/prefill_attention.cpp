@@ -12,6 +12,7 @@
 #include "cuda/attention/prefill_registry.hpp"
 #include "fp8mla/attention.hpp"
 #include "ops/device_dispatch.hpp"
+#include "ops/output_quant.hpp"
 #include "ops/prefill_attention_params.hpp"
 
 namespace fp8mla {
@@ -231,7 +232,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
     return concat("`v` dtype: expected ", dtype_name(q.dtype()), " (the dtype of `q`), got ",
                   dtype_name(v.dtype()));
   });
-  check.dtype(out, "out", {DType::kBF16});
+  check_unquantized_output(check, out, args.output_scale, args.output_block_scale, DType::kBF16);
   if (has_lse) check.dtype(args.lse, "lse", {DType::kF32});
 
   // shapes and layouts
