@@ -11,7 +11,8 @@ of the torch op's schema and of the _C function; the public Python signature tak
 positional ones in that order, then the keyword-only ones in that order.
 
 To add an op (or an argument): declare it in the C++ API, add its def_op row (or parameter) to
-def_ops at the end of python/src/module.cpp, and its Op (or Arg) here, in the C++ order.
+the def_*_ops of its header at the end of python/src/module.cpp, and its Op (or Arg) here, in the
+C++ order.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@
 // around every op.
 //
 // Every op is bound by one helper, def_op, from the list of its parameters in the C++ API's order
-// (def_ops at the end: the one table a new op or argument adds a row or an entry to, next to
-// python/fp8mla/_ops.py).
+// (def_quantize_ops, def_prep_ops and def_attention_ops at the end, one per public header: the
+// table a new op or argument adds a row or an entry to, next to python/fp8mla/_ops.py).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -459,8 +459,8 @@ void def_query(nb::module_& m, const char* name, Fn fn, Params... params) {
 
 using fp8mla::CudaStream;
 
-void def_ops(nb::module_& m) {
-  // ---- Quantization (fp8mla/quantize.hpp) ----
+// ---- Quantization (fp8mla/quantize.hpp) ----
+void def_quantize_ops(nb::module_& m) {
   def_op(
       m, "quantize_fp8",
       [](const TensorView& input, const TensorView& out,
@@ -481,8 +481,10 @@ void def_ops(nb::module_& m) {
       value<bool>("round_scale_to_pow2"));
   def_op(m, "quantize_nvfp4", fp8mla::quantize_nvfp4, in("input"), out("out"), out("block_scales"),
          in("global_scale"), choice<fp8mla::Nvfp4ScaleLayout>("layout"));
+}
 
-  // ---- MLA prefill preparation (fp8mla/mla_prep.hpp) ----
+// ---- MLA prefill preparation (fp8mla/mla_prep.hpp) ----
+void def_prep_ops(nb::module_& m) {
   def_op(
       m, "make_cos_sin_cache",
       [](const TensorView& cos_sin, int rope_dim, double theta,
@@ -539,8 +541,10 @@ void def_ops(nb::module_& m) {
       out("k_out"), out("v_out"), choice<fp8mla::VLayout>("v_layout"));
   def_op(m, "mla_v_quantize_fp8", fp8mla::mla_v_quantize_fp8, in("v"), out("v_out"),
          value<float>("v_scale_inv"), choice<fp8mla::VLayout>("v_layout"));
+}
 
-  // ---- Attention (fp8mla/attention.hpp) ----
+// ---- Attention (fp8mla/attention.hpp) and the output quantization key (output_quant.hpp) ----
+void def_attention_ops(nb::module_& m) {
   def_op(
       m, "prefill_attention",
       [](const TensorView& q, const TensorView& k, const TensorView& v,
@@ -569,7 +573,7 @@ void def_ops(nb::module_& m) {
       in("o_a"), in("lse_a"), in("o_b"), in("lse_b"), out("out"), out("out_lse"),
       optional_in("output_scale"), optional_in("output_block_scale"));
 
-  // ---- Output quantization key (fp8mla/output_quant.hpp): None or the key's name ----
+  // The output quantization key: None or the key's name.
   def_query(
       m, "detect_output_quant_key",
       [](const TensorView& output, const TensorView& output_scale,
@@ -633,7 +637,9 @@ NB_MODULE(_C, m) {
 
   m.attr("__version__") = fp8mla::kVersionString;
   m.def("info", &info, "Build and device information");
-  def_ops(m);
+  def_quantize_ops(m);
+  def_prep_ops(m);
+  def_attention_ops(m);
 
   m.attr("MLA_DIMS") =
       make_dict("nope"_a = fp8mla::kMlaNopeDim, "rope"_a = fp8mla::kMlaRopeDim,
