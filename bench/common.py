@@ -5,7 +5,8 @@ memory-bound benchmarks (quant.py, prep.py) with their console table and JSON do
 The timer, `time_ms(torch, fn, iters, warmup, queued)`: CUDA events around each call, median.
 - queued=True: all timed calls and their event pairs are queued behind a sleep kernel first, so
   they run back to back and no host time enters (the method of `fp8mla bench` with its gate);
-  attention.py times CUDA-graph replays this way.
+  attention.py times CUDA-graph replays this way, through `time_for`, which sizes the number of
+  calls to a duration (about 30 ms of replays) from an estimate of one call.
 - queued=False (host-paced): each call is waited for before the next is issued, so a call shorter
   than its host latency is timed with that latency (quant.py, prep.py and layer.py, whose kept
   results were taken this way; `anchors.bench` times the same way).
@@ -14,8 +15,10 @@ Why the clock: on an H200 a few hundred milliseconds of FP8 attention reach the 
 limit, and the driver then lowers the SM clock (1980 -> ~1850 MHz for the e4m3 kernel, ~1560 for
 the bf16 one, in the 2026-11-30 runs). A figure means little without the state of the card it was
 taken in, so attention.py's timings come with the clock they ran at: `ClockSampler` reads the SM
-clock and power-cap state from NVML (libnvidia-ml through ctypes, no Python package) from a
-thread while the timed calls run.
+clock, the power-cap state and the power draw from NVML (libnvidia-ml through ctypes, no Python
+package) from a thread while the timed calls run. The power is NVML's instantaneous reading
+(field NVML_FI_DEV_POWER_INSTANT, refreshed about every 20 ms) where the driver has it, else
+nvmlDeviceGetPowerUsage, which on Hopper averages over the last second.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import datetime
 import importlib.util
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
@@ -36,6 +40,7 @@ import traceback
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _NVML_CLOCK_SM = 1
+_NVML_FI_DEV_POWER_INSTANT = 186  # milliwatts
 _SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap
 _HW_SLOWDOWN = 0x8 | 0x20 | 0x40 | 0x80  # HW slowdown, SW/HW thermal, HW power brake
 
@@ -86,9 +91,12 @@ def run_for(torch, fn, seconds):
         torch.cuda.synchronize()
 
 
-def time_ms(torch, fn, iters, warmup=0, queued=True, gate_ms=5.0):
+def time_ms(torch, fn, iters, warmup=0, queued=True, gate_ms=5.0,
+            while_running=contextlib.nullcontext):
     """Median milliseconds of one fn() over `iters` timed calls after `warmup` untimed ones
-    (queued or host-paced: see the module docstring)."""
+    (queued or host-paced: see the module docstring). `while_running()`, a context manager, is
+    entered while the device runs the timed calls: queued, from the end of the gate until the
+    last call is done (a clock sampler then sees only the calls, not the gate)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -96,24 +104,66 @@ def time_ms(torch, fn, iters, warmup=0, queued=True, gate_ms=5.0):
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     if queued:
         torch.cuda._sleep(int(gate_ms * 1e-3 * 2e9))  # ~gate_ms: holds the stream while queuing
-    for s, e in zip(starts, ends):
-        s.record()
-        fn()
-        e.record()
-        if not queued:
-            e.synchronize()
-    torch.cuda.synchronize()
+        gate_end = torch.cuda.Event()
+        gate_end.record()
+        for s, e in zip(starts, ends):
+            s.record()
+            fn()
+            e.record()
+        gate_end.synchronize()
+        with while_running():
+            torch.cuda.synchronize()
+    else:
+        with while_running():
+            for s, e in zip(starts, ends):
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def time_for(torch, fn, budget_ms, estimate_ms, min_calls=3, while_running=contextlib.nullcontext):
+    """(median milliseconds of one fn(), calls timed): time_ms, queued, over as many calls as
+    take about `budget_ms` at `estimate_ms` a call (at least `min_calls`). The gate grows with
+    the calls (20 us each on top of 5 ms), so the host has queued them all before it opens."""
+    calls = max(min_calls, math.ceil(budget_ms / max(estimate_ms, 1e-3)))
+    ms = time_ms(torch, fn, calls, queued=True, gate_ms=5.0 + 0.02 * calls,
+                 while_running=while_running)
+    return ms, calls
+
+
+class _NvmlValue(ctypes.Union):
+    _fields_ = [("dVal", ctypes.c_double), ("uiVal", ctypes.c_uint), ("ulVal", ctypes.c_ulong),
+                ("ullVal", ctypes.c_ulonglong), ("sllVal", ctypes.c_longlong),
+                ("siVal", ctypes.c_int), ("usVal", ctypes.c_ushort)]
+
+
+class _NvmlFieldValue(ctypes.Structure):
+    """nvmlFieldValue_t; `value` is read by `valueType` (the type varies with the driver)."""
+    _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint),
+                ("timestamp", ctypes.c_longlong), ("latencyUsec", ctypes.c_longlong),
+                ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int), ("value", _NvmlValue)]
+
+    TYPES = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")  # nvmlValueType_t
+
+    def number(self):
+        if not 0 <= self.valueType < len(self.TYPES):
+            return None
+        return getattr(self.value, self.TYPES[self.valueType])
+
+
 class ClockSampler:
-    """`with sampler.sampling(): ...` records the SM clock every `period_s` while the block runs;
-    `summary()` then gives its median and minimum (MHz) and the share of samples under the
-    software power cap. Without NVML (no driver library), every summary is None."""
+    """`with sampler.sampling(): ...` records the SM clock, the clock event reasons and the power
+    draw every `period_s` while the block runs (into `samples`); `summary()` then gives the
+    clock's median and minimum (MHz), the share of samples under the software power cap and the
+    mean power (W; `power_source` says which reading, see the module docstring). Without NVML (no
+    driver library), every summary is None."""
 
     def __init__(self, torch, period_s=0.002):
         self.period_s = period_s
         self.samples = []
+        self.power_source = None
         self._device = None
         try:
             self._nvml = ctypes.CDLL("libnvidia-ml.so.1")
@@ -135,10 +185,39 @@ class ClockSampler:
             self._device = device
         except (OSError, AttributeError):
             self._device = None
+            return
+        self._field = _NvmlFieldValue()
+        try:
+            instant = self._instant_power()
+        except AttributeError:  # a driver library without nvmlDeviceGetFieldValues
+            instant = None
+        if instant is not None:
+            self.power_source = "NVML_FI_DEV_POWER_INSTANT"
+        else:
+            self._field = None
+            if self._power() is not None:
+                self.power_source = "nvmlDeviceGetPowerUsage (1 s average)"
 
     @property
     def available(self):
         return self._device is not None
+
+    def _instant_power(self):
+        """Milliwatts from the instantaneous power field, or None."""
+        self._field.fieldId = _NVML_FI_DEV_POWER_INSTANT
+        if self._nvml.nvmlDeviceGetFieldValues(self._device, 1, ctypes.byref(self._field)) != 0 \
+                or self._field.nvmlReturn != 0:
+            return None
+        return self._field.number()
+
+    def _power(self):
+        """Milliwatts (see power_source), or None."""
+        if self._field is not None:
+            return self._instant_power()
+        mw = ctypes.c_uint()
+        if self._nvml.nvmlDeviceGetPowerUsage(self._device, ctypes.byref(mw)) != 0:
+            return None
+        return mw.value
 
     def _sample(self):
         clock = ctypes.c_uint()
@@ -148,7 +227,8 @@ class ClockSampler:
             return
         if self._reasons(self._device, ctypes.byref(reasons)) != 0:
             reasons.value = 0
-        self.samples.append((clock.value, reasons.value))
+        self.samples.append((clock.value, reasons.value,
+                             self._power() if self.power_source else None))
 
     @contextlib.contextmanager
     def sampling(self):
@@ -171,16 +251,21 @@ class ClockSampler:
             stop.set()
             thread.join()
 
-    def summary(self):
-        if not self.samples:
+    def summary(self, samples=None):
+        """The summary of `samples` (default: those of the last sampling block; several blocks'
+        samples may be joined), or None without samples."""
+        samples = self.samples if samples is None else samples
+        if not samples:
             return None
-        clocks = [c for c, _ in self.samples]
+        clocks = [c for c, _, _ in samples]
+        power = [p for _, _, p in samples if p is not None]
         return {"sm_mhz_median": statistics.median(clocks), "sm_mhz_min": min(clocks),
-                "power_capped_share": sum(1 for _, r in self.samples if r & _SW_POWER_CAP)
-                / len(self.samples),
-                "hw_slowdown_share": sum(1 for _, r in self.samples if r & _HW_SLOWDOWN)
-                / len(self.samples),
-                "samples": len(self.samples)}
+                "power_capped_share": sum(1 for _, r, _ in samples if r & _SW_POWER_CAP)
+                / len(samples),
+                "hw_slowdown_share": sum(1 for _, r, _ in samples if r & _HW_SLOWDOWN)
+                / len(samples),
+                "power_w_mean": statistics.fmean(power) / 1e3 if power else None,
+                "samples": len(samples)}
 
 
 # ---- The memory-bound benchmarks (quant.py, prep.py) ------------------------------------------
