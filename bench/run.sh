@@ -69,7 +69,15 @@ case "$kind" in
     [[ -n "$tokens" ]] && cli=(--tokens "$tokens")
     py=("${anchor_arg[@]}" "${cli[@]}")
     ;;
-  attention) py=("${anchor_arg[@]}") ;;
+  attention)
+    py=("${anchor_arg[@]}")
+    # FlashAttention-3, the Python benchmark's anchor, from the wheel carried in .whl/ if any.
+    if compgen -G '.whl/fa3_fwd-*.whl' >/dev/null; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} ||
+        echo "run.sh: the FA3 wheel did not install; its rows will be error rows"
+    fi
+    ;;
   layer) [[ -n "$tokens" ]] && cli=(--tokens ${tokens//,/ }) && py=("${cli[@]}") ;;
 esac
 plot=(); [[ $kind != layer ]] && plot=(--plot "$out/${kind}_py.png")

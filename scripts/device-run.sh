@@ -5,7 +5,8 @@
 # a summary table last.
 #   scripts/device-run.sh BIN_DIR OUT_DIR [--tests a,b] [--memcheck 'exe filter;exe filter']
 #                         [--bench layer,attention] [--anchors DIR]
-# --bench attention also pip-installs the Python package with CUDA (CUTLASS must be in .deps).
+# --bench attention also pip-installs the Python package with CUDA (CUTLASS must be in .deps) and,
+# when .whl/fa3_fwd-*.whl is there, the FlashAttention-3 wheel into /tmp/site (on PYTHONPATH).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/options.sh
@@ -60,6 +61,12 @@ for b in "${bench_list[@]}"; do
       # The Python benchmark needs fp8mla's torch ops built with CUDA (CUTLASS from .deps).
       PIP_BREAK_SYSTEM_PACKAGES=1 FP8MLA_CUDA=ON python3 -m pip install --no-build-isolation \
         --no-deps -q . >"$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; rows+=("pip: FAILED"); }
+      # FlashAttention-3, the Python benchmark's anchor, from the wheel carried in .whl/ if any.
+      if compgen -G '.whl/fa3_fwd-*.whl' >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+          --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} ||
+          rows+=("pip fa3: FAILED")
+      fi
       cp bench/RESULTS_attention.md "$out/RESULTS_attention.md"
       python3 bench/attention.py --anchors "$anchors" --json "$out/attention_py.json" \
         --markdown "$out/RESULTS_attention.md" --plot "$out/attention.png" 2>&1 |
