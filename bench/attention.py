@@ -305,7 +305,7 @@ def progress(r):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--anchors", help="anchors.py or its folder (default: ../shared/anchors)")
     ap.add_argument("--json")
     ap.add_argument("--markdown", help="RESULTS_attention.md to put this run's section first in")

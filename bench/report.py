@@ -663,7 +663,7 @@ def attention_text(doc):
     for c in attention_checks(rows).values():
         worst = fmt(c.worst, c.fmt_spec) + c.unit if c.judged else "not measured"
         status = status_word(not c.missed).replace("*", "") if c.judged else ""
-        out.append(f"target {c.what}: worst {worst} {status}")
+        out.append(f"target {c.what}: worst {worst} {status}".rstrip())
     return out
 
 
