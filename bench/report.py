@@ -634,11 +634,12 @@ def attention_section(doc):
            f"- `bench/attention.py`, {meta['date']}, torch {meta['torch']}, fp8mla "
            f"{meta['fp8mla']}, FA3 {meta['fa3']}, Dqk = {ATTENTION_DQK}, Dv = {ATTENTION_DV}. "
            f"{meta['method']}",
-           f"- MHz and W: NVML while the timed replays ran (median SM clock; mean power, "
-           f"{meta['power_source']}), fp8mla e4m3 / FA3 e4m3. TFLOP/s columns; ratio = FA3 time "
-           "/ fp8mla time (> 1: fp8mla faster); LSE and vtok: time of fp8mla e4m3 with an LSE "
-           "and with token-major V against without; cuDNN: its TFLOP/s (fp8mla e4m3 and bf16 "
-           "time ratios against it), where all sequences have one length and no prefix.",
+           "- Per-shape table: TFLOP/s of each implementation; ratio = FA3 time / fp8mla time "
+           "(> 1: fp8mla faster); LSE and vtok: the time of fp8mla e4m3 with an LSE and with "
+           "token-major V against fp8mla e4m3; cuDNN: its TFLOP/s (fp8mla e4m3 and bf16 time "
+           "ratios against it), where all sequences have one length and no prefix; MHz and W: "
+           "fp8mla e4m3 / FA3 e4m3, NVML while their timed replays ran (median SM clock, mean "
+           f"power from {meta['power_source']}).",
            "- Shapes: " + "; ".join(shape_legend(rows)) + ".",
            *accuracy_lines(doc.get("accuracy")), ""]
     out += summary(attention_checks(rows), "### Targets\n") + [""]
