@@ -138,10 +138,9 @@ Rows quantized_rows(const ArgChecker& check, const TensorView& out, std::int64_t
   });
   check.require(out.ndim() == 2 || heads <= 1 || out.stride(1) == out.size(2),
                 ErrorCategory::kInvalidArgument, [&] {
-                  return concat(
-                      "`out`: a quantized output needs the values of a token contiguous (head "
-                      "stride ",
-                      out.size(2), ", the o_proj input's rows), got ", out.describe());
+                  const char* what = "`out`: a quantized output needs the values of a token ";
+                  return concat(what, "contiguous (head stride ", out.size(2),
+                                ", the o_proj input's rows), got ", out.describe());
                 });
   check.require(tokens <= 1 || out.stride(0) >= cols, ErrorCategory::kInvalidArgument, [&] {
     return concat("`out`: expected a token stride that keeps the rows of ", cols,
@@ -271,12 +270,10 @@ OutputQuantParams output_quant_params(const ArgChecker& check, OutputQuantKey ke
   switch (key) {
     case OutputQuantKey::kFp8Static:
       check.aligned(output_scale, kScale, 4);
-      p.fp8 = {input,
-               rows,
-               QuantizeFp8Params::Scale::kMemory,
-               1.0f,
-               output_scale.data_as<const float>(),
-               nullptr};
+      p.fp8.input = input;
+      p.fp8.out = rows;
+      p.fp8.scale = QuantizeFp8Params::Scale::kMemory;  // output_scale is quantize_fp8's scale_inv
+      p.fp8.scale_inv_ptr = output_scale.data_as<const float>();
       break;
     case OutputQuantKey::kFp8Group128:
     case OutputQuantKey::kFp8Group64:
