@@ -35,7 +35,7 @@ struct PrefillAttentionArgs {
   TensorView q_descale;
   TensorView k_descale;
   TensorView v_descale;
-  TensorView out;  // bf16 [Tq, H, Dv], any token/head strides, contiguous last dim
+  TensorView out;  // bf16 [Tq, H, Dv], any token/head strides, contiguous last dim (or quantized)
   // Optional f32 [Tq, H], any strides (e.g. a transposed [H, Tq] buffer). Leave it empty when
   // not needed: the e4m3 kernel then skips the f32 row sum of P, which only the LSE uses, and
   // accumulates Q K^T in one run of FP8 wgmmas instead of three promoted to f32 (the LSE's 1e-3
@@ -49,10 +49,10 @@ struct PrefillAttentionArgs {
   // for e2m1x2) with a token's values contiguous, or [Tq, H * Dv], any token stride. The op
   // computes O as without a key, rounds it to bf16 (the `out` it would write) and applies the
   // key's standalone op to each token's row of H * Dv values:
-  //   fp8_static:   quantize_fp8 with scale_inv = output_scale (one f32): out = e4m3(o * scale);
+  //   fp8_static: quantize_fp8 with scale_inv = output_scale (one f32), out = e4m3(o * it);
   //   fp8_group128, fp8_group64: quantize_fp8_per_token_group (eps 1e-10) into the first Tq rows
-  //     of output_block_scale, in the layout its dtype and strides give (f32 scales not rounded
-  //     to powers of two; ue8m0 and packed i32 are);
+  //     of output_block_scale, in the layout its dtype and strides give (f32 scales exact, ue8m0
+  //     bytes and packed i32 words powers of two);
   //   nvfp4: quantize_nvfp4 with global_scale = output_scale, block scales 128x4 swizzled when
   //     output_block_scale is the 5-d view or a contiguous [R, round_up(H * Dv / 16, 4)] with R a
   //     multiple of 128 (the tiles of the first Tq rows written, padding as zeros), else linear
