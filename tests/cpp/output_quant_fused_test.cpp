@@ -196,9 +196,15 @@ void expect_fused_matches(
   }
 }
 
-void fill_bf16(HostBuffer& buffer, std::int64_t n, float range, Rng& rng) {
+// n values in (-range, range), as bf16 or e4m3 codes.
+void fill(HostBuffer& buffer, DType dtype, std::int64_t n, float range, Rng& rng) {
   for (std::int64_t i = 0; i < n; ++i) {
-    test::store_f32(buffer.data(), DType::kBF16, i, (rng.uniform() * 2.0f - 1.0f) * range);
+    const float x = (rng.uniform() * 2.0f - 1.0f) * range;
+    if (dtype == DType::kE4M3) {
+      buffer.data()[i] = encode_e4m3(x);
+    } else {
+      test::store_f32(buffer.data(), dtype, i, x);
+    }
   }
 }
 
@@ -206,47 +212,65 @@ void fill_bf16(HostBuffer& buffer, std::int64_t n, float range, Rng& rng) {
 // ---------------------------------------------------------------------------
 
 // A ragged causal batch: a sequence after a cached prefix (7 keys), an empty one, one with fewer
-// keys than queries (its first rows see no key), queries without keys, and a plain one.
+// keys than queries (its first rows see no key), queries without keys, and a plain one. bf16, or
+// e4m3 with descales.
 struct PrefillBatch {
+  DType dtype;
   std::vector<std::int32_t> cu_q = {0, 5, 5, 9, 12, 18}, cu_k = {0, 12, 12, 14, 14, 20};
   std::int64_t tq = 18, tk = 20;
-  HostBuffer q{std::size_t(tq * kHeads * 192 * 2)}, k{std::size_t(tk * kHeads * 192 * 2)},
-      v{std::size_t(tk * kHeads * kDim * 2)};
-  PrefillBatch() {
+  HostBuffer q, k, v;
+  float descales[3] = {0.5f, 0.25f, 2.0f};
+  explicit PrefillBatch(DType d = DType::kBF16)
+      : dtype(d),
+        q(std::size_t(tq * kHeads * 192) * dtype_size(d)),
+        k(std::size_t(tk * kHeads * 192) * dtype_size(d)),
+        v(std::size_t(tk * kHeads * kDim) * dtype_size(d)) {
     Rng rng(7);
-    fill_bf16(q, tq * kHeads * 192, 1.0f, rng);
-    fill_bf16(k, tk * kHeads * 192, 1.0f, rng);
-    fill_bf16(v, tk * kHeads * kDim, 4.0f, rng);
+    const bool fp8 = dtype == DType::kE4M3;
+    fill(q, dtype, tq * kHeads * 192, fp8 ? 2.0f : 1.0f, rng);
+    fill(k, dtype, tk * kHeads * 192, fp8 ? 4.0f : 1.0f, rng);
+    fill(v, dtype, tk * kHeads * kDim, fp8 ? 2.0f : 4.0f, rng);
   }
   PrefillAttentionArgs args(const TensorView& out) {
     PrefillAttentionArgs a;
-    a.q = TensorView(q.data(), DType::kBF16, {tq, kHeads, 192});
-    a.k = TensorView(k.data(), DType::kBF16, {tk, kHeads, 192});
-    a.v = TensorView(v.data(), DType::kBF16, {tk, kHeads, kDim});
+    a.q = TensorView(q.data(), dtype, {tq, kHeads, 192});
+    a.k = TensorView(k.data(), dtype, {tk, kHeads, 192});
+    a.v = TensorView(v.data(), dtype, {tk, kHeads, kDim});
     a.cu_seqlens_q = TensorView(cu_q.data(), DType::kI32, {std::int64_t(cu_q.size())});
     a.cu_seqlens_k = TensorView(cu_k.data(), DType::kI32, {std::int64_t(cu_k.size())});
     a.max_seqlen_q = a.max_seqlen_k = 12;
     a.softmax_scale = 0.0722f;
+    if (dtype == DType::kE4M3) {
+      a.q_descale = TensorView(&descales[0], DType::kF32, {1});
+      a.k_descale = TensorView(&descales[1], DType::kF32, {1});
+      a.v_descale = TensorView(&descales[2], DType::kF32, {1});
+    }
     a.out = out;
     return a;
   }
 };
 
 TEST(FusedOutputQuant, PrefillAttentionEqualsTheStandaloneOps) {
-  PrefillBatch batch;
-  std::vector<std::uint16_t> bf16(std::size_t(batch.tq * kWidth));
-  const TensorView bf16_out(bf16.data(), DType::kBF16, {batch.tq, kHeads, kDim});
-  prefill_attention(batch.args(bf16_out));
-  const TensorView rows(bf16.data(), DType::kBF16, {batch.tq, kWidth});
-  // Rows 5 and 6 (the third sequence's first two) and 9..11 (no keys) see no key: zero rows.
-  for (const QuantCase& c : quant_cases(batch.tq)) {
-    expect_fused_matches(
-        c, rows, [&](const TensorView& out, const TensorView& scale, const TensorView& block) {
-          PrefillAttentionArgs a = batch.args(out);
-          a.output_scale = scale;
-          a.output_block_scale = block;
-          prefill_attention(a);
-        });
+  for (DType dtype : {DType::kBF16, DType::kE4M3}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    PrefillBatch batch(dtype);
+    std::vector<std::uint16_t> bf16(std::size_t(batch.tq * kWidth));
+    const TensorView bf16_out(bf16.data(), DType::kBF16, {batch.tq, kHeads, kDim});
+    prefill_attention(batch.args(bf16_out));
+    const TensorView rows(bf16.data(), DType::kBF16, {batch.tq, kWidth});
+    // Rows 5 and 6 (the third sequence's first two) and 9..11 (no keys) see no key: zero rows.
+    for (std::int64_t t : {5, 6, 9, 10, 11}) {
+      for (std::int64_t i = 0; i < kWidth; ++i) ASSERT_EQ(bf16[t * kWidth + i], 0) << t;
+    }
+    for (const QuantCase& c : quant_cases(batch.tq)) {
+      expect_fused_matches(
+          c, rows, [&](const TensorView& out, const TensorView& scale, const TensorView& block) {
+            PrefillAttentionArgs a = batch.args(out);
+            a.output_scale = scale;
+            a.output_block_scale = block;
+            prefill_attention(a);
+          });
+    }
   }
 }
 
