@@ -35,7 +35,7 @@ struct PrefillAttentionArgs {
   TensorView q_descale;
   TensorView k_descale;
   TensorView v_descale;
-  TensorView out;  // bf16 [Tq, H, Dv], any token/head strides, contiguous last dim
+  TensorView out;  // bf16 [Tq, H, Dv], any token/head strides, contiguous last dim (or quantized)
   // Optional f32 [Tq, H], any strides (e.g. a transposed [H, Tq] buffer). Leave it empty when
   // not needed: the e4m3 kernel then skips the f32 row sum of P, which only the LSE uses, and
   // accumulates Q K^T in one run of FP8 wgmmas instead of three promoted to f32 (the LSE's 1e-3
@@ -43,10 +43,23 @@ struct PrefillAttentionArgs {
   // rule. bf16 gives the same O either way.
   TensorView lse;
   // Fused output quantization (docs/design.md section 6; fp8mla/output_quant.hpp): with either
-  // scale given, `out` is read as a quantized o_proj input and its key detected by
+  // scale given, `out` is the quantized o_proj input and its key is detected by
   // detect_output_quant_key over its row width (bad combinations are its kInvalidArgument
-  // errors). No key is fused yet, so a valid one is ErrorCategory::kUnsupported "fused output
-  // quantization <key> is not built yet". Leave both empty for the bf16 `out`.
+  // errors). `out` is then e4m3 (FP8 keys) or e2m1x2 (nvfp4), [Tq, H, Dv] ([Tq, H, Dv / 2] bytes
+  // for e2m1x2) with a token's values contiguous, or [Tq, H * Dv], any token stride. The op
+  // computes O as without a key, rounds it to bf16 (the `out` it would write) and applies the
+  // key's standalone op to each token's row of H * Dv values:
+  //   fp8_static: quantize_fp8 with scale_inv = output_scale (one f32), out = e4m3(o * it);
+  //   fp8_group128, fp8_group64: quantize_fp8_per_token_group (eps 1e-10) into the first Tq rows
+  //     of output_block_scale, in the layout its dtype and strides give (f32 scales exact, ue8m0
+  //     bytes and packed i32 words powers of two);
+  //   nvfp4: quantize_nvfp4 with global_scale = output_scale, block scales 128x4 swizzled when
+  //     output_block_scale is the 5-d view or a contiguous [R, round_up(H * Dv / 16, 4)] with R a
+  //     multiple of 128 (the tiles of the first Tq rows written, padding as zeros), else linear
+  //     (the first Tq rows).
+  // So fused and unfused give the same bytes. Scale rows past those are not written. The CPU path
+  // fuses every key; the CUDA kernels none yet: a valid key on CUDA is ErrorCategory::kUnsupported
+  // naming it. Leave both empty for the bf16 `out`.
   TensorView output_scale;
   TensorView output_block_scale;
 };
@@ -78,8 +91,12 @@ void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, cons
                             const TensorView& lse_b, const TensorView& out,
                             const TensorView& out_lse, CudaStream stream = nullptr);
 
-// The same with output scales for a quantized `out`, read as PrefillAttentionArgs reads them:
-// empty scales give the call above; a valid key is ErrorCategory::kUnsupported (not fused yet).
+// The same with output scales for a quantized `out`, read and applied as PrefillAttentionArgs
+// says (T tokens of H * D values): the merged o, rounded to bf16 (f32 states: their merged value
+// rounded once), quantized by the key's standalone op; out_lse as without scales. Empty scales
+// give the call above. With chunked prefixes only the last merge, whose `out` is the o_proj
+// input, asks for the quantization (the earlier ones keep bf16 or f32 states). The CPU path fuses
+// every key; on CUDA a valid key is ErrorCategory::kUnsupported (not fused there yet).
 void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
                             const TensorView& lse_b, const TensorView& out,
                             const TensorView& out_lse, const TensorView& output_scale,

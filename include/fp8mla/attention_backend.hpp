@@ -26,9 +26,10 @@ struct BackendCapabilities {
   std::vector<std::pair<int, int>> head_dims;  // (Dqk, Dv)
   int min_page_size = 1;
   int max_page_size = 128;
-  // Fused output quantization keys: empty for every backend, as none fuses it yet (a layer that
-  // asks for one gets a "Missing: fused output quantization" error). Keys are spelled as
-  // to_string(OutputQuantKey) spells them (fp8mla/output_quant.hpp).
+  // The output quantization keys its prefill_attention fuses, spelled as to_string(OutputQuantKey)
+  // spells them (fp8mla/output_quant.hpp): every key for the CPU backends, none for the Hopper
+  // ones, whose kernels do not fuse it yet (asking gives a "Missing: fused output quantization"
+  // error).
   std::vector<std::string> output_quant;
   std::vector<std::string> architectures;  // "cpu", "sm_90a", ...
   bool prepare_prefill_qkv = false;

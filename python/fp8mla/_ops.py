@@ -270,9 +270,19 @@ OPS = (
     [H, 128, >= Tk] memory, keys contiguous) and bf16 v token-major. Causal masking is
     bottom-right aligned. Returns out (bf16 [Tq, H, 128], allocated when not given), or
     (out, lse) when `lse` is given or `return_lse` (f32 [Tq, H], natural log; -inf for rows that
-    see no key). `output_scale` / `output_block_scale` ask for a quantized `out`, read as
-    detect_output_quant_key reads them; no quantization is fused yet, so a valid key raises
-    fp8mla.UnsupportedError ("fused output quantization <key> is not built yet").""", [
+    see no key).
+
+    `output_scale` / `output_block_scale` ask for a quantized `out` (the o_proj input), read as
+    detect_output_quant_key reads them: float8_e4m3fn [Tq, H, 128] or [Tq, H * 128], or packed
+    FP4 bytes (uint8) [Tq, H, 64] or [Tq, H * 64], a token's values contiguous. The op computes
+    the bf16 output it returns without them and quantizes it exactly as the standalone op would:
+    "fp8_static" = quantize_fp8(o, output_scale) (out = e4m3(o * output_scale)); group FP8 =
+    quantize_fp8_per_token_group into output_block_scale's first Tq rows, in the layout its
+    dtype and strides give; "nvfp4" = quantize_nvfp4 with global scale output_scale, swizzled
+    block scales where output_block_scale holds the 128x4 tiles (contiguous, rows a multiple of
+    128, or the 5-d view), linear otherwise. `out` and output_block_scale are written, the
+    result is `out` as above. Fused on the CPU; on CUDA a valid key raises
+    fp8mla.UnsupportedError (the CUDA kernels do not fuse it yet).""", [
         Arg("q", TENSOR),
         Arg("k", TENSOR),
         Arg("v", TENSOR),
@@ -290,13 +300,15 @@ OPS = (
         Arg("lse", OUT, dtype="f32", alloc=lambda arrays, q: arrays.empty(
             (q.shape[0], q.shape[1]), "f32", q), when=lambda return_lse: return_lse),
         Arg("output_scale", OPT_TENSOR, None),
-        Arg("output_block_scale", OPT_TENSOR, None, dtype=_raw_block_scale),
+        Arg("output_block_scale", OPT_INOUT, None, dtype=_raw_block_scale),
         Arg("return_lse", PY, False),
     ], result=lambda out, lse: (out, lse) if lse is not None else out),
     Op("merge_attention_states", """(o_a, lse_a) merged with (o_b, lse_b) (natural-log LSE):
     returns (out, out_lse), allocated when not given; `out`/`out_lse` may be o_a/lse_a for an
-    in-place merge. `output_scale` / `output_block_scale` as for prefill_attention (a valid key
-    raises fp8mla.UnsupportedError: not fused yet).""", [
+    in-place merge. `output_scale` / `output_block_scale` quantize the merged output as for
+    prefill_attention (T tokens of H * D values, f32 states rounded to bf16 first): give them on
+    the last merge of a chunked prefix only. Fused on the CPU; on CUDA a valid key raises
+    fp8mla.UnsupportedError.""", [
         Arg("o_a", TENSOR),
         Arg("lse_a", TENSOR),
         Arg("o_b", TENSOR),
@@ -306,7 +318,7 @@ OPS = (
         Arg("out_lse", OUT, dtype="f32", alloc=lambda arrays, lse_a: arrays.empty(
             tuple(lse_a.shape), "f32", lse_a)),
         Arg("output_scale", OPT_TENSOR, None),
-        Arg("output_block_scale", OPT_TENSOR, None, dtype=_raw_block_scale),
+        Arg("output_block_scale", OPT_INOUT, None, dtype=_raw_block_scale),
     ], result=lambda out, out_lse: (out, out_lse)),
     # ---- output quantization key (fp8mla/output_quant.hpp) ----
     Op("detect_output_quant_key", """The quantization an attention output asks for: None (bf16,

@@ -561,7 +561,7 @@ void def_attention_ops(nb::module_& m) {
       in("q"), in("k"), in("v"), in("cu_seqlens_q"), in("cu_seqlens_k"), value<int>("max_seqlen_q"),
       value<int>("max_seqlen_k"), value<float>("softmax_scale"), value<bool>("causal"),
       optional_in("q_descale"), optional_in("k_descale"), optional_in("v_descale"), out("out"),
-      optional_out("lse"), optional_in("output_scale"), optional_in("output_block_scale"));
+      optional_out("lse"), optional_in("output_scale"), optional_out("output_block_scale"));
   def_op(
       m, "merge_attention_states",
       [](const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
@@ -571,7 +571,7 @@ void def_attention_ops(nb::module_& m) {
                                        output_block_scale, stream);
       },
       in("o_a"), in("lse_a"), in("o_b"), in("lse_b"), out("out"), out("out_lse"),
-      optional_in("output_scale"), optional_in("output_block_scale"));
+      optional_in("output_scale"), optional_out("output_block_scale"));
 
   // The output quantization key: None or the key's name.
   def_query(

@@ -5,6 +5,7 @@
 
 #include "fp8mla/error.hpp"
 #include "fp8mla/kernel_registry.hpp"
+#include "fp8mla/output_quant.hpp"
 #include "fp8mla/quantize.hpp"
 #include "fp8mla/runtime_info.hpp"
 
@@ -98,6 +99,10 @@ constexpr BackendSpec kBackends[] = {
     {"bf16-hopper", DeviceType::kCUDA, false, VLayout::kTransposed},
 };
 
+// The output quantization keys the CPU attention fuses (all of them).
+constexpr OutputQuantKey kFusedOnCpu[] = {OutputQuantKey::kFp8Static, OutputQuantKey::kFp8Group128,
+                                          OutputQuantKey::kFp8Group64, OutputQuantKey::kNvfp4};
+
 // The (Dqk, Dv) pairs the CPU attention is checked at: MLA's and smaller ones.
 constexpr std::pair<int, int> kCpuHeadDims[] = {{192, 128}, {128, 128}, {64, 64}, {128, 64}};
 
@@ -118,6 +123,7 @@ BackendCapabilities capabilities_of(const BackendSpec& spec) {
     }
     caps.head_dims.assign(std::begin(kCpuHeadDims), std::end(kCpuHeadDims));
     caps.architectures = {"cpu"};
+    for (OutputQuantKey key : kFusedOnCpu) caps.output_quant.emplace_back(to_string(key));
     return caps;
   }
   for (const AttentionVariantKey& key : compiled_attention_variants()) {

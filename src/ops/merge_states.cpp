@@ -1,9 +1,11 @@
 // Argument checks and CPU/CUDA dispatch of merge_attention_states (fp8mla/attention.hpp, op 9).
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "core/check.hpp"
 #include "fp8mla/attention.hpp"
+#include "fp8mla/numerics.hpp"
 #include "ops/device_dispatch.hpp"
 #include "ops/merge_states_params.hpp"
 #include "ops/output_quant.hpp"
@@ -54,6 +56,22 @@ void check_alias(const ArgChecker& check, const TensorView& out, std::string_vie
   });
 }
 
+// The merge into `out`, or with a key into a buffer of the states' dtype, rounded to bf16 (the
+// unquantized attention output) and quantized by the key's standalone op.
+void run_cpu(MergeStatesParams p, const OutputQuantParams& quant) {
+  if (quant.key == OutputQuantKey::kNone) {
+    cpu::merge_attention_states(p);
+    return;
+  }
+  const std::int64_t rows = p.tokens * p.heads, width = p.heads * p.dim;
+  std::vector<std::uint16_t> bf16(std::size_t(rows * p.dim));
+  std::vector<float> f32(p.dtype == DType::kF32 ? bf16.size() : 0);
+  p.out = {p.dtype == DType::kF32 ? static_cast<void*>(f32.data()) : bf16.data(), width, p.dim};
+  cpu::merge_attention_states(p);
+  for (std::size_t i = 0; i < f32.size(); ++i) bf16[i] = encode_bf16(f32[i]);
+  cpu::quantize_output(quant, {bf16.data(), DType::kBF16, p.tokens, width, width});
+}
+
 void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView& lse_a,
                const TensorView& o_b, const TensorView& lse_b, const TensorView& out,
                const TensorView& out_lse, const TensorView& output_scale,
@@ -67,15 +85,19 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
   p.dim = o_a.size(2);
   p.o_a = states_of(check, o_a, "o_a", o_a);
   p.o_b = states_of(check, o_b, "o_b", o_a);
-  check_unquantized_output(check, out, output_scale, output_block_scale, o_a.dtype());
-  p.out = states_of(check, out, "out", o_a);
+  const OutputQuantKey key =
+      check_output_quant_key(check, out, output_scale, output_block_scale, o_a.dtype());
+  const OutputQuantParams quant = output_quant_params(check, key, out, output_scale,
+                                                      output_block_scale, p.tokens, p.heads, p.dim);
+  if (key == OutputQuantKey::kNone) p.out = states_of(check, out, "out", o_a);
   p.lse_a = lse_of(check, lse_a, "lse_a", o_a);
   p.lse_b = lse_of(check, lse_b, "lse_b", o_a);
   p.out_lse = lse_of(check, out_lse, "out_lse", o_a);
   check_devices(
       check, o_a.device(),
       {{&lse_a, "lse_a"}, {&o_b, "o_b"}, {&lse_b, "lse_b"}, {&out, "out"}, {&out_lse, "out_lse"}});
-  check.require(disjoint(p.tokens, p.out.token_stride, p.heads, p.out.head_stride, p.dim),
+  check.require(key != OutputQuantKey::kNone ||
+                    disjoint(p.tokens, p.out.token_stride, p.heads, p.out.head_stride, p.dim),
                 ErrorCategory::kInvalidArgument, [&] {
                   return concat("`out`: expected strides that keep every row apart, got ",
                                 out.describe());
@@ -94,7 +116,7 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
     return concat("`o_a`: expected a head dim of at least 1, got ", o_a.describe());
   });
   dispatch(
-      o_a.device(), [&] { cpu::merge_attention_states(p); },
+      o_a.device(), [&] { run_cpu(p, quant); },
       [&](auto) { cuda::merge_attention_states(p, stream); });
 }
 

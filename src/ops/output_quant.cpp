@@ -1,6 +1,8 @@
 // The output quantization key (fp8mla/output_quant.hpp): the rules, on metadata only.
 #include "ops/output_quant.hpp"
 
+#include "ops/quantize_scales.hpp"
+
 #include <iterator>
 #include <string>
 
@@ -121,6 +123,50 @@ void check_nvfp4_block_scale(const ArgChecker& check, const TensorView& block, s
   check_scale_rows(check, as_5d ? block.size(0) * 128 : block.size(0), rows, block, output_name);
 }
 
+// A keyed `out` as the rows the standalone op writes: [tokens, heads * dim] values, a token's
+// values contiguous (a 3-d view's head stride is its last dim), any row stride.
+Rows quantized_rows(const ArgChecker& check, const TensorView& out, std::int64_t tokens,
+                    std::int64_t heads, std::int64_t dim) {
+  const bool packed = out.dtype() == DType::kE2M1x2;
+  const std::int64_t width = heads * dim, cols = packed ? width / 2 : width;
+  const bool shape = out.size(0) == tokens && output_row_width(out) == width &&
+                     (out.ndim() == 2 || out.size(1) == heads);
+  check.require(shape, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`out`: expected [", tokens, ", ", heads, ", ", packed ? dim / 2 : dim, "] or [",
+                  tokens, ", ", cols, "] (", tokens, " tokens of ", heads, " x ", dim, " values",
+                  packed ? ", two e2m1 values a byte" : "", "), got ", out.describe());
+  });
+  check.require(out.ndim() == 2 || heads <= 1 || out.stride(1) == out.size(2),
+                ErrorCategory::kInvalidArgument, [&] {
+                  const char* what = "`out`: a quantized output needs the values of a token ";
+                  return concat(what, "contiguous (head stride ", out.size(2),
+                                ", the o_proj input's rows), got ", out.describe());
+                });
+  check.require(tokens <= 1 || out.stride(0) >= cols, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`out`: expected a token stride that keeps the rows of ", cols,
+                  " elements apart, got ", out.describe());
+  });
+  return {out.data(), out.dtype(), tokens, cols, out.stride(0)};
+}
+
+// NVFP4 block scales of the first rows: the 128x4 swizzled layout where the tensor can hold its
+// tiles (the 5-d view, or a contiguous 2-d [R, round_up(W / 16, 4)] with R a multiple of 128),
+// linear [R, W / 16] otherwise; over the tiles or rows of the output's tokens.
+void set_output_nvfp4_scales(const ArgChecker& check, QuantizeNvfp4Params& p,
+                             const TensorView& block) {
+  const std::int64_t rows = p.input.rows, blocks = p.input.cols / 16;
+  const bool five_d = block.ndim() == 5;
+  const bool swizzled = five_d || (block.size(1) == round_up(blocks, 4) &&
+                                   block.size(0) % 128 == 0 && block.is_contiguous());
+  check.require(swizzled || block.size(1) == blocks, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", kBlockScale, "`: 128x4 swizzled block scales [R, ", round_up(blocks, 4),
+                  "] need R a multiple of 128 and contiguous memory, got ", block.describe());
+  });
+  const std::int64_t used = !swizzled ? rows : five_d ? (rows + 127) / 128 : round_up(rows, 128);
+  set_nvfp4_scales(check, p, block.narrow(0, 0, used), kBlockScale,
+                   swizzled ? Nvfp4ScaleLayout::kSwizzled128x4 : Nvfp4ScaleLayout::kLinear);
+}
+
 }  // namespace
 
 std::int64_t output_row_width(const TensorView& output) {
@@ -195,17 +241,59 @@ OutputQuantKey detect_output_quant_key(const TensorView& output, const TensorVie
                                  output_dim, DType::kBF16);
 }
 
-void check_unquantized_output(const ArgChecker& check, const TensorView& out,
-                              const TensorView& output_scale, const TensorView& output_block_scale,
-                              DType unquantized) {
+OutputQuantKey check_output_quant_key(const ArgChecker& check, const TensorView& out,
+                                      const TensorView& output_scale,
+                                      const TensorView& output_block_scale, DType unquantized) {
   const OutputQuantKey key = detect_output_quant_key(
       check, out, "out", output_scale, output_block_scale, output_row_width(out), unquantized);
-  check.require(key == OutputQuantKey::kNone, ErrorCategory::kUnsupported, [&] {
-    return concat("fused output quantization ", to_string(key),
-                  " is not built yet: give a bf16 `out` without output scales and quantize it "
-                  "with the standalone op, got `out` ",
-                  out.describe());
-  });
+  check.require(key == OutputQuantKey::kNone || !out.device().is_cuda(),
+                ErrorCategory::kUnsupported, [&] {
+                  return concat("fused output quantization ", to_string(key),
+                                ": the CUDA kernels do not fuse it yet (it runs on the CPU); give "
+                                "a bf16 `out` without output scales and quantize it with the "
+                                "standalone op, got `out` ",
+                                out.describe());
+                });
+  return key;
+}
+
+OutputQuantParams output_quant_params(const ArgChecker& check, OutputQuantKey key,
+                                      const TensorView& out, const TensorView& output_scale,
+                                      const TensorView& output_block_scale, std::int64_t tokens,
+                                      std::int64_t heads, std::int64_t dim) {
+  OutputQuantParams p;
+  p.key = key;
+  if (key == OutputQuantKey::kNone) return p;
+  const Rows rows = quantized_rows(check, out, tokens, heads, dim);
+  // The input is the implementation's bf16 buffer: its shape here, its data there.
+  const Rows input{nullptr, DType::kBF16, tokens, heads * dim, heads * dim};
+  switch (key) {
+    case OutputQuantKey::kFp8Static:
+      check.aligned(output_scale, kScale, 4);
+      p.fp8.input = input;
+      p.fp8.out = rows;
+      p.fp8.scale = QuantizeFp8Params::Scale::kMemory;  // output_scale is quantize_fp8's scale_inv
+      p.fp8.scale_inv_ptr = output_scale.data_as<const float>();
+      break;
+    case OutputQuantKey::kFp8Group128:
+    case OutputQuantKey::kFp8Group64:
+      p.group.input = input;
+      p.group.out = rows;
+      p.group.group_size = key == OutputQuantKey::kFp8Group128 ? 128 : 64;
+      set_group_scales(check, p.group, output_block_scale.narrow(0, 0, tokens), kBlockScale,
+                       out.device(), false);
+      break;
+    case OutputQuantKey::kNvfp4:
+      check.aligned(output_scale, kScale, 4);
+      p.nvfp4.input = input;
+      p.nvfp4.out = rows;
+      p.nvfp4.global_scale = output_scale.data_as<const float>();
+      set_output_nvfp4_scales(check, p.nvfp4, output_block_scale);
+      break;
+    case OutputQuantKey::kNone:
+      break;
+  }
+  return p;
 }
 
 }  // namespace fp8mla

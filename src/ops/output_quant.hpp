@@ -7,6 +7,7 @@
 
 #include "core/check.hpp"
 #include "fp8mla/output_quant.hpp"
+#include "ops/output_quant_params.hpp"
 
 namespace fp8mla {
 
@@ -17,11 +18,21 @@ OutputQuantKey detect_output_quant_key(const ArgChecker& check, const TensorView
                                        const TensorView& output_block_scale,
                                        std::int64_t output_dim, DType unquantized);
 
-// The attention ops' output check: without scales `out` must be `unquantized`; with them the
-// key is detected (over output_row_width(out)) and, since no op fuses a quantization yet,
-// rejected as ErrorCategory::kUnsupported.
-void check_unquantized_output(const ArgChecker& check, const TensorView& out,
-                              const TensorView& output_scale, const TensorView& output_block_scale,
-                              DType unquantized);
+// The attention ops' output check, made before their other checks: without scales `out` must be
+// `unquantized`; with them the key is detected over output_row_width(out). The CUDA kernels fuse
+// no quantization yet, so a valid key on a CUDA `out` is ErrorCategory::kUnsupported naming it.
+OutputQuantKey check_output_quant_key(const ArgChecker& check, const TensorView& out,
+                                      const TensorView& output_scale,
+                                      const TensorView& output_block_scale, DType unquantized);
+
+// The standalone quantization of a keyed `out` holding `tokens` x `heads` x `dim` values: `out`
+// [tokens, heads, dim] (dim / 2 bytes for e2m1x2) with a token's values contiguous, or
+// [tokens, heads * dim], any token stride; the scales read as the standalone op reads them, over
+// the first `tokens` scale rows (NVFP4: the 128x4 swizzled layout where the tensor can hold its
+// tiles, linear otherwise; see docs/design.md section 6). {kNone} for kNone.
+OutputQuantParams output_quant_params(const ArgChecker& check, OutputQuantKey key,
+                                      const TensorView& out, const TensorView& output_scale,
+                                      const TensorView& output_block_scale, std::int64_t tokens,
+                                      std::int64_t heads, std::int64_t dim);
 
 }  // namespace fp8mla

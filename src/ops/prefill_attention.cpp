@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/check.hpp"
 #include "cuda/attention/prefill_registry.hpp"
@@ -163,6 +164,20 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
                 });
 }
 
+// `out`: bf16 [Tq, H, Dv] without a key; with one, the output rows and scales of its quantization.
+OutputQuantParams check_out(const ArgChecker& check, const PrefillAttentionArgs& args,
+                            OutputQuantKey key, std::int64_t tq, std::int64_t heads,
+                            std::int64_t dv) {
+  if (key != OutputQuantKey::kNone) {
+    return output_quant_params(check, key, args.out, args.output_scale, args.output_block_scale, tq,
+                               heads, dv);
+  }
+  check_token_head_dim(check, args.out, "out");
+  check_shape(check, args.out, "out", {tq, heads, dv}, "[Tq, H, Dv]");
+  check_no_overlap(check, args.out, "out");
+  return {};
+}
+
 void check_cu_seqlens(const ArgChecker& check, const TensorView& t, std::string_view name) {
   check.dtype(t, name, {DType::kI32});
   check.ndim(t, name, 1);
@@ -198,8 +213,10 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
   }
 }
 
-// The CPU path: the host can read the offsets and the descales.
-void run_cpu(const ArgChecker& check, PrefillAttentionParams& p) {
+// The CPU path: the host can read the offsets and the descales. With an output quantization key
+// the attention writes its bf16 output into a buffer of its own, which the key's standalone
+// quantization then turns into `out` and its scales.
+void run_cpu(const ArgChecker& check, PrefillAttentionParams& p, const OutputQuantParams& quant) {
   check_cu_seqlens_values(check, p.cu_seqlens_q, p.batch, p.tq, p.max_seqlen_q, "cu_seqlens_q",
                           "max_seqlen_q", "q");
   check_cu_seqlens_values(check, p.cu_seqlens_k, p.batch, p.tk, p.max_seqlen_k, "cu_seqlens_k",
@@ -210,7 +227,17 @@ void run_cpu(const ArgChecker& check, PrefillAttentionParams& p) {
     p.v_descale_value = *p.v_descale;
   }
   if (p.tq == 0 || p.heads == 0) return;
+  if (quant.key == OutputQuantKey::kNone) {
+    cpu::prefill_attention(p);
+    return;
+  }
+  const std::int64_t width = p.heads * p.dv;
+  std::vector<std::uint16_t> bf16(std::size_t(p.tq * width));
+  p.out = bf16.data();
+  p.out_token_stride = width;
+  p.out_head_stride = p.dv;
   cpu::prefill_attention(p);
+  cpu::quantize_output(quant, {bf16.data(), DType::kBF16, p.tq, width, width});
 }
 }  // namespace
 
@@ -232,7 +259,8 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
     return concat("`v` dtype: expected ", dtype_name(q.dtype()), " (the dtype of `q`), got ",
                   dtype_name(v.dtype()));
   });
-  check_unquantized_output(check, out, args.output_scale, args.output_block_scale, DType::kBF16);
+  const OutputQuantKey key =
+      check_output_quant_key(check, out, args.output_scale, args.output_block_scale, DType::kBF16);
   if (has_lse) check.dtype(args.lse, "lse", {DType::kF32});
 
   // shapes and layouts
@@ -253,9 +281,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
     return concat("expected at most 2^31 - 1 tokens (i32 cu_seqlens), got q ", q.describe(), ", k ",
                   k.describe());
   });
-  check_token_head_dim(check, out, "out");
-  check_shape(check, out, "out", {tq, heads, dv}, "[Tq, H, Dv]");
-  check_no_overlap(check, out, "out");
+  const OutputQuantParams quant = check_out(check, args, key, tq, heads, dv);
   if (has_lse) {
     check_shape(check, args.lse, "lse", {tq, heads}, "[Tq, H]");
     check.aligned(args.lse, "lse", 4);
@@ -329,7 +355,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   }
 
   dispatch(
-      device, [&] { run_cpu(check, p); },
+      device, [&] { run_cpu(check, p, quant); },
       [&](auto) { cuda::prefill_attention(attention_variant_key(args), p, stream); });
 }
 

@@ -1,7 +1,7 @@
 """detect_output_quant_key through numpy: every rule and every error of the C++ table test
 (tests/cpp/output_quant_test.cpp) but the device ones, in each scale layout as
-quantize_fp8_per_token_group and quantize_nvfp4 allocate them; and the attention ops' capability
-error for a quantized `out`. Skipped without ml_dtypes."""
+quantize_fp8_per_token_group and quantize_nvfp4 allocate them; and the attention ops' reading of
+a quantized `out`. Skipped without ml_dtypes."""
 
 from __future__ import annotations
 
@@ -175,16 +175,16 @@ def attention_inputs():
 
 
 @pytest.mark.parametrize("name, out, scale, block, key", OP_CASES, ids=[c[0] for c in OP_CASES])
-def test_attention_ops_reject_quantized_out(name, out, scale, block, key):
+def test_attention_ops_take_quantized_out(name, out, scale, block, key):
+    # Fused on the CPU (the bytes: test_output_quant_fused_numpy.py); the op returns `out`.
     q, v, cu = attention_inputs()
-    message = f"fused output quantization {key} is not built yet"
-    with pytest.raises(fp8mla.UnsupportedError, match=message):
-        fp8mla.prefill_attention(q, q, v, cu, cu, 6, 6, softmax_scale=0.1, out=out,
-                                 output_scale=scale, output_block_scale=block)
+    out, block = out.copy(), None if block is None else block.copy()
+    assert fp8mla.prefill_attention(q, q, v, cu, cu, 6, 6, softmax_scale=0.1, out=out,
+                                    output_scale=scale, output_block_scale=block) is out
     lse = zeros((T, 4), F32)
-    with pytest.raises(fp8mla.UnsupportedError, match=message):
-        fp8mla.merge_attention_states(v, lse, v, lse, out=out, output_scale=scale,
-                                      output_block_scale=block)
+    merged, _ = fp8mla.merge_attention_states(v, lse, v, lse, out=out, output_scale=scale,
+                                              output_block_scale=block)
+    assert merged is out
 
 
 def test_attention_ops_bad_quantized_out():

@@ -1,7 +1,8 @@
 """detect_output_quant_key and the attention ops' output scales through torch: the keys of the
 outputs and scales fp8mla's quantization ops allocate, on the CPU and (metadata only, any build)
-on a CUDA device; detection is not a torch custom op; a quantized `out` of the attention custom
-ops is the unsupported-capability error. Skipped (visibly) without torch."""
+on a CUDA device; detection is not a torch custom op; the attention ops fuse the quantization of a
+quantized `out` on CPU tensors (the standalone op's bytes, its schema marking the scales mutated)
+and reject it on CUDA ones. Skipped (visibly) without torch."""
 
 from __future__ import annotations
 
@@ -57,18 +58,121 @@ def test_keys_of_quantize_outputs():
     assert fp8mla.detect_output_quant_key(out, one, block_scales) == "nvfp4"
 
 
-def test_attention_ops_reject_quantized_out():
-    q = torch.zeros(T, 4, 192, dtype=torch.bfloat16)
-    v = torch.zeros(T, 4, 128, dtype=torch.bfloat16)
-    cu = torch.tensor([0, 4, T], dtype=torch.int32)
-    out = torch.empty(T, 4, 128, dtype=torch.float8_e4m3fn)
-    scales = torch.empty(T, 4, dtype=torch.float32)
+def attention_inputs():
+    g = torch.Generator().manual_seed(3)
+    q = (torch.rand(T, 4, 192, generator=g) * 2 - 1).to(torch.bfloat16)
+    v = (torch.rand(T, 4, 128, generator=g) * 8 - 4).to(torch.bfloat16)
+    cu_q = torch.tensor([0, 4, T], dtype=torch.int32)
+    cu_k = torch.tensor([0, 2, 8], dtype=torch.int32)  # first sequence: rows 0, 1 see no key
+    return q, v, cu_q, cu_k
+
+
+def poison(t):
+    """Fills `t` (any strides) with values the op never writes: NaN bits."""
+    bits(t).fill_(-1)
+
+
+def bits(t):
+    """`t` as integers of its element size, same strides."""
+    return t.view(torch.uint8 if t.element_size() == 1 else torch.int32)
+
+
+def quantized_cases():
+    """(name, out, output_scale, output_block_scale, standalone(x) -> (out, scales)): the fused
+    arguments allocated as the standalone op allocates its outputs."""
+    one = torch.full((1,), 150.0)
+    x = torch.zeros(T, W, dtype=torch.bfloat16)
+    for layout in ("column_major", "tma_aligned", "ue8m0", "packed_ue8m0"):
+        for group in (128, 64):
+            def run(rows, group=group, layout=layout):
+                return fp8mla.quantize_fp8_per_token_group(rows, group_size=group,
+                                                           scale_layout=layout)
+            out, scales = run(x)
+            yield f"group{group} {layout}", out, None, scales, run
+    yield ("static", torch.empty(T, 4, 128, dtype=torch.float8_e4m3fn), one, None,
+           lambda rows: (fp8mla.quantize_fp8(rows, one), None))
+    for layout in ("swizzled", "linear"):
+        def run(rows, layout=layout):
+            return fp8mla.quantize_nvfp4(rows, torch.full((1,), 500.0), layout=layout)
+        out, block = run(x)
+        yield f"nvfp4 {layout}", out, torch.full((1,), 500.0), block, run
+
+
+@pytest.mark.parametrize("op", ["prefill_attention", "merge_attention_states"])
+def test_attention_ops_fuse_on_cpu(op):
+    q, v, cu_q, cu_k = attention_inputs()
+    k, kv = q[:8], v[:8]
+    lse = torch.where(torch.arange(T * 4).view(T, 4) % 3 == 0, -torch.inf, 0.5)
+
+    def call(out=None, output_scale=None, output_block_scale=None):
+        if op == "prefill_attention":
+            return fp8mla.prefill_attention(q, k, kv, cu_q, cu_k, 6, 6, softmax_scale=0.1,
+                                            out=out, output_scale=output_scale,
+                                            output_block_scale=output_block_scale)
+        return fp8mla.merge_attention_states(v, lse, v.flip(0), lse.flip(0), out=out,
+                                             output_scale=output_scale,
+                                             output_block_scale=output_block_scale)[0]
+
+    rows = call().reshape(T, W)
+    for name, out, scale, block, standalone in quantized_cases():
+        poison(out)
+        if block is not None:
+            poison(block)
+        assert call(out, scale, block) is out
+        want_out, want_block = standalone(rows)
+        assert torch.equal(bits(out).reshape(T, -1), bits(want_out).reshape(T, -1)), name
+        if block is not None:
+            assert block.stride() == want_block.stride(), name
+            assert torch.equal(bits(block), bits(want_block)), name
+
+
+def test_schemas_mark_the_scales_mutated():
+    for name, outputs in (("prefill_attention", {"out", "lse"}),
+                          ("merge_attention_states", {"out", "out_lse"})):
+        arguments = getattr(torch.ops.fp8mla, name).default._schema.arguments
+        got = {a.name for a in arguments if a.alias_info is not None and a.alias_info.is_write}
+        assert got == outputs | {"output_block_scale"}, name
+
+
+def test_opcheck_quantized_out():
+    """The schema (what the CPU kernel writes is declared mutated) and the fake, on NVFP4 as raw
+    uint8 bytes (the schema test compares values, which torch cannot for float8)."""
+    q, v, cu_q, cu_k = attention_inputs()
+    fp4 = torch.empty(T, W // 2, dtype=torch.uint8)
+    checks = ("test_schema", "test_faketensor")
+    for block in (torch.empty(128, 32, dtype=torch.uint8), torch.empty(T, 32, dtype=torch.uint8)):
+        torch.library.opcheck(torch.ops.fp8mla.prefill_attention.default,
+                              (q, q[:8], v[:8], cu_q, cu_k, 6, 6, 0.1, True, None, None, None,
+                               fp4, None, torch.full((1,), 500.0), block, 0), test_utils=checks)
+        lse = torch.zeros(T, 4)
+        torch.library.opcheck(torch.ops.fp8mla.merge_attention_states.default,
+                              (v, lse, v, lse, fp4, torch.empty(T, 4), torch.full((1,), 500.0),
+                               block, 0), test_utils=checks)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device visible to torch")
+def test_cuda_rejects_a_quantized_out():
+    q, v, cu_q, cu_k = (t.cuda() for t in attention_inputs())
+    out = torch.empty(T, W, dtype=torch.float8_e4m3fn, device="cuda")
     with pytest.raises(fp8mla.UnsupportedError,
-                       match="fused output quantization fp8_group128 is not built yet"):
-        fp8mla.prefill_attention(q, q, v, cu, cu, 6, 6, softmax_scale=0.1, out=out,
+                       match="fused output quantization fp8_static: the CUDA kernels do not fuse"):
+        fp8mla.prefill_attention(q, q[:8], v[:8], cu_q, cu_k, 6, 6, softmax_scale=0.1, out=out,
+                                 output_scale=torch.ones(1, device="cuda"))
+
+
+def test_compiled_fused_call_equals_eager():
+    # torch.compile(fullgraph=True) over the fused call and a read of the scales it wrote gives
+    # the eager bytes (aot_eager: functionalization without C++ code generation).
+    q, v, cu_q, cu_k = attention_inputs()
+
+    def attend(out, scales):
+        fp8mla.prefill_attention(q, q[:8], v[:8], cu_q, cu_k, 6, 6, softmax_scale=0.1, out=out,
                                  output_block_scale=scales)
-    lse = torch.zeros(T, 4, dtype=torch.float32)
-    with pytest.raises(fp8mla.UnsupportedError,
-                       match="fused output quantization fp8_static is not built yet"):
-        fp8mla.merge_attention_states(v, lse, v, lse, out=out,
-                                      output_scale=torch.ones(1, dtype=torch.float32))
+        return scales.sum()
+
+    eager_out, eager_scales = torch.empty(T, W, dtype=torch.float8_e4m3fn), torch.zeros(T, 4)
+    eager = attend(eager_out, eager_scales)
+    out, scales = torch.empty(T, W, dtype=torch.float8_e4m3fn), torch.zeros(T, 4)
+    compiled = torch.compile(attend, fullgraph=True, backend="aot_eager")(out, scales)
+    assert torch.equal(compiled, eager) and eager > 0
+    assert torch.equal(bits(out), bits(eager_out)) and torch.equal(scales, eager_scales)
