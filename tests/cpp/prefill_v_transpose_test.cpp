@@ -68,7 +68,7 @@ std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
 }
 
 using Regs = std::array<std::array<std::uint32_t, 4>, 32>;  // [lane][register]
-using Addresses = std::array<std::uint32_t, 32>;             // the address each lane gives
+using Addresses = std::array<std::uint32_t, 32>;            // the address each lane gives
 
 // ldmatrix.sync.aligned.m8n8.x4.shared.b16: lanes 8m .. 8m + 7 address the 8 rows (16 bytes) of
 // matrix m; register m of lane t gets bytes 4 (t % 4) .. + 3 of row t / 4 of matrix m.
@@ -115,8 +115,8 @@ void expect_no_bank_conflict(const Addresses& rows, const char* what, int step) 
 std::pair<std::set<std::uint32_t>, std::set<std::uint32_t>> run_step(Tile& t, int step) {
   Addresses ld{}, st{};
   for (int lane = 0; lane < 32; ++lane) {
-    ld[lane] = load_offset(step, lane, load_lane_offset(lane));
-    st[lane] = store_offset(step, lane, store_lane_offset(lane));
+    ld[lane] = load_offset(step_pair(step), half_mask(lane), load_lane_offset(lane));
+    st[lane] = store_offset(step_pair(step), half_mask(lane), store_lane_offset(lane));
   }
   expect_no_bank_conflict(ld, "ldmatrix", step);
   expect_no_bank_conflict(st, "stmatrix", step);
@@ -152,16 +152,41 @@ V random_v(std::uint32_t seed) {
 
 TEST(PrefillVTranspose, SwizzleAndOffsetsFollowTheRule) {
   for (int row = 0; row < 128; ++row) {
-    for (int col = 0; col < 128; ++col) ASSERT_EQ(swizzled_offset(row, col), swizzle_128b(row, col));
+    for (int col = 0; col < 128; ++col) {
+      ASSERT_EQ(swizzled_offset(row, col), swizzle_128b(row, col));
+    }
   }
   // The device's offsets (lane term XOR the block's chunk) against the plain formula.
   for (int step = 0; step < kSteps; ++step) {
     for (int lane = 0; lane < 32; ++lane) {
       const Block b = source_block(step, lane >= 16);
-      EXPECT_EQ(load_offset(step, lane, load_lane_offset(lane)),
+      const StepPair s = step_pair(step);
+      EXPECT_EQ(load_offset(s, half_mask(lane), load_lane_offset(lane)),
                 std::uint32_t(swizzle_128b(16 * b.row + load_row(lane), 16 * b.chunk)));
-      EXPECT_EQ(store_offset(step, lane, store_lane_offset(lane)),
+      EXPECT_EQ(store_offset(s, half_mask(lane), store_lane_offset(lane)),
                 std::uint32_t(swizzle_128b(16 * b.chunk + store_row(lane), 16 * b.row)));
+    }
+  }
+}
+
+// The header's bit-operation forms of the lane terms against their definitions.
+TEST(PrefillVTranspose, LaneTermsMatchTheirDefinitions) {
+  for (int lane = 0; lane < 32; ++lane) {
+    const int m = lane / 8, r = lane % 8;
+    // ldmatrix: row r of matrix m holds a key of pair r, the even one in even matrices for r < 4.
+    EXPECT_EQ(load_row(lane), (r < 4 ? 2 * r : 2 * r + 1) ^ (m % 2)) << lane;
+    // stmatrix: row c = r holds dim 4 (c / 2) + 2 (c % 2) + (m % 2 ^ c >= 4).
+    EXPECT_EQ(store_row(lane), 4 * (r / 2) + 2 * (r % 2) + ((m % 2) ^ int(r >= 4))) << lane;
+    for (int half = 0; half < 2; ++half) {
+      // Halves e = 0, 1: (even key, odd key) bytes of dim j = 2e + (half ^ q >= 2); the even
+      // key is in register a (bytes 0-3) for lanes 0-15, in b (4-7) for lanes 16-31.
+      const int q = lane % 4, even = lane < 16 ? 0 : 4, odd = 4 - even;
+      std::uint32_t sel = 0;
+      for (int e = 0; e < 2; ++e) {
+        const int j = 2 * e + (half ^ int(q >= 2));
+        sel |= std::uint32_t((even + j) | ((odd + j) << 4)) << (8 * e);
+      }
+      EXPECT_EQ(byte_selector(lane, half), sel) << lane << " " << half;
     }
   }
 }

@@ -49,52 +49,58 @@ struct Block {
   int row, chunk;
 };
 
-// The block whose bytes lanes 0-15 (hi = false) or 16-31 read in step `step`; each half writes
-// the transpose of its block into block {chunk, row}, the other half's.
-FP8MLA_HOST_DEVICE constexpr Block source_block(int step, bool hi) {
-  if (step < 4) {
-    const int b = 2 * step + int(hi);
-    return {b, b};
-  }
-  // Pairs (p, p ^ x), x = 1..7, four each: p has bit h (x's highest) clear.
+// Step `step`'s pair of blocks, as warp-uniform values: lanes 0-15 read block (p, q), lanes 16-31
+// block (p ^ d, q ^ d); each half writes the transpose of its block into block (chunk, row).
+// Steps 0-3: the diagonal blocks 2s and 2s + 1 (d = 1), each transposed onto itself; steps 4-31:
+// (p, p ^ x) and (p ^ x, p) for x = 1..7, four each (p with bit h, x's highest, clear; d = x).
+struct StepPair {
+  int p, q, d;
+};
+FP8MLA_HOST_DEVICE constexpr StepPair step_pair(int step) {
+  if (step < 4) return {2 * step, 2 * step, 1};
   const int x = (step - 4) / 4 + 1, j = (step - 4) % 4;
   const int h = x >= 4 ? 2 : x >= 2 ? 1 : 0;
   const int p = ((j >> h) << (h + 1)) | (j & ((1 << h) - 1));
-  const int q = p ^ x;
-  return hi ? Block{q, p} : Block{p, q};
+  return {p, p ^ x, x};
+}
+// The lane's mask of d: 0 for lanes 0-15, 7 for 16-31.
+FP8MLA_HOST_DEVICE constexpr int half_mask(int lane) {
+  return lane >= 16 ? 7 : 0;
+}
+
+// The block whose bytes lanes 0-15 (hi = false) or 16-31 read in step `step`.
+FP8MLA_HOST_DEVICE constexpr Block source_block(int step, bool hi) {
+  const StepPair s = step_pair(step);
+  const int m = s.d & (hi ? 7 : 0);
+  return {s.p ^ m, s.q ^ m};
 }
 
 // The row within its block (a key) of the ldmatrix row that lane `lane` addresses: matrices 0/1
 // (2/3) of a block hold keys 0, 2, 4, 6, 9, 11, 13, 15 / 1, 3, 5, 7, 8, 10, 12, 14, so row r of
 // either holds a key of pair r and row r of the other its partner, and each matrix's rows lie in
-// 8 different chunk positions (row % 8).
+// 8 different chunk positions (row % 8). (r < 4 ? 2r : 2r + 1) ^ m % 2 for row r = lane % 8 of
+// matrix m = lane / 8, in bit operations.
 FP8MLA_HOST_DEVICE constexpr int load_row(int lane) {
-  const int m = lane / 8, r = lane % 8;
-  return (r < 4 ? 2 * r : 2 * r + 1) ^ (m & 1);
+  return (((lane & 7) << 1) | ((lane >> 2) & 1)) ^ ((lane >> 3) & 1);
 }
 
 // The row within its target block (a dim) of the stmatrix row that lane `lane` addresses. Row c
 // of matrix m takes half c % 2 of register m % 2 of lanes with t % 4 = c / 2, which prmt filled
-// with dim j(c) of their 4: 2 (c % 2) + (m % 2 ^ c / 4) (the flip for c >= 4 keeps the 8 rows in
-// 8 chunk positions).
+// with dim j of their 4, j = 2 (c % 2) + (m % 2 ^ c / 4) (the flip for c >= 4 keeps the 8 rows in
+// 8 chunk positions): row 4 (c / 2) + j = 2c + (m % 2 ^ c / 4) for c = lane % 8, m = lane / 8.
 FP8MLA_HOST_DEVICE constexpr int store_row(int lane) {
-  const int m = lane / 8, c = lane % 8, q = c / 2, e = c % 2;
-  return 4 * q + 2 * e + ((m & 1) ^ int(q >= 2));
+  return ((lane & 7) << 1) | (((lane >> 3) ^ (lane >> 2)) & 1);
 }
 
 // The prmt selector that makes register `half` (0, 1) of a block's pair from the two loaded
 // registers {a = matrix 2b, b = matrix 2b + 1} of lane `lane` (bytes 0-3 of a, 4-7 of b; dim j of
-// the lane's 4 is byte j): halves e = 0, 1 hold (even key, odd key) of dim 2e + (half ^ q >= 2).
-// Lanes 16-31 (pairs 4-7) hold the odd key in a (see load_row).
+// the lane's 4 is byte j): halves e = 0, 1 hold (even key, odd key) of dim j = 2e + (half ^ q >= 2)
+// with q = lane % 4; the even key is in a for lanes 0-15 (pairs r = lane / 4 < 4, see load_row),
+// in b for 16-31. Nibbles, low first: even, odd of dim j(0), then of dim j(1): 0x6240 + j(0) *
+// 0x1111 with the even key in a, 0x2604 + j(0) * 0x1111 in b.
 FP8MLA_HOST_DEVICE constexpr std::uint32_t byte_selector(int lane, int half) {
-  const int r = lane / 4, q = lane % 4;
-  const int even = r < 4 ? 0 : 4, odd = 4 - even;
-  std::uint32_t sel = 0;
-  for (int e = 0; e < 2; ++e) {
-    const int j = 2 * e + (half ^ int(q >= 2));
-    sel |= std::uint32_t((even + j) | ((odd + j) << 4)) << (8 * e);
-  }
-  return sel;
+  const std::uint32_t j0 = std::uint32_t(half ^ ((lane >> 1) & 1));
+  return ((lane & 16) ? 0x2604u : 0x6240u) + j0 * 0x1111u;
 }
 
 // Per lane, what the device loop adds to a block's base: row * 128 of its ldmatrix (stmatrix) row
@@ -106,16 +112,18 @@ FP8MLA_HOST_DEVICE constexpr std::uint32_t store_lane_offset(int lane) {
   return std::uint32_t(swizzled_offset(store_row(lane), 0));
 }
 
-// The tile offsets the lane gives ldmatrix and stmatrix in `step`, as the device loop computes
-// them: swizzled_offset(16 row + load_row, 16 chunk) (its row % 8 is load_row % 8), and the same
-// in the transposed block.
-FP8MLA_HOST_DEVICE constexpr std::uint32_t load_offset(int step, int lane, std::uint32_t lane_ld) {
-  const Block b = source_block(step, lane >= 16);
-  return std::uint32_t(b.row) * 2048 + (lane_ld ^ (std::uint32_t(b.chunk) << 4));
+// The tile offsets the lane gives ldmatrix and stmatrix in step `step`, as the device loop
+// computes them from its lane terms: swizzled_offset(16 row + load_row, 16 chunk) (its row % 8 is
+// load_row % 8), and the same in the transposed block.
+FP8MLA_HOST_DEVICE constexpr std::uint32_t load_offset(StepPair s, int mask,
+                                                       std::uint32_t lane_ld) {
+  const int m = s.d & mask;
+  return std::uint32_t(s.p ^ m) * 2048 + (lane_ld ^ (std::uint32_t(s.q ^ m) << 4));
 }
-FP8MLA_HOST_DEVICE constexpr std::uint32_t store_offset(int step, int lane, std::uint32_t lane_st) {
-  const Block b = source_block(step, lane >= 16);
-  return std::uint32_t(b.chunk) * 2048 + (lane_st ^ (std::uint32_t(b.row) << 4));
+FP8MLA_HOST_DEVICE constexpr std::uint32_t store_offset(StepPair s, int mask,
+                                                        std::uint32_t lane_st) {
+  const int m = s.d & mask;
+  return std::uint32_t(s.q ^ m) * 2048 + (lane_st ^ (std::uint32_t(s.p ^ m) << 4));
 }
 
 }  // namespace fp8mla::cuda::attention::v_transpose
