@@ -21,9 +21,13 @@ struct PrefillAttentionArgs {
   TensorView q;  // [Tq, H, Dqk] e4m3 or bf16 (Dqk 192; 128 and 64 for non-MLA use)
   TensorView k;  // [Tk, H, Dqk], same dtype as q
   // [Tk, H, Dv] (Dv 128), same dtype as q, in one of two layouts:
-  //  token-major: contiguous last dim (any token/head strides);
+  //  token-major: contiguous last dim (any token/head strides), as engines and FlashAttention
+  //  keep V;
   //  transposed: contiguous tokens, i.e. a [Tk, H, Dv] view of [H][Dv][>= Tk] memory, which is
   //  what FP8 P V on Hopper reads (mla_kv_pack_quantize_fp8 writes it, VLayout::kTransposed).
+  // A view that is both (one token) is token-major. The e4m3 CUDA kernel takes either and gives
+  // the same bytes; transposed is its fast path (a token-major tile is transposed in shared
+  // memory first).
   TensorView v;
   TensorView cu_seqlens_q;  // i32 [batch + 1], on q's device
   TensorView cu_seqlens_k;  // i32 [batch + 1]
@@ -67,8 +71,9 @@ struct PrefillAttentionArgs {
 // The CPU path is the reference (fp32 accumulation, threaded). The CUDA path (Hopper, sm_90a) runs
 // the compiled variants of src/cuda/attention/prefill_variants.def (e4m3 and bf16, causal or not,
 // Dqk 192, Dv 128; another combination is a kUnsupported error listing them) and needs:
-//  - q, k, v 16-byte aligned, with token and head strides (of dims longer than 1) in multiples of
-//    16 bytes; e4m3 V transposed, bf16 V token-major;
+//  - q, k, v 16-byte aligned, with the strides TMA steps by (of dims longer than 1) in multiples
+//    of 16 bytes: token and head strides of q, k and token-major v; head and dim strides of a
+//    transposed e4m3 v. e4m3 V in either layout (transposed is faster), bf16 V token-major;
 //  - out with even token and head strides; softmax_scale > 0 (and positive descales);
 //  - max_seqlen_q at least every sequence's query count (it sizes the grid: rows beyond it are not
 //    computed). The device path does not read cu_seqlens on the host; it rejects only bounds

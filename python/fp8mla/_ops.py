@@ -266,8 +266,9 @@ OPS = (
     # ---- attention (fp8mla/attention.hpp) ----
     Op("prefill_attention", """Attention over a ragged batch (token-major; cu_seqlens_* int32
     [batch + 1]; max_seqlen_* upper bounds). q, k [T, H, 192] and v [Tk, H, 128]: e4m3 with
-    one-element f32 descales, or bf16. On CUDA, e4m3 v must be transposed (a [Tk, H, 128] view of
-    [H, 128, >= Tk] memory, keys contiguous) and bf16 v token-major. Causal masking is
+    one-element f32 descales, or bf16. v token-major (contiguous last dim) or, e4m3, transposed (a
+    [Tk, H, 128] view of [H, 128, >= Tk] memory, keys contiguous: the CUDA kernel's fast path,
+    same result); bf16 v token-major on CUDA. Causal masking is
     bottom-right aligned. Returns out (bf16 [Tq, H, 128], allocated when not given), or
     (out, lse) when `lse` is given or `return_lse` (f32 [Tq, H], natural log; -inf for rows that
     see no key).

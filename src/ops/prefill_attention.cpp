@@ -83,12 +83,14 @@ void check_token_head_dim(const ArgChecker& check, const TensorView& t, std::str
   check.aligned(t, name, int(dtype_size(t.dtype())));
 }
 
-// v: [Tk, H, Dv] token-major (contiguous last dim) or transposed (contiguous keys).
+// v: [Tk, H, Dv] token-major (contiguous last dim) or transposed (contiguous keys); a view that
+// is both (one token) counts as token-major, as the CUDA launch reads it (dim stride 1).
 bool check_v_layout(const ArgChecker& check, const TensorView& v) {
   check.ndim(v, "v", 3);
   check.aligned(v, "v", int(dtype_size(v.dtype())));
-  const bool transposed = v.stride(0) == 1 && v.size(2) > 1;
-  check.require(v.stride(2) == 1 || transposed, ErrorCategory::kInvalidArgument, [&] {
+  const bool token_major = v.stride(2) == 1 || v.size(2) <= 1;
+  const bool transposed = !token_major && v.stride(0) == 1;
+  check.require(token_major || transposed, ErrorCategory::kInvalidArgument, [&] {
     return concat(
         "`v`: expected a contiguous last dim (token-major) or contiguous tokens "
         "(transposed, [H, Dv, Tk] memory), got ",
@@ -98,15 +100,17 @@ bool check_v_layout(const ArgChecker& check, const TensorView& v) {
 }
 
 // What the Hopper kernel's TMA loads need: 16-byte aligned bases and strides of dims with more
-// than one element (the descriptors ignore the others).
+// than one element (the descriptors ignore the others). `layout` names v's layout in the
+// messages ("" for the others).
 void check_tma_operand(const ArgChecker& check, const TensorView& t, std::string_view name,
-                       std::initializer_list<int> dims) {
+                       std::initializer_list<int> dims, std::string_view layout = "") {
   check.aligned(t, name, 16);
   for (int d : dims) {
     const std::int64_t bytes = t.stride(d) * std::int64_t(dtype_size(t.dtype()));
     check.require(t.size(d) <= 1 || bytes % 16 == 0, ErrorCategory::kInvalidArgument, [&] {
-      return concat("`", name, "`: the CUDA kernel needs the stride of dim ", d,
-                    " to be a multiple of 16 bytes, got ", t.describe());
+      return concat("`", name, "`", layout.empty() ? "" : concat(" (", layout, ")"),
+                    ": the CUDA kernel needs the stride of dim ", d,
+                    " to be a multiple of 16 bytes, got ", bytes, " bytes: ", t.describe());
     });
   }
 }
@@ -117,14 +121,14 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
   check_tma_operand(check, args.q, "q", {0, 1});
   check_tma_operand(check, args.k, "k", {0, 1});
   if (fp8) {
-    // FP8 wgmma reads both operands K-major, so P V needs V with the keys contiguous.
-    check.require(v_transposed, ErrorCategory::kInvalidArgument, [&] {
-      return concat(
-          "`v`: the CUDA kernel needs e4m3 V transposed (contiguous tokens, e.g. "
-          "mla_kv_pack_quantize_fp8 with VLayout::kTransposed), got ",
-          args.v.describe());
-    });
-    check_tma_operand(check, args.v, "v", {1, 2});
+    // FP8 wgmma reads V^T (keys contiguous): the transposed layout lands as it reads it; a
+    // token-major tile is transposed in shared memory first (the slower path). TMA reads either
+    // with 16-byte strides: head and dim strides transposed, token and head strides token-major.
+    if (v_transposed) {
+      check_tma_operand(check, args.v, "v", {1, 2}, "transposed e4m3");
+    } else {
+      check_tma_operand(check, args.v, "v", {0, 1}, "token-major e4m3");
+    }
   } else {
     check.require(!v_transposed, ErrorCategory::kInvalidArgument, [&] {
       return concat(

@@ -5,7 +5,8 @@
 // every row of every sequence is checked for having been written, bytes around the views stay
 // untouched; the reference is computed on all rows of small cases and on boundary and random rows
 // of large ones. Also: all-ones V gives exactly 1, determinism over 100 runs, PDL on/off, layout
-// errors.
+// errors, and e4m3 V token-major (transposed in shared memory by the kernel) giving the bytes of
+// V transposed.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -55,6 +56,7 @@ struct Case {
   // aligned (the kernel's vector stores), 2 does not (its 4-byte stores).
   int out_pad = 0;
   bool lse_transposed = false;
+  bool v_token_major = false;  // e4m3: v token-major, as bf16's, instead of transposed
 
   std::string describe() const {
     std::string s = std::string(fp8 ? "e4m3" : "bf16") + (causal ? " causal" : " full") +
@@ -63,7 +65,8 @@ struct Case {
     s += "] k=[";
     for (int n : (k_lens.empty() ? q_lens : k_lens)) s += std::to_string(n) + " ";
     return s + "]" + (strided ? " strided" : "") +
-           (out_pad ? " out_pad=" + std::to_string(out_pad) : "");
+           (out_pad ? " out_pad=" + std::to_string(out_pad) : "") +
+           (fp8 && v_token_major ? " v token-major" : "");
   }
 };
 
@@ -143,10 +146,11 @@ Problem make_problem(const Case& c, std::uint32_t seed) {
   make_qk(p.tq, dq, p.q, p.q_view);
   make_qk(p.tk, dk, p.k, p.k_view);
 
-  // v: e4m3 transposed [H][128][tk rounded up to 16]; bf16 token-major.
+  // v: e4m3 transposed [H][128][tk rounded up to 16] (or token-major); bf16 token-major. The
+  // values depend on the seed alone, not on the layout.
   {
     std::int64_t ts, hs, ds, elems;
-    if (c.fp8) {
+    if (c.fp8 && !c.v_token_major) {
       const std::int64_t pitch = (p.tk + 15) / 16 * 16 + (c.strided ? 32 : 0);
       ts = 1, ds = pitch, hs = kDv * pitch, elems = H * hs;
     } else {
@@ -442,20 +446,25 @@ TEST_P(PrefillCuda, ManyHeadsStridedViewsTransposedLse) {
 
 TEST_P(PrefillCuda, AllOnesVGivesExactlyOne) {
   FP8MLA_REQUIRE_HOPPER();
-  Case c = batch({5, 700}, {3, 900}, 8);
-  c.descale[2] = 1.0f;
-  c.ones_v = true;
-  Problem p = make_problem(c, 3);
-  const Outputs o = run(p);
-  // Sequence 0 (5 queries, 3 keys, causal): its first two rows see no key and give 0.
-  std::int64_t wrong = 0;
-  for (std::int64_t t = 0; t < p.tq; ++t) {
-    const float expected = t < 2 ? 0.0f : 1.0f;
-    for (int h = 0; h < c.heads; ++h) {
-      for (int d = 0; d < kDv; ++d) wrong += out_at(p, o, t, h, d) != expected;
+  for (bool token_major : {false, true}) {
+    if (token_major && !GetParam()) continue;  // bf16 V is token-major anyway
+    Case c = batch({5, 700}, {3, 900}, 8);
+    c.descale[2] = 1.0f;
+    c.ones_v = true;
+    c.v_token_major = token_major;
+    SCOPED_TRACE(c.describe());
+    Problem p = make_problem(c, 3);
+    const Outputs o = run(p);
+    // Sequence 0 (5 queries, 3 keys, causal): its first two rows see no key and give 0.
+    std::int64_t wrong = 0;
+    for (std::int64_t t = 0; t < p.tq; ++t) {
+      const float expected = t < 2 ? 0.0f : 1.0f;
+      for (int h = 0; h < c.heads; ++h) {
+        for (int d = 0; d < kDv; ++d) wrong += out_at(p, o, t, h, d) != expected;
+      }
     }
+    EXPECT_EQ(wrong, 0);
   }
-  EXPECT_EQ(wrong, 0);
 }
 
 // Without an LSE the e4m3 kernel runs a cheaper loop (no f32 row sum, O normalized by the ones
@@ -499,6 +508,73 @@ TEST_P(PrefillCuda, DeterministicOver100RunsAndPdlOnOff) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, PrefillCuda, ::testing::Values(true, false),
                          [](const auto& info) { return info.param ? "e4m3" : "bf16"; });
 
+// e4m3 V token-major: the kernel transposes each tile in shared memory into the bytes the
+// transposed load writes, so on the same values O and the LSE must be bit-identical to V given
+// transposed (with an LSE and without, whose loop differs), and meet the error rule on their own.
+// Shapes: causal and not; ragged with lengths off 16 and 128 (sequences starting mid-group, key
+// tiles reaching past the end); a prefix (k_len > q_len) and k_len < q_len; H = 16 and 128;
+// strided views; one long sequence (every ring stage many times over, O's promotions).
+// "" when a and b hold the same bytes; else how many differ and where the first does.
+std::string byte_difference(const std::vector<std::uint8_t>& a,
+                            const std::vector<std::uint8_t>& b) {
+  if (a.size() != b.size())
+    return "sizes " + std::to_string(a.size()) + ", " + std::to_string(b.size());
+  std::size_t count = 0, first = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i]) continue;
+    if (count++ == 0) first = i;
+  }
+  return count == 0 ? ""
+                    : std::to_string(count) + " bytes differ, first at " + std::to_string(first);
+}
+
+TEST(PrefillCudaVLayouts, TokenMajorVGivesTheBytesOfTransposedV) {
+  FP8MLA_REQUIRE_HOPPER();
+  struct Shape {
+    std::vector<int> q_lens, k_lens;
+    int heads;
+    bool causal, strided;
+  };
+  const Shape shapes[] = {
+      {{1000}, {}, 16, true, false},
+      {{1000}, {}, 16, false, false},
+      {{0, 1, 700, 0, 129, 1, 300}, {}, 16, true, false},
+      {{0, 1, 700, 0, 129, 1, 300}, {}, 16, false, true},
+      {{100, 300, 1, 64}, {612, 1300, 1, 64 + 2000}, 16, true, false},
+      {{300, 50}, {100, 0}, 16, true, false},
+      {{333, 1000}, {}, 128, true, true},
+      {{333, 77}, {1333, 77}, 128, false, false},
+      {{4096}, {}, 1, true, false},
+  };
+  std::uint32_t seed = 21;
+  for (const Shape& shape : shapes) {
+    Case c;
+    c.q_lens = shape.q_lens;
+    c.k_lens = shape.k_lens;
+    c.heads = shape.heads;
+    c.causal = shape.causal;
+    c.strided = shape.strided;
+    c.lse_transposed = shape.heads == 128;
+    Case tm = c;
+    tm.v_token_major = true;
+    SCOPED_TRACE(tm.describe());
+    Problem transposed = make_problem(c, seed);
+    Problem token_major = make_problem(tm, seed);
+    ASSERT_EQ(transposed.v, token_major.v);  // the same values, laid out two ways
+    ASSERT_EQ(token_major.v_view.stride(2), 1);
+    ASSERT_EQ(transposed.v_view.stride(0), 1);
+    for (bool with_lse : {true, false}) {
+      const Outputs a = run(transposed, with_lse);
+      const Outputs b = run(token_major, with_lse);
+      expect_written_in_full(token_major, b, with_lse);
+      EXPECT_EQ(byte_difference(a.out, b.out), "") << "O, with_lse " << with_lse;
+      if (with_lse) EXPECT_EQ(byte_difference(a.lse, b.lse), "") << "LSE";
+    }
+    expect_error_rule(tm, seed);
+    ++seed;
+  }
+}
+
 TEST(PrefillCudaArgs, LayoutAndVariantErrors) {
   FP8MLA_REQUIRE_HOPPER();
   Case c;
@@ -513,11 +589,20 @@ TEST(PrefillCudaArgs, LayoutAndVariantErrors) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  // e4m3 V token-major: the FP8 kernel needs it transposed.
+  // e4m3 V token-major is taken (TokenMajorVGivesTheBytesOfTransposedV), but TMA steps over its
+  // tokens: a token stride that is not a multiple of 16 bytes is an error naming the layout.
   PrefillAttentionArgs a = args_of(p);
-  DeviceBuffer v_tm(std::size_t(64 * 2 * kDv));
-  a.v = TensorView(v_tm.data(), DType::kE4M3, {64, 2, kDv}, Device::cuda(0));
-  expect_error(a, "transposed");
+  DeviceBuffer v_tm(std::size_t(64 * (2 * kDv + 8)));
+  a.v = TensorView(v_tm.data(), DType::kE4M3, {64, 2, kDv}, {2 * kDv + 8, kDv, 1}, Device::cuda(0));
+  expect_error(a,
+               "`v` (token-major e4m3): the CUDA kernel needs the stride of dim 0 to be a "
+               "multiple of 16 bytes, got 264 bytes");
+  // Transposed e4m3 V steps over dims: a dim stride (token pitch) of 72 keys is one.
+  DeviceBuffer v_t(std::size_t(2 * kDv * 72));
+  a.v = TensorView(v_t.data(), DType::kE4M3, {64, 2, kDv}, {1, kDv * 72, 72}, Device::cuda(0));
+  expect_error(a,
+               "`v` (transposed e4m3): the CUDA kernel needs the stride of dim 2 to be a "
+               "multiple of 16 bytes, got 72 bytes");
   // A head dim without a compiled variant names the compiled ones.
   a = args_of(p);
   a.q = TensorView(p.q_view.data(), DType::kE4M3, {64, 2, 128}, {2 * 192, 192, 1}, Device::cuda(0));

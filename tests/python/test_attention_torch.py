@@ -1,7 +1,8 @@
 """prefill_attention through torch: the CPU path and, with a CUDA build on a GPU, the Hopper
 kernel (e4m3 with V transposed by mla_kv_pack_quantize_fp8, and bf16) against the float64
-reference within the error of an e4m3 P; torch.compile(fullgraph=True) and CUDA graph replay give
-the eager bytes. Skipped (visibly) without torch or a GPU."""
+reference within the error of an e4m3 P; e4m3 V token-major gives the transposed V's bytes;
+torch.compile(fullgraph=True) and CUDA graph replay give the eager bytes. Skipped (visibly)
+without torch or a GPU."""
 
 from __future__ import annotations
 
@@ -95,3 +96,24 @@ def test_torch_compile_and_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out.view(torch.int16), eager.view(torch.int16))
+
+
+@needs_gpu
+def test_torch_e4m3_token_major_v_gives_the_transposed_bytes():
+    """e4m3 v token-major (a contiguous copy, as engines pass it) gives on CUDA the bytes of the
+    transposed v the pack writes: the kernel transposes its tiles in shared memory."""
+    q_lens, k_lens = [1, 130, 0, 257, 77], [1, 200, 5, 300, 77]
+    q, kv, k_pe, cu_q, cu_k = torch_inputs(q_lens, k_lens, 16, "cuda", seed=3)
+    q8, k8, v8 = packed_fp8(q, kv, k_pe, "cuda")
+    v_token_major = v8.contiguous()
+    assert v8.stride(0) == 1 and v_token_major.stride(2) == 1
+    d = torch.tensor([0.25], device="cuda")
+    for causal in (True, False):
+        def attend(v):
+            return fp8mla.prefill_attention(q8, k8, v, cu_q, cu_k, 257, 300, softmax_scale=0.07,
+                                            causal=causal, q_descale=d, k_descale=d,
+                                            v_descale=d, return_lse=True)
+        out_t, lse_t = attend(v8)
+        out_m, lse_m = attend(v_token_major)
+        assert torch.equal(out_m.view(torch.int16), out_t.view(torch.int16))
+        assert torch.equal(lse_m.view(torch.int32), lse_t.view(torch.int32))

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   extern __shared__ std::uint8_t shared_raw[];
   SharedStorage<Traits>& smem = SharedStorage<Traits>::at(shared_raw);
   smem.init_ones_rows();
-  if (threadIdx.x == 0) smem.init_barriers();
+  if (threadIdx.x == 0) smem.init_barriers(p.v_token_major);
   __syncthreads();
 
   pdl_wait();  // cu_seqlens, q, k, v may come from the previous kernel
@@ -56,7 +56,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = __shfl_sync(0xffffffff, int(threadIdx.x / 128), 0);
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
-    if (threadIdx.x == 0) PrefillProducer<Traits>(p, smem).load(work);
+    // Warp 0's thread 0 loads; warps 1..3 transpose token-major e4m3 V tiles (warp-uniform, as
+    // above, so that the transposer's indices stay in uniform registers).
+    const int warp = __shfl_sync(0xffffffff, int(threadIdx.x / 32), 0);
+    if (warp == 0) {
+      if (threadIdx.x == 0) PrefillProducer<Traits>(p, smem).load(work);
+    } else {
+      PrefillProducer<Traits>(p, smem).transpose_v(work, warp - 1);  // e4m3 V given token-major
+    }
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();

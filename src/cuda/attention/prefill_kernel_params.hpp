@@ -19,7 +19,13 @@ struct PrefillKernelParams {
   // (its even or its odd keys), for the tile that reaches past the last complete group.
   CUtensorMap k_tail_map;
   int k_full_groups;  // e4m3: complete 16-key groups in k (tk / 16)
-  CUtensorMap v_map;  // e4m3: [heads][dv][tk] boxes of 128 dims x 128 keys; bf16: like k
+  // e4m3: v given token-major (then v_map is like k's: the tile lands untransposed and the
+  // producer warpgroup transposes it in shared memory) instead of transposed. (Here, in the
+  // padding before v_map, so that no other member moves.)
+  bool v_token_major;
+  // e4m3: [heads][dv][tk] boxes of 128 keys x 128 dims, or token-major [heads][tk][dv] boxes of
+  // 128 dims x 128 keys; bf16: like k.
+  CUtensorMap v_map;
   const std::int32_t* cu_seqlens_q;
   const std::int32_t* cu_seqlens_k;
   const float* q_descale;  // e4m3 only

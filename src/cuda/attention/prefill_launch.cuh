@@ -113,7 +113,20 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
     v.base = p.v;
     v.element_bytes = Traits::kElementBytes;
     v.swizzle_bytes = 128;
-    if constexpr (Traits::kFp8) {
+    // e4m3 V given token-major (contiguous dims; the op accepts either layout): loaded as it is,
+    // rows of 128 dims, and transposed in shared memory (prefill_producer.cuh). The transposed
+    // layout is the fast path: its tile lands as wgmma reads it.
+    kp.v_token_major = Traits::kFp8 && p.v_dim_stride == 1;
+    if (kp.v_token_major) {
+      v.dims[0] = Traits::kDv;
+      v.dims[1] = std::uint64_t(p.tk);
+      v.dims[2] = std::uint64_t(p.heads);
+      v.strides_bytes[0] = detail::tma_stride(p.tk, p.v_token_stride, 1, Traits::kDv);
+      v.strides_bytes[1] =
+          detail::tma_stride(p.heads, p.v_head_stride, 1, v.strides_bytes[0] * p.tk);
+      v.box[0] = Traits::kDv;
+      v.box[1] = Traits::kBlockN;
+    } else if constexpr (Traits::kFp8) {
       // Transposed: keys innermost, then dims, then heads.
       v.dims[0] = std::uint64_t(p.tk);
       v.dims[1] = Traits::kDv;

@@ -2,6 +2,10 @@
 // tile into the stage ring, each load completing on its stage's full barrier; it reuses a stage
 // once both consumer warpgroups have arrived on its empty barrier. Key tiles are visited last to
 // first, so the tiles that need masking come first.
+//
+// e4m3 V given token-major: its tile lands untransposed in the stage (completing on v_loaded),
+// and warps 1..3 of the warpgroup turn it into the V^T the transposed load writes, in place
+// (transpose_v), then arrive on v_full. The consumers see the same bytes either way.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +13,7 @@
 #include "cuda/attention/prefill_kernel_params.hpp"
 #include "cuda/attention/prefill_scheduler.cuh"
 #include "cuda/attention/prefill_shared_storage.cuh"
+#include "cuda/attention/prefill_v_transpose.hpp"
 #include "cuda/common/sm90.cuh"
 
 namespace fp8mla::cuda::attention {
@@ -43,8 +48,52 @@ class PrefillProducer {
       sm90::Barrier::arrive_and_expect_tx(bar.k_full(s.index), Traits::kKBytes);
       load_k_tile(bar.k_full(s.index), smem_.k[s.index], key, w.head);
       sm90::Barrier::wait(bar.v_empty(s.index), s.phase ^ 1);
-      sm90::Barrier::arrive_and_expect_tx(bar.v_full(s.index), Traits::kVBytes);
-      load_v_tile(bar.v_full(s.index), smem_.v[s.index], key, w.head);
+      std::uint64_t* v_loaded =
+          Traits::kFp8 && p_.v_token_major ? bar.v_loaded(s.index) : bar.v_full(s.index);
+      sm90::Barrier::arrive_and_expect_tx(v_loaded, Traits::kVBytes);
+      load_v_tile(v_loaded, smem_.v[s.index], key, w.head);
+    }
+  }
+
+  // By warps 1..3 (e4m3 V given token-major; otherwise nothing): each V tile of work tile w, once
+  // loaded, transposed in place into the stage's V^T (prefill_v_transpose.hpp: each warp swaps
+  // its pairs of 16x16-byte blocks, disjoint from the other warps'), then released to the
+  // consumers. The stage is free to write: the load into it waited for its v_empty, and its next
+  // load waits for the consumers, who wait for this v_full. `first_step` (0..2, the warp among
+  // the transposing ones) must be warp-uniform to the compiler: the steps' block indices then
+  // live in uniform registers, which keeps the loop within the warpgroup's kProducerRegisters
+  // (ptxas: 21 used, no spills). The per-lane terms are a few bit operations (see the header).
+  __device__ void transpose_v(const TileWork& w, int first_step) const {
+    if constexpr (Traits::kFp8) {
+      static_assert(Traits::kVBytes == v_transpose::kTileBytes);
+      if (!p_.v_token_major || w.n_blocks <= 0) return;
+      const int lane = int(threadIdx.x % 32);
+      const int mask = v_transpose::half_mask(lane);
+      const std::uint32_t lane_ld = v_transpose::load_lane_offset(lane);
+      const std::uint32_t lane_st = v_transpose::store_lane_offset(lane);
+      const std::uint32_t sel0 = v_transpose::byte_selector(lane, 0);
+      const std::uint32_t sel1 = sel0 ^ 0x1111u;  // = byte_selector(lane, 1)
+      PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
+      Stage<Traits> s;
+      for (int it = 0; it < w.n_blocks; ++it, s = s.next()) {
+        sm90::Barrier::wait(bar.v_loaded(s.index), s.phase);
+        const std::uint32_t tile = sm90::smem_address(smem_.v[s.index]);
+#pragma unroll 1
+        for (int step = first_step; step < v_transpose::kSteps; step += v_transpose::kWarps) {
+          const v_transpose::StepPair pair = v_transpose::step_pair(step);
+          std::uint32_t r[4], t[4];
+          sm90::ldmatrix_x4(tile + v_transpose::load_offset(pair, mask, lane_ld), r);
+          __syncwarp();  // every lane has read the pair of blocks before any writes them
+          t[0] = __byte_perm(r[0], r[1], sel0);
+          t[1] = __byte_perm(r[0], r[1], sel1);
+          t[2] = __byte_perm(r[2], r[3], sel0);
+          t[3] = __byte_perm(r[2], r[3], sel1);
+          sm90::stmatrix_trans_x4(tile + v_transpose::store_offset(pair, mask, lane_st), t);
+        }
+        cutlass::arch::fence_view_async_shared();  // the writes, visible to wgmma's reads
+        __syncwarp();
+        if (lane == 0) cutlass::arch::ClusterBarrier::arrive(bar.v_full(s.index));
+      }
     }
   }
 
@@ -86,8 +135,10 @@ class PrefillProducer {
   __device__ __forceinline__ void load_v_tile(std::uint64_t* full, std::uint8_t* dst, int key,
                                               int head) const {
     if constexpr (Traits::kFp8) {
-      // Transposed V: one box of kDv dims x kBlockN keys.
-      sm90::tma_load_3d(&p_.v_map, full, dst, key, 0, head);
+      // Transposed V: one box of kDv rows x kBlockN keys; token-major: kBlockN rows x kDv dims
+      // (the map's dims are swapped).
+      const bool token_major = p_.v_token_major;
+      sm90::tma_load_3d(&p_.v_map, full, dst, token_major ? 0 : key, token_major ? key : 0, head);
     } else {
       constexpr int kVChunkBytes = Traits::kBlockN * 64 * 2;
       for (int c = 0; c < Traits::kDv / 64; ++c) {

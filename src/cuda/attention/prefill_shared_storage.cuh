@@ -8,22 +8,28 @@
 #include <type_traits>
 
 #include "cuda/attention/prefill_traits.cuh"
+#include "cuda/attention/prefill_v_transpose.hpp"
 #include "cuda/common/sm90.cuh"
 
 namespace fp8mla::cuda::attention {
 
 // The mbarriers of the load pipeline. The producer's loads complete on the full barriers; each
 // consumer warp arrives on a stage's empty barriers once it no longer reads that stage. One
-// array with int offsets: separate arrays (64-bit indexing) change the producer's code.
+// array with int offsets: separate arrays (64-bit indexing) change the producer's code. A
+// token-major e4m3 V tile completes on v_loaded instead; the transposing warps then arrive on
+// v_full (see PrefillProducer::transpose_v).
 template <int kStages>
 struct PipelineBarriers {
-  std::uint64_t words[1 + 4 * kStages];  // q_full, k_full[], v_full[], k_empty[], v_empty[]
+  // q_full, k_full[], v_full[], k_empty[], v_empty[], v_loaded[] (last: the others keep their
+  // offsets)
+  std::uint64_t words[1 + 5 * kStages];
 
   __device__ std::uint64_t* q_full() { return words; }
   __device__ std::uint64_t* k_full(int stage) { return words + 1 + stage; }
   __device__ std::uint64_t* v_full(int stage) { return words + 1 + kStages + stage; }
   __device__ std::uint64_t* k_empty(int stage) { return words + 1 + 2 * kStages + stage; }
   __device__ std::uint64_t* v_empty(int stage) { return words + 1 + 3 * kStages + stage; }
+  __device__ std::uint64_t* v_loaded(int stage) { return words + 1 + 4 * kStages + stage; }
 };
 
 // e4m3: the f32 partial sums of O (see PrefillTraits::kPromoteTiles), per consumer warpgroup
@@ -71,12 +77,14 @@ struct SharedStorage {
     }
   }
 
-  // By one thread, before the CTA's __syncthreads.
-  __device__ void init_barriers() {
+  // By one thread, before the CTA's __syncthreads. v_full completes on the producer's load, or
+  // (e4m3 V given token-major) once each transposing warp has arrived.
+  __device__ void init_barriers(bool v_token_major) {
     sm90::Barrier::init(barriers.q_full(), 1);
     for (int s = 0; s < Traits::kStages; ++s) {
       sm90::Barrier::init(barriers.k_full(s), 1);
-      sm90::Barrier::init(barriers.v_full(s), 1);
+      sm90::Barrier::init(barriers.v_full(s), v_token_major ? v_transpose::kWarps : 1);
+      if constexpr (Traits::kFp8) sm90::Barrier::init(barriers.v_loaded(s), 1);
       // One arrival per consumer warp.
       sm90::Barrier::init(barriers.k_empty(s), Traits::kConsumerWarpgroups * 4);
       sm90::Barrier::init(barriers.v_empty(s), Traits::kConsumerWarpgroups * 4);

@@ -38,6 +38,25 @@ __device__ __forceinline__ void st_shared_f4(std::uint32_t address, float4 v) {
                "f"(v.z), "f"(v.w));
 }
 
+// ldmatrix / stmatrix of four 8x8 b16 matrices (8 rows of 16 bytes each) by shared-window
+// address. Lanes 8m .. 8m + 7 give the addresses of matrix m's rows; register m of lane t holds
+// 16-bit elements 2 (t % 4), + 1 of row t / 4 of matrix m (bytes 4 (t % 4) .. + 3). The .trans
+// store writes the transpose: half e of register m of lane t goes to row 2 (t % 4) + e, element
+// t / 4. ("memory": their order against the other shared-memory accesses is kept.)
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t address, std::uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+__device__ __forceinline__ void stmatrix_trans_x4(std::uint32_t address,
+                                                  const std::uint32_t (&r)[4]) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(address),
+      "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+      : "memory");
+}
+
 // Matrix descriptor of a swizzled shared-memory operand (PTX ISA "Matrix Descriptor Format").
 //  K-major: rows of swizzle_bytes, 8-row groups `group_stride` bytes apart (leading offset unused).
 //  MN-major: 8 K-rows of swizzle_bytes form an atom; `leading` bytes between atoms along MN,
