@@ -590,19 +590,15 @@ TEST(PrefillCudaArgs, LayoutAndVariantErrors) {
     }
   };
   // e4m3 V token-major is taken (TokenMajorVGivesTheBytesOfTransposedV), but TMA steps over its
-  // tokens: a token stride that is not a multiple of 16 bytes is an error naming the layout.
+  // tokens: a token stride that is not a multiple of 16 bytes is an error naming the stride.
   PrefillAttentionArgs a = args_of(p);
   DeviceBuffer v_tm(std::size_t(64 * (2 * kDv + 8)));
   a.v = TensorView(v_tm.data(), DType::kE4M3, {64, 2, kDv}, {2 * kDv + 8, kDv, 1}, Device::cuda(0));
-  expect_error(a,
-               "`v` (token-major e4m3): the CUDA kernel needs the stride of dim 0 to be a "
-               "multiple of 16 bytes, got 264 bytes");
+  expect_error(a, "`v`: expected dim 0's stride to be a multiple of 16 bytes, got 264 elements");
   // Transposed e4m3 V steps over dims: a dim stride (token pitch) of 72 keys is one.
   DeviceBuffer v_t(std::size_t(2 * kDv * 72));
   a.v = TensorView(v_t.data(), DType::kE4M3, {64, 2, kDv}, {1, kDv * 72, 72}, Device::cuda(0));
-  expect_error(a,
-               "`v` (transposed e4m3): the CUDA kernel needs the stride of dim 2 to be a "
-               "multiple of 16 bytes, got 72 bytes");
+  expect_error(a, "`v`: expected dim 2's stride to be a multiple of 16 bytes, got 72 elements");
   // A head dim without a compiled variant names the compiled ones.
   a = args_of(p);
   a.q = TensorView(p.q_view.data(), DType::kE4M3, {64, 2, 128}, {2 * 192, 192, 1}, Device::cuda(0));
