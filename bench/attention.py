@@ -3,7 +3,7 @@
 wheel) and cuDNN BF16 SDPA (anchors.cudnn_sdpa_bf16), in one process, on the same inputs, timed
 interleaved.
 
-Implementations (bench/report.py ATTENTION_RATIOS pairs them):
+Implementations (bench/report_attention.py ATTENTION_RATIOS pairs them):
 - fp8mla_e4m3: fp8mla.prefill_attention on e4m3 q, k and e4m3 V transposed (a [Tk, H, 128]
   view of [H, 128, pitch] memory, keys contiguous: what the FP8 kernel reads), no LSE;
 - fp8mla_e4m3_lse: the same with an `lse` output;
@@ -20,7 +20,7 @@ its `out_` argument fails torch's custom-op aliasing check (Dao-AILab/flash-atte
 CUDA graph that allocation is made at capture, so no replay pays for it. A failing
 implementation (FA3 not importable, a layout not built) is an error row; the rest runs.
 
-Shapes (bench/report.py ATTENTION_SHAPES; Dqk 192, Dv 128): H = 128 causal 1k, 2k, 4k, 8k,
+Shapes (bench/report_attention.py ATTENTION_SHAPES; Dqk 192, Dv 128): H = 128 causal 1k, 2k, 4k, 8k,
 16k, 32k; 8k full; 16 x 1k causal and full; 8k new tokens on an 8k prefix; 4 x 4k, each on a 4k
 prefix; the ragged batch of 3000/17/700/5000/1/2200 new tokens on prefixes of
 4096/0/1000/2048/8191/512 (a one-token sequence on a long prefix, a sequence with none); H = 16
@@ -61,10 +61,10 @@ import time
 import types
 import zlib
 
-import report
+import report_attention
 from common import ClockSampler, graphed, load_anchors, round_up, run_for, time_for, time_ms, \
     utc_now
-from report import ATTENTION_DQK as DQK, ATTENTION_DV as DV, ATTENTION_SHAPES as SHAPES
+from report_attention import ATTENTION_DQK as DQK, ATTENTION_DV as DV, ATTENTION_SHAPES as SHAPES
 
 ROUNDS, LOOP_MS, WARM_S, MIN_CALLS = 5, 30.0, 1.0, 3
 IMPLS = ["fp8mla_e4m3", "fp8mla_e4m3_lse", "fp8mla_e4m3_vtok", "fa3_e4m3", "fp8mla_bf16",
@@ -300,8 +300,8 @@ def progress(r):
         return f"{head} {r['status']}"
     c = r.get("clock") or {}
     return (f"{head} {r['tflops']:7.0f} TFLOP/s {r['us']:10.1f} us "
-            f"{report.fmt(c.get('sm_mhz_median'), '5.0f')} MHz "
-            f"{report.fmt(c.get('power_w_mean'), '4.0f')} W")
+            f"{report_attention.fmt(c.get('sm_mhz_median'), '5.0f')} MHz "
+            f"{report_attention.fmt(c.get('power_w_mean'), '4.0f')} W")
 
 
 def main():
@@ -330,7 +330,7 @@ def main():
           f"{sampler.power_source if sampler.available else 'unavailable'}", flush=True)
     start = time.perf_counter()
     acc = accuracy(torch, fp8mla, fa3, anchors)
-    print("\n".join(report.accuracy_lines(acc)), flush=True)
+    print("\n".join(report_attention.accuracy_lines(acc)), flush=True)
     rows = []
     for shape in (s for s in SHAPES if s[0] in wanted):
         new = run_shape(torch, fp8mla, fa3, anchors, shape, sampler, args)
@@ -346,18 +346,18 @@ def main():
                        f"of all in turn, then {args.rounds} rounds, each implementation in turn "
                        f"(order rotated) timed by ~{args.loop_ms:g} ms of replays queued back to "
                        "back (CUDA events, median); the figure is the median over rounds.")}
-    doc = {"meta": meta, "rows": rows, "ratios": report.attention_ratios(rows), "accuracy": acc}
+    doc = {"meta": meta, "rows": rows, "ratios": report_attention.attention_ratios(rows), "accuracy": acc}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     if args.markdown:
-        report.prepend_attention_section(args.markdown, report.attention_section(doc))
+        report_attention.prepend_attention_section(args.markdown, report_attention.attention_section(doc))
     if args.plot:
         try:
-            report.plot_attention(args.plot, doc)
+            report_attention.plot_attention(args.plot, doc)
         except ImportError as e:
             print(f"no plot: {e}")
-    print("\n".join(report.attention_text(doc)))
+    print("\n".join(report_attention.attention_text(doc)))
     failed = [r for r in rows + acc["rows"] if r["impl"] in REQUIRED and r["status"] != "ok"]
     return 1 if failed else 0
 
