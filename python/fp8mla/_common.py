@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 
 from . import _C
@@ -72,31 +73,81 @@ def nvfp4_shapes(shape, layout: str):
 MLA = _C.MLA_DIMS  # nope 128, rope 64, qk 192, v 128, kv_lora_rank 512, latent 576
 YARN_KEYS = ("factor", "original_max_position", "beta_fast", "beta_slow", "mscale",
              "mscale_all_dim")
-# Hugging Face's rope_scaling spelling of a key, and keys of that dict that say nothing numeric.
+# Hugging Face's spelling of a key (rope_scaling, and transformers 5's rope_parameters), the keys
+# naming the RoPE type, and rope_parameters' keys that fp8mla's YaRN fixes rather than reads.
 _YARN_ALIASES = {"original_max_position_embeddings": "original_max_position"}
 _YARN_TYPE_KEYS = ("type", "rope_type")
+_YARN_FIXED_KEYS = ("rope_theta", "attention_factor", "truncate", "partial_rotary_factor")
 
 
-def yarn_list(op: str, yarn):
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _check_fixed_yarn_keys(op: str, fixed: dict, values: dict, theta) -> None:
+    """rope_parameters' keys whose value fp8mla's YaRN does not take but computes or fixes: each
+    must agree with it (a differing one is an error, never ignored)."""
+    def expect(key, want, what):
+        if key in fixed and fixed[key] != want:
+            raise invalid_argument(f"{op}: yarn[{key!r}]: expected {want!r} ({what}), "
+                                   f"got {fixed[key]!r}")
+    if "rope_theta" in fixed and theta is not None and float(fixed["rope_theta"]) != float(theta):
+        raise invalid_argument(
+            f"{op}: yarn['rope_theta'] is {fixed['rope_theta']!r} but theta is {theta!r}: pass "
+            f"theta={fixed['rope_theta']!r} (the table's base is theta; the dict's is checked)")
+    expect("truncate", True, "the correction range is rounded to whole dims, as DeepSeek does")
+    if "partial_rotary_factor" in fixed and float(fixed["partial_rotary_factor"]) != 1.0:
+        raise invalid_argument(f"{op}: yarn['partial_rotary_factor']: expected 1.0 (rope_dim "
+                               f"gives the rotated dims), got {fixed['partial_rotary_factor']!r}")
+    if fixed.get("attention_factor") is not None:
+        factor = float(values["factor"])
+        want = _yarn_mscale(factor, float(values["mscale"])) / _yarn_mscale(
+            factor, float(values["mscale_all_dim"]))
+        if not math.isclose(float(fixed["attention_factor"]), want, rel_tol=1e-12):
+            raise invalid_argument(
+                f"{op}: yarn['attention_factor']: expected {want!r} (mscale(factor, mscale) / "
+                f"mscale(factor, mscale_all_dim), what the table applies), got "
+                f"{fixed['attention_factor']!r}")
+
+
+def yarn_list(op: str, yarn, theta=None):
     """None, or the six numbers of a YaRN dict (missing keys: DeepSeek-V3's values) as floats,
     in YarnScaling's order (what the torch op takes; yarn_tuple makes _C's tuple of them).
 
-    Accepts a model config's rope_scaling dict as it is (original_max_position_embeddings, and
-    type / rope_type "yarn")."""
+    Accepts a model config's dict as it is: rope_scaling (original_max_position_embeddings, type
+    / rope_type "yarn") and transformers 5's rope_parameters, which also hold rope_theta (must
+    equal `theta`, where the op has one), attention_factor (must be the mscale ratio the table
+    applies), truncate (True) and partial_rotary_factor (1.0); rope_type "default" is plain RoPE
+    (None), with no YaRN key."""
     if yarn is None:
         return None
     if not isinstance(yarn, dict):
         raise invalid_argument(f"{op}: expected yarn a dict or None, got {type(yarn).__name__}")
     values = dict(_C.YARN_DEFAULTS)
+    given, fixed, plain = set(), {}, False
     for key, value in yarn.items():
         if key in _YARN_TYPE_KEYS:
-            if value != "yarn":
-                raise invalid_argument(f"{op}: yarn[{key!r}]: expected 'yarn', got {value!r}")
+            if value not in ("yarn", "default"):
+                raise invalid_argument(
+                    f"{op}: yarn[{key!r}]: expected 'yarn' or 'default', got {value!r}")
+            plain = plain or value == "default"
+            continue
+        if key in _YARN_FIXED_KEYS:
+            fixed[key] = value
             continue
         name = _YARN_ALIASES.get(key, key)
         if name not in YARN_KEYS:
-            raise invalid_argument(f"{op}: unknown yarn key {key!r} (expected {YARN_KEYS})")
+            raise invalid_argument(f"{op}: unknown yarn key {key!r} (expected {YARN_KEYS}, "
+                                   f"or {_YARN_FIXED_KEYS})")
         values[name] = value
+        given.add(key)
+    if plain:
+        if given or fixed.get("attention_factor") is not None:
+            raise invalid_argument(f"{op}: yarn: rope_type 'default' (plain RoPE) with YaRN keys "
+                                   f"{sorted(given | set(fixed) - {'rope_theta'})}")
+        _check_fixed_yarn_keys(op, fixed, values, theta)
+        return None
+    _check_fixed_yarn_keys(op, fixed, values, theta)
     max_position = values["original_max_position"]
     try:
         if isinstance(max_position, bool):

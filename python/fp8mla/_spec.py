@@ -158,7 +158,8 @@ class Op:
             return (f"({v} if {v} is None or arrays.is_array({v}) "
                     f"else arrays.scalar(float({v}), {first}))")
         if a.kind == YARN:
-            return f"_yarn_list({self.name!r}, {v})"
+            theta = next((t.public for t in self.args if t.name == "theta"), None)
+            return f"_yarn_list({self.name!r}, {v}, {theta})"
         return v
 
     def _c_args_source(self) -> str:

@@ -85,7 +85,7 @@ def test_cos_sin_cache_errors():
         fp8mla.make_cos_sin_cache(4, theta=1.0)
     with pytest.raises(fp8mla.InvalidArgumentError, match="unknown yarn key 'alpha'"):
         fp8mla.make_cos_sin_cache(4, yarn={"alpha": 1.0})
-    with pytest.raises(fp8mla.InvalidArgumentError, match="expected 'yarn', got 'linear'"):
+    with pytest.raises(fp8mla.InvalidArgumentError, match="expected 'yarn' or 'default', got 'linear'"):
         fp8mla.make_cos_sin_cache(4, yarn={"type": "linear", "factor": 2.0})
     with pytest.raises(fp8mla.InvalidArgumentError, match="original_max_position.*integer"):
         fp8mla.make_cos_sin_cache(4, yarn={"original_max_position": 10.5})
@@ -99,12 +99,58 @@ def test_cos_sin_cache_errors():
         fp8mla.make_cos_sin_cache(4, out=np.empty((4, 32), np.float32))
 
 
+# transformers 5 keeps a model's RoPE in config.rope_parameters, rope_theta and rope_type inside.
+DEEPSEEK_V3_ROPE_PARAMETERS = {
+    "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0,
+    "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0,
+    "mscale_all_dim": 1.0}
+
+
+def test_cos_sin_cache_takes_rope_parameters():
+    want = fp8mla.make_cos_sin_cache(3000, yarn=DEEPSEEK_V3_ROPE_SCALING)
+    got = fp8mla.make_cos_sin_cache(3000, yarn=DEEPSEEK_V3_ROPE_PARAMETERS)
+    assert got.tobytes() == want.tobytes()
+    # The keys the table computes or fixes are checked against it, never ignored.
+    ok = dict(DEEPSEEK_V3_ROPE_PARAMETERS, attention_factor=1.0, truncate=True,
+              partial_rotary_factor=1.0)
+    assert fp8mla.make_cos_sin_cache(3000, yarn=ok).tobytes() == want.tobytes()
+    scaled = {"rope_type": "yarn", "factor": 8.0, "mscale": 0.707, "mscale_all_dim": 0.5}
+    ratio = (0.1 * 0.707 * math.log(8) + 1) / (0.1 * 0.5 * math.log(8) + 1)
+    assert fp8mla.make_cos_sin_cache(64, yarn=dict(scaled, attention_factor=ratio)).tobytes() == \
+        fp8mla.make_cos_sin_cache(64, yarn=scaled).tobytes()
+    # Another base: the dict's rope_theta must be the op's theta.
+    kimi = dict(DEEPSEEK_V3_ROPE_PARAMETERS, rope_theta=50000.0, factor=32.0)
+    with pytest.raises(fp8mla.InvalidArgumentError, match=r"rope_theta'\] is 50000.0 but theta is "
+                       r"10000.0: pass theta=50000.0"):
+        fp8mla.make_cos_sin_cache(64, yarn=kimi)
+    without_theta = {k: v for k, v in kimi.items() if k != "rope_theta"}
+    assert fp8mla.make_cos_sin_cache(64, theta=50000.0, yarn=kimi).tobytes() == \
+        fp8mla.make_cos_sin_cache(64, theta=50000.0, yarn=without_theta).tobytes()
+    # Plain RoPE as rope_parameters.
+    plain = {"rope_type": "default", "rope_theta": 10000.0}
+    assert fp8mla.make_cos_sin_cache(64, yarn=plain).tobytes() == \
+        fp8mla.make_cos_sin_cache(64).tobytes()
+    # What the table cannot give is an error naming the key.
+    for bad, message in [
+            ({"attention_factor": 1.25}, r"attention_factor'\]: expected 1.0"),
+            ({"truncate": False}, r"truncate'\]: expected True"),
+            ({"partial_rotary_factor": 0.5}, r"partial_rotary_factor'\]: expected 1.0"),
+            ({"rope_type": "default", "factor": 40.0}, r"rope_type 'default' \(plain RoPE\) with "
+                                                        r"YaRN keys \['factor'\]"),
+            ({"rope_type": "default", "partial_rotary_factor": 0.5}, "partial_rotary_factor")]:
+        with pytest.raises(fp8mla.InvalidArgumentError, match=message):
+            fp8mla.make_cos_sin_cache(64, yarn=dict(DEEPSEEK_V3_ROPE_PARAMETERS, **bad)
+                                      if "rope_type" not in bad else dict(bad, rope_theta=1e4))
+
+
 def test_softmax_mscale():
     assert fp8mla.softmax_mscale() == 1.0
     assert fp8mla.softmax_mscale(yarn=None) == 1.0
     expected = 0.1 * math.log(40) + 1
     assert fp8mla.softmax_mscale(yarn={}) == pytest.approx(expected, rel=1e-15)
     assert fp8mla.softmax_mscale(yarn=DEEPSEEK_V3_ROPE_SCALING) == pytest.approx(expected, rel=1e-15)
+    assert fp8mla.softmax_mscale(yarn=DEEPSEEK_V3_ROPE_PARAMETERS) == \
+        fp8mla.softmax_mscale(yarn=DEEPSEEK_V3_ROPE_SCALING)
     got = fp8mla.softmax_mscale(yarn={"factor": 8.0, "mscale_all_dim": 0.5})
     assert got == pytest.approx(0.05 * math.log(8) + 1, rel=1e-15)
     assert fp8mla.softmax_mscale(yarn={"factor": 1.0}) == 1.0
