@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include "cuda/attention/prefill_kernel.cuh"
 #include "cuda/attention/prefill_launch.hpp"
 #include "cuda/common/launch.cuh"
+#include "cuda/common/runtime.hpp"
 #include "cuda/common/tensor_map.hpp"
 
 namespace fp8mla::cuda::attention {
@@ -82,13 +84,21 @@ CUtensorMap k_even_odd_map(const void* base, std::int64_t tokens, std::int64_t h
 
 template <typename Traits>
 void prepare_prefill() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // The shared-memory attribute is the kernel's on the current device: set once per device (a
+  // process driving several GPUs launches on each).
+  static std::array<std::once_flag, 64> once;
+  const auto set = [] {
     check(cudaFuncSetAttribute(prefill_attention_kernel<Traits>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize,
                                shared_launch_bytes<Traits>()),
           "cudaFuncSetAttribute(prefill_attention_kernel)");
-  });
+  };
+  const int device = current_device();
+  if (device < int(once.size())) {
+    std::call_once(once[std::size_t(device)], set);
+  } else {
+    set();  // past the flags: setting it again is harmless
+  }
 }
 
 template <typename Traits>
