@@ -100,17 +100,15 @@ bool check_v_layout(const ArgChecker& check, const TensorView& v) {
 }
 
 // What the Hopper kernel's TMA loads need: 16-byte aligned bases and strides of dims with more
-// than one element (the descriptors ignore the others). `layout` names v's layout in the
-// messages ("" for the others).
+// than one element (the descriptors ignore the others).
 void check_tma_operand(const ArgChecker& check, const TensorView& t, std::string_view name,
-                       std::initializer_list<int> dims, std::string_view layout = "") {
+                       std::initializer_list<int> dims) {
   check.aligned(t, name, 16);
   for (int d : dims) {
     const std::int64_t bytes = t.stride(d) * std::int64_t(dtype_size(t.dtype()));
     check.require(t.size(d) <= 1 || bytes % 16 == 0, ErrorCategory::kInvalidArgument, [&] {
-      return concat("`", name, "`", layout.empty() ? "" : concat(" (", layout, ")"),
-                    ": the CUDA kernel needs the stride of dim ", d,
-                    " to be a multiple of 16 bytes, got ", bytes, " bytes: ", t.describe());
+      return concat("`", name, "`: the CUDA kernel needs the stride of dim ", d,
+                    " to be a multiple of 16 bytes, got ", t.describe());
     });
   }
 }
@@ -125,9 +123,9 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
     // token-major tile is transposed in shared memory first (the slower path). TMA reads either
     // with 16-byte strides: head and dim strides transposed, token and head strides token-major.
     if (v_transposed) {
-      check_tma_operand(check, args.v, "v", {1, 2}, "transposed e4m3");
+      check_tma_operand(check, args.v, "v", {1, 2});
     } else {
-      check_tma_operand(check, args.v, "v", {0, 1}, "token-major e4m3");
+      check_tma_operand(check, args.v, "v", {0, 1});
     }
   } else {
     check.require(!v_transposed, ErrorCategory::kInvalidArgument, [&] {
