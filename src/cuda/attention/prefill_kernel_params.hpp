@@ -9,6 +9,16 @@
 
 namespace fp8mla::cuda::attention {
 
+// The order of the work tiles on the grid (StaticTileScheduler, prefill_scheduler.cuh): m blocks
+// per sequence (of max_seqlen_q), sequences, and the heads of an L2 section (the first section
+// may have fewer).
+struct TileOrder {
+  int m_blocks;
+  int batch;
+  int section_heads;
+  int first_section_heads;
+};
+
 struct PrefillKernelParams {
   CUtensorMap q_map;  // [heads][tq][dqk] boxes of 128 tokens x 64 elements
   // bf16: [heads][tk][dqk], the same boxes. e4m3: [heads][groups][odd][8][dqk] over the complete
@@ -37,6 +47,7 @@ struct PrefillKernelParams {
   bool out_vectors;  // out and its strides allow 8-byte stores
   float* lse;        // nullptr: not written
   std::int64_t lse_token_stride, lse_head_stride;
+  TileOrder order;
 };
 
 }  // namespace fp8mla::cuda::attention

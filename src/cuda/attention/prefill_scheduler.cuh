@@ -5,7 +5,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <string>
+
+#include "fp8mla/error.hpp"
 
 #include "cuda/attention/prefill_kernel_params.hpp"
 #include "ops/prefill_attention_params.hpp"
@@ -29,12 +34,12 @@ struct TileWork {
 // The work tile of (m block, head, sequence).
 template <typename Traits>
 __device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p, int m_block,
-                                                   int head, int seq) {
+                                                   int head, int seq, int q_start, int q_len) {
   TileWork w;
   w.m_block = m_block;
   w.head = head;
-  w.q_start = p.cu_seqlens_q[seq];
-  w.q_len = p.cu_seqlens_q[seq + 1] - w.q_start;
+  w.q_start = q_start;
+  w.q_len = q_len;
   w.k_start = p.cu_seqlens_k[seq];
   w.k_len = p.cu_seqlens_k[seq + 1] - w.k_start;
   w.key_shift = Traits::kFp8 ? w.k_start % 16 : 0;
@@ -50,22 +55,77 @@ __device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p,
   return w;
 }
 
-// One CTA per work tile, on the grid (m blocks, heads, sequences). Causal grids take the m blocks
-// last to first, so the CTAs with the most keys start first.
+// One CTA per work tile, on a one-dimensional grid in the order the hardware hands CTAs to SMs
+// (rising block index): the heads in sections whose keys and values fit in L2 together, and
+// within a section the tiles by rank, every sequence and head of the section at each rank. A
+// causal tile's rank counts from its sequence's last m block (rank 0: the tile with the most
+// keys), so the tiles go longest first and the last wave is short (a greedy schedule of
+// decreasing jobs); the sections keep each key tile read from DRAM about once. The grid covers
+// max_seqlen_q's m blocks of every sequence; a CTA whose rank lies past its sequence's blocks
+// exits at once. Finding the tile is arithmetic on the block index and the sequence's offsets,
+// the loads a tile needs anyway: nothing waits on a scan of the batch.
 template <typename Traits>
 struct StaticTileScheduler {
   // The launch grid (x = 0: no work at all).
   static dim3 grid(const PrefillAttentionParams& p) {
-    const std::int64_t m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    return dim3(unsigned(m_blocks), unsigned(p.heads), unsigned(p.batch));
+    const std::int64_t tiles = m_blocks(p) * p.batch * p.heads;
+    if (tiles > INT32_MAX) {
+      throw Error(ErrorCategory::kUnsupported,
+                  "prefill_attention: " + std::to_string(tiles) +
+                      " work tiles (ceil(max_seqlen_q / 128) * batch * heads); the CUDA kernel "
+                      "takes at most 2^31 - 1");
+    }
+    return dim3(unsigned(tiles));
+  }
+
+  // The tile order's parameters (TileOrder in prefill_kernel_params.hpp). Heads per section: as
+  // many as have the keys and values of every sequence in kL2Bytes, at least one. The smaller
+  // section (the remainder) goes first, so that the last one is a full section.
+  static TileOrder order(const PrefillAttentionParams& p) {
+    // 24 MiB: half the H100/H200 L2, whose two partitions each hold a copy of what both read.
+    constexpr std::int64_t kL2Bytes = std::int64_t(24) << 20;
+    const std::int64_t head_bytes =
+        std::max<std::int64_t>(p.tk, 1) * (Traits::kDqk + Traits::kDv) * Traits::kElementBytes;
+    const std::int64_t per_section = std::clamp<std::int64_t>(kL2Bytes / head_bytes, 1, p.heads);
+    const std::int64_t sections = (p.heads + per_section - 1) / per_section;
+    TileOrder o;
+    o.m_blocks = int(m_blocks(p));
+    o.batch = int(p.batch);
+    o.section_heads = int(per_section);
+    o.first_section_heads = int(p.heads - (sections - 1) * per_section);
+    return o;
   }
 
   __device__ TileWork initial_work(const PrefillKernelParams& p) const {
-    const int m_block = Traits::kIsCausal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
-    return make_tile_work<Traits>(p, m_block, int(blockIdx.y), int(blockIdx.z));
+    const TileOrder& o = p.order;
+    const int tile = int(blockIdx.x);
+    const int first_tiles = o.m_blocks * o.batch * o.first_section_heads;
+    int local = tile, heads = o.first_section_heads, first_head = 0;
+    if (tile >= first_tiles) {
+      const int section_tiles = o.m_blocks * o.batch * o.section_heads;
+      const int section = (tile - first_tiles) / section_tiles;
+      local = tile - first_tiles - section * section_tiles;
+      heads = o.section_heads;
+      first_head = o.first_section_heads + section * o.section_heads;
+    }
+    const int rank = local / (o.batch * heads);
+    const int in_rank = local - rank * o.batch * heads;
+    const int seq = in_rank / heads;
+    const int head = first_head + in_rank - seq * heads;
+    const int q_start = p.cu_seqlens_q[seq];
+    const int q_len = p.cu_seqlens_q[seq + 1] - q_start;
+    const int blocks = (q_len + Traits::kBlockM - 1) / Traits::kBlockM;
+    // Past the sequence's blocks, m_block is out of range and has_rows false.
+    const int m_block = Traits::kIsCausal && rank < blocks ? blocks - 1 - rank : rank;
+    return make_tile_work<Traits>(p, m_block, head, seq, q_start, q_len);
   }
-  // A CTA whose m block lies past its sequence's queries has no work.
+  // A CTA whose rank lies past its sequence's m blocks has no work.
   __device__ static bool is_valid(const TileWork& w) { return w.has_rows; }
+
+ private:
+  static std::int64_t m_blocks(const PrefillAttentionParams& p) {
+    return (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  }
 };
 
 // The sequence-local key of column 0 of key tile n.
