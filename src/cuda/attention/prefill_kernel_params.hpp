@@ -10,13 +10,14 @@
 namespace fp8mla::cuda::attention {
 
 // The order of the work tiles on the grid (StaticTileScheduler, prefill_scheduler.cuh): m blocks
-// per sequence (of max_seqlen_q), sequences, and the heads of an L2 section (the first section
-// may have fewer).
+// per sequence (of max_seqlen_q), sequences, and the heads in small_sections sections of
+// section_heads, then one of last_section_heads.
 struct TileOrder {
   int m_blocks;
   int batch;
   int section_heads;
-  int first_section_heads;
+  int small_sections;
+  int last_section_heads;
 };
 
 struct PrefillKernelParams {

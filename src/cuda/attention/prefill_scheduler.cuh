@@ -56,14 +56,18 @@ __device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p,
 }
 
 // One CTA per work tile, on a one-dimensional grid in the order the hardware hands CTAs to SMs
-// (rising block index): the heads in sections whose keys and values fit in L2 together, and
-// within a section the tiles by rank, every sequence and head of the section at each rank. A
-// causal tile's rank counts from its sequence's last m block (rank 0: the tile with the most
-// keys), so the tiles go longest first and the last wave is short (a greedy schedule of
-// decreasing jobs); the sections keep each key tile read from DRAM about once. The grid covers
-// max_seqlen_q's m blocks of every sequence; a CTA whose rank lies past its sequence's blocks
-// exits at once. Finding the tile is arithmetic on the block index and the sequence's offsets,
-// the loads a tile needs anyway: nothing waits on a scan of the batch.
+// (rising block index): the heads in sections, and within a section the tiles by rank, every
+// sequence and head of the section at each rank. A causal tile's rank counts from its sequence's
+// last m block (rank 0: the tile with the most keys), so a section's tiles go longest first.
+//  - The sections but the last are small: their keys and values fit in kLocalBytes, so the CTAs
+//    that read the same key tiles run at about the same time and find them in L2. One section's
+//    tail overlaps the next one's start.
+//  - The last section is the one whose tail the kernel waits for: it takes enough heads that its
+//    longest-first tiles fill every SM for twice the longest tile (a greedy schedule of
+//    decreasing jobs then ends within half of one), as many as fit in kL2Bytes.
+// The grid covers max_seqlen_q's m blocks of every sequence; a CTA whose rank lies past its
+// sequence's blocks exits at once. Finding the tile is arithmetic on the block index and the
+// sequence's offsets, the loads a tile needs anyway: nothing waits on a scan of the batch.
 template <typename Traits>
 struct StaticTileScheduler {
   // The launch grid (x = 0: no work at all).
@@ -78,40 +82,47 @@ struct StaticTileScheduler {
     return dim3(unsigned(tiles));
   }
 
-  // The tile order's parameters (TileOrder in prefill_kernel_params.hpp). Heads per section: as
-  // many as have the keys and values of every sequence in kL2Bytes, at least one. The smaller
-  // section (the remainder) goes first, so that the last one is a full section.
-  static TileOrder order(const PrefillAttentionParams& p) {
+  // The tile order's parameters (TileOrder in prefill_kernel_params.hpp) for a device of
+  // `sm_count` SMs.
+  static TileOrder order(const PrefillAttentionParams& p, int sm_count) {
     // 24 MiB: half the H100/H200 L2, whose two partitions each hold a copy of what both read.
     constexpr std::int64_t kL2Bytes = std::int64_t(24) << 20;
+    constexpr std::int64_t kLocalBytes = std::int64_t(4) << 20;
     const std::int64_t head_bytes =
         std::max<std::int64_t>(p.tk, 1) * (Traits::kDqk + Traits::kDv) * Traits::kElementBytes;
-    const std::int64_t per_section = std::clamp<std::int64_t>(kL2Bytes / head_bytes, 1, p.heads);
-    const std::int64_t sections = (p.heads + per_section - 1) / per_section;
+    const std::int64_t small = std::clamp<std::int64_t>(kLocalBytes / head_bytes, 1, p.heads);
+    // A head's work in key tiles, estimated from the batch's query blocks and longest key run.
+    const std::int64_t longest =
+        (std::int64_t(p.max_seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN;
+    const std::int64_t head_work = std::max<std::int64_t>(
+        (p.tq + Traits::kBlockM - 1) / Traits::kBlockM * longest / (Traits::kIsCausal ? 2 : 1), 1);
+    const std::int64_t tail_heads = (2 * longest * sm_count + head_work - 1) / head_work;
+    const std::int64_t last_target =
+        std::clamp<std::int64_t>(std::min(tail_heads, kL2Bytes / head_bytes), small, p.heads);
+    const std::int64_t sections = (p.heads - last_target) / small;
     TileOrder o;
     o.m_blocks = int(m_blocks(p));
     o.batch = int(p.batch);
-    o.section_heads = int(per_section);
-    o.first_section_heads = int(p.heads - (sections - 1) * per_section);
+    o.section_heads = int(small);
+    o.small_sections = int(sections);
+    o.last_section_heads = int(p.heads - sections * small);
     return o;
   }
 
   __device__ TileWork initial_work(const PrefillKernelParams& p) const {
     const TileOrder& o = p.order;
     const int tile = int(blockIdx.x);
-    const int first_tiles = o.m_blocks * o.batch * o.first_section_heads;
-    int local = tile, heads = o.first_section_heads, first_head = 0;
-    if (tile >= first_tiles) {
-      const int section_tiles = o.m_blocks * o.batch * o.section_heads;
-      const int section = (tile - first_tiles) / section_tiles;
-      local = tile - first_tiles - section * section_tiles;
-      heads = o.section_heads;
-      first_head = o.first_section_heads + section * o.section_heads;
+    const int section_tiles = o.m_blocks * o.batch * o.section_heads;
+    int section = tile / section_tiles, heads = o.section_heads;
+    if (section >= o.small_sections) {
+      section = o.small_sections;
+      heads = o.last_section_heads;
     }
+    const int local = tile - section * section_tiles;
     const int rank = local / (o.batch * heads);
     const int in_rank = local - rank * o.batch * heads;
     const int seq = in_rank / heads;
-    const int head = first_head + in_rank - seq * heads;
+    const int head = section * o.section_heads + in_rank - seq * heads;
     const int q_start = p.cu_seqlens_q[seq];
     const int q_len = p.cu_seqlens_q[seq + 1] - q_start;
     const int blocks = (q_len + Traits::kBlockM - 1) / Traits::kBlockM;
