@@ -100,29 +100,32 @@ struct StaticTileScheduler {
     const std::int64_t last_target =
         std::clamp<std::int64_t>(std::min(tail_heads, kL2Bytes / head_bytes), small, p.heads);
     const std::int64_t sections = (p.heads - last_target) / small;
+    const int last = int(p.heads - sections * small);
+    const int batch = int(p.batch);
     TileOrder o;
-    o.m_blocks = int(m_blocks(p));
-    o.batch = int(p.batch);
-    o.section_heads = int(small);
     o.small_sections = int(sections);
-    o.last_section_heads = int(p.heads - sections * small);
+    o.section_heads = int(small);
+    o.section_tiles = cutlass::FastDivmod(int(m_blocks(p)) * batch * int(small));
+    o.rank_tiles[0] = cutlass::FastDivmod(batch * int(small));
+    o.rank_tiles[1] = cutlass::FastDivmod(batch * last);
+    o.heads[0] = cutlass::FastDivmod(int(small));
+    o.heads[1] = cutlass::FastDivmod(last);
     return o;
   }
 
   __device__ TileWork initial_work(const PrefillKernelParams& p) const {
     const TileOrder& o = p.order;
-    const int tile = int(blockIdx.x);
-    const int section_tiles = o.m_blocks * o.batch * o.section_heads;
-    int section = tile / section_tiles, heads = o.section_heads;
-    if (section >= o.small_sections) {
+    int local;
+    int section = o.section_tiles.divmod(local, int(blockIdx.x));
+    const bool last = section >= o.small_sections;
+    if (last) {  // the last section's tiles, counted from its start
+      local += (section - o.small_sections) * o.section_tiles.divisor;
       section = o.small_sections;
-      heads = o.last_section_heads;
     }
-    const int local = tile - section * section_tiles;
-    const int rank = local / (o.batch * heads);
-    const int in_rank = local - rank * o.batch * heads;
-    const int seq = in_rank / heads;
-    const int head = section * o.section_heads + in_rank - seq * heads;
+    int in_rank, head_in_section;
+    const int rank = o.rank_tiles[last].divmod(in_rank, local);
+    const int seq = o.heads[last].divmod(head_in_section, in_rank);
+    const int head = section * o.section_heads + head_in_section;
     const int q_start = p.cu_seqlens_q[seq];
     const int q_len = p.cu_seqlens_q[seq + 1] - q_start;
     const int blocks = (q_len + Traits::kBlockM - 1) / Traits::kBlockM;
