@@ -444,6 +444,14 @@ TEST_P(PrefillCuda, ManyHeadsStridedViewsTransposedLse) {
   expect_error_rule(c);
 }
 
+// 64 heads over 4100 keys: the tile order takes the heads in L2 sections (e4m3: 7, then 19
+// each; bf16: 1, then 9 each), every sequence's blocks last to first within one.
+TEST_P(PrefillCuda, HeadSectionsOfTheTileOrder) {
+  FP8MLA_REQUIRE_HOPPER();
+  Case c = batch({200, 1, 130}, {2000, 1500, 600}, 64);
+  expect_error_rule(c);
+}
+
 TEST_P(PrefillCuda, AllOnesVGivesExactlyOne) {
   FP8MLA_REQUIRE_HOPPER();
   for (bool token_major : {false, true}) {

@@ -1,7 +1,7 @@
 // The Hopper prefill attention kernel (op 8): warp-specialized, TMA-fed, wgmma for both products.
 // The entry composes its roles, each in its own file:
 //   prefill_shared_storage.cuh  the CTA's shared memory (tiles, rings, barriers)
-//   prefill_scheduler.cuh       which work tiles a CTA owns (StaticTileScheduler)
+//   prefill_scheduler.cuh       which work tile a CTA runs, longest first (StaticTileScheduler)
 //   prefill_producer.cuh        warpgroup 0: the TMA loads of Q, K and V (PrefillProducer)
 //   prefill_consumer.cuh        warpgroups 1, 2: S, softmax and O, ping-ponging (PrefillConsumer)
 //   prefill_epilogue.cuh        the store of a finished tile (Bf16OutputEpilogue)

@@ -5,9 +5,25 @@
 
 #include <cuda.h>
 
+#include <cutlass/fast_math.h>
+
 #include <cstdint>
 
 namespace fp8mla::cuda::attention {
+
+// The order of the work tiles on the grid (StaticTileScheduler, prefill_scheduler.cuh): m blocks
+// per sequence (of max_seqlen_q), sequences, and the heads in small_sections sections of
+// section_heads, then one of the remaining heads. The divisors the CTA's tile is found by are
+// precomputed (multiply-high and shift instead of a division, which costs short tiles several
+// percent).
+struct TileOrder {
+  int small_sections;
+  int section_heads;
+  cutlass::FastDivmod section_tiles;  // m_blocks * batch * section_heads
+  // Of a small section [0] and of the last one [1]: batch * heads, and heads.
+  cutlass::FastDivmod rank_tiles[2];
+  cutlass::FastDivmod heads[2];
+};
 
 struct PrefillKernelParams {
   CUtensorMap q_map;  // [heads][tq][dqk] boxes of 128 tokens x 64 elements
@@ -37,6 +53,7 @@ struct PrefillKernelParams {
   bool out_vectors;  // out and its strides allow 8-byte stores
   float* lse;        // nullptr: not written
   std::int64_t lse_token_stride, lse_head_stride;
+  TileOrder order;
 };
 
 }  // namespace fp8mla::cuda::attention

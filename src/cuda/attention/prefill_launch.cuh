@@ -174,6 +174,7 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   kp.lse = p.lse;
   kp.lse_token_stride = p.lse_token_stride;
   kp.lse_head_stride = p.lse_head_stride;
+  kp.order = PrefillScheduler<Traits>::order(p, current_device_props().sm_count);
 
   LaunchConfig config;
   config.grid = grid;

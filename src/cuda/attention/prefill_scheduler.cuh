@@ -5,7 +5,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <string>
+
+#include "fp8mla/error.hpp"
 
 #include "cuda/attention/prefill_kernel_params.hpp"
 #include "ops/prefill_attention_params.hpp"
@@ -29,12 +34,12 @@ struct TileWork {
 // The work tile of (m block, head, sequence).
 template <typename Traits>
 __device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p, int m_block,
-                                                   int head, int seq) {
+                                                   int head, int seq, int q_start, int q_len) {
   TileWork w;
   w.m_block = m_block;
   w.head = head;
-  w.q_start = p.cu_seqlens_q[seq];
-  w.q_len = p.cu_seqlens_q[seq + 1] - w.q_start;
+  w.q_start = q_start;
+  w.q_len = q_len;
   w.k_start = p.cu_seqlens_k[seq];
   w.k_len = p.cu_seqlens_k[seq + 1] - w.k_start;
   w.key_shift = Traits::kFp8 ? w.k_start % 16 : 0;
@@ -50,22 +55,91 @@ __device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p,
   return w;
 }
 
-// One CTA per work tile, on the grid (m blocks, heads, sequences). Causal grids take the m blocks
-// last to first, so the CTAs with the most keys start first.
+// One CTA per work tile, on a one-dimensional grid in the order the hardware hands CTAs to SMs
+// (rising block index): the heads in sections, and within a section the tiles by rank, every
+// sequence and head of the section at each rank. A causal tile's rank counts from its sequence's
+// last m block (rank 0: the tile with the most keys), so a section's tiles go longest first.
+//  - The sections but the last are small: their keys and values fit in kLocalBytes, so the CTAs
+//    that read the same key tiles run at about the same time and find them in L2. One section's
+//    tail overlaps the next one's start.
+//  - The last section is the one whose tail the kernel waits for: it takes enough heads that its
+//    longest-first tiles fill every SM for twice the longest tile (a greedy schedule of
+//    decreasing jobs then ends within half of one), as many as fit in kL2Bytes.
+// The grid covers max_seqlen_q's m blocks of every sequence; a CTA whose rank lies past its
+// sequence's blocks exits at once. Finding the tile is arithmetic on the block index and the
+// sequence's offsets, the loads a tile needs anyway: nothing waits on a scan of the batch.
 template <typename Traits>
 struct StaticTileScheduler {
   // The launch grid (x = 0: no work at all).
   static dim3 grid(const PrefillAttentionParams& p) {
-    const std::int64_t m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-    return dim3(unsigned(m_blocks), unsigned(p.heads), unsigned(p.batch));
+    const std::int64_t tiles = m_blocks(p) * p.batch * p.heads;
+    if (tiles > INT32_MAX) {
+      throw Error(ErrorCategory::kUnsupported,
+                  "prefill_attention: " + std::to_string(tiles) +
+                      " work tiles (ceil(max_seqlen_q / 128) * batch * heads); the CUDA kernel "
+                      "takes at most 2^31 - 1");
+    }
+    return dim3(unsigned(tiles));
+  }
+
+  // The tile order's parameters (TileOrder in prefill_kernel_params.hpp) for a device of
+  // `sm_count` SMs.
+  static TileOrder order(const PrefillAttentionParams& p, int sm_count) {
+    // 24 MiB: half the H100/H200 L2, whose two partitions each hold a copy of what both read.
+    constexpr std::int64_t kL2Bytes = std::int64_t(24) << 20;
+    constexpr std::int64_t kLocalBytes = std::int64_t(4) << 20;
+    const std::int64_t head_bytes =
+        std::max<std::int64_t>(p.tk, 1) * (Traits::kDqk + Traits::kDv) * Traits::kElementBytes;
+    const std::int64_t small = std::clamp<std::int64_t>(kLocalBytes / head_bytes, 1, p.heads);
+    // A head's work in key tiles, estimated from the batch's query blocks and longest key run.
+    const std::int64_t longest =
+        (std::int64_t(p.max_seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN;
+    const std::int64_t head_work = std::max<std::int64_t>(
+        (p.tq + Traits::kBlockM - 1) / Traits::kBlockM * longest / (Traits::kIsCausal ? 2 : 1), 1);
+    const std::int64_t tail_heads = (2 * longest * sm_count + head_work - 1) / head_work;
+    const std::int64_t last_target =
+        std::clamp<std::int64_t>(std::min(tail_heads, kL2Bytes / head_bytes), small, p.heads);
+    const std::int64_t sections = (p.heads - last_target) / small;
+    const int last = int(p.heads - sections * small);
+    const int batch = int(p.batch);
+    TileOrder o;
+    o.small_sections = int(sections);
+    o.section_heads = int(small);
+    o.section_tiles = cutlass::FastDivmod(int(m_blocks(p)) * batch * int(small));
+    o.rank_tiles[0] = cutlass::FastDivmod(batch * int(small));
+    o.rank_tiles[1] = cutlass::FastDivmod(batch * last);
+    o.heads[0] = cutlass::FastDivmod(int(small));
+    o.heads[1] = cutlass::FastDivmod(last);
+    return o;
   }
 
   __device__ TileWork initial_work(const PrefillKernelParams& p) const {
-    const int m_block = Traits::kIsCausal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);
-    return make_tile_work<Traits>(p, m_block, int(blockIdx.y), int(blockIdx.z));
+    const TileOrder& o = p.order;
+    int local;
+    int section = o.section_tiles.divmod(local, int(blockIdx.x));
+    const bool last = section >= o.small_sections;
+    if (last) {  // the last section's tiles, counted from its start
+      local += (section - o.small_sections) * o.section_tiles.divisor;
+      section = o.small_sections;
+    }
+    int in_rank, head_in_section;
+    const int rank = o.rank_tiles[last].divmod(in_rank, local);
+    const int seq = o.heads[last].divmod(head_in_section, in_rank);
+    const int head = section * o.section_heads + head_in_section;
+    const int q_start = p.cu_seqlens_q[seq];
+    const int q_len = p.cu_seqlens_q[seq + 1] - q_start;
+    const int blocks = (q_len + Traits::kBlockM - 1) / Traits::kBlockM;
+    // Past the sequence's blocks, m_block is out of range and has_rows false.
+    const int m_block = Traits::kIsCausal && rank < blocks ? blocks - 1 - rank : rank;
+    return make_tile_work<Traits>(p, m_block, head, seq, q_start, q_len);
   }
-  // A CTA whose m block lies past its sequence's queries has no work.
+  // A CTA whose rank lies past its sequence's m blocks has no work.
   __device__ static bool is_valid(const TileWork& w) { return w.has_rows; }
+
+ private:
+  static std::int64_t m_blocks(const PrefillAttentionParams& p) {
+    return (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  }
 };
 
 // The sequence-local key of column 0 of key tile n.
