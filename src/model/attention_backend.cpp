@@ -99,9 +99,10 @@ constexpr BackendSpec kBackends[] = {
     {"bf16-hopper", DeviceType::kCUDA, false, VLayout::kTransposed},
 };
 
-// The output quantization keys the CPU attention fuses (all of them).
-constexpr OutputQuantKey kFusedOnCpu[] = {OutputQuantKey::kFp8Static, OutputQuantKey::kFp8Group128,
-                                          OutputQuantKey::kFp8Group64, OutputQuantKey::kNvfp4};
+// The output quantization keys the attention fuses: all of them, on the CPU and in the epilogue
+// of every compiled Hopper kernel (and the merge of attention states).
+constexpr OutputQuantKey kFusedKeys[] = {OutputQuantKey::kFp8Static, OutputQuantKey::kFp8Group128,
+                                         OutputQuantKey::kFp8Group64, OutputQuantKey::kNvfp4};
 
 // The (Dqk, Dv) pairs the CPU attention is checked at: MLA's and smaller ones.
 constexpr std::pair<int, int> kCpuHeadDims[] = {{192, 128}, {128, 128}, {64, 64}, {128, 64}};
@@ -123,7 +124,7 @@ BackendCapabilities capabilities_of(const BackendSpec& spec) {
     }
     caps.head_dims.assign(std::begin(kCpuHeadDims), std::end(kCpuHeadDims));
     caps.architectures = {"cpu"};
-    for (OutputQuantKey key : kFusedOnCpu) caps.output_quant.emplace_back(to_string(key));
+    for (OutputQuantKey key : kFusedKeys) caps.output_quant.emplace_back(to_string(key));
     return caps;
   }
   for (const AttentionVariantKey& key : compiled_attention_variants()) {
@@ -133,6 +134,9 @@ BackendCapabilities capabilities_of(const BackendSpec& spec) {
   }
   const std::string arch = build_info().cuda_arch;
   if (!arch.empty()) caps.architectures = {arch};
+  if (!caps.attention_dtypes.empty()) {
+    for (OutputQuantKey key : kFusedKeys) caps.output_quant.emplace_back(to_string(key));
+  }
   return caps;
 }
 

@@ -58,8 +58,8 @@ void check_alias(const ArgChecker& check, const TensorView& out, std::string_vie
 
 // The merge into `out`, or with a key into a buffer of the states' dtype, rounded to bf16 (the
 // unquantized attention output) and quantized by the key's standalone op.
-void run_cpu(MergeStatesParams p, const OutputQuantParams& quant) {
-  if (quant.key == OutputQuantKey::kNone) {
+void run_cpu(MergeStatesParams p) {
+  if (p.quant.key == OutputQuantKey::kNone) {
     cpu::merge_attention_states(p);
     return;
   }
@@ -69,7 +69,7 @@ void run_cpu(MergeStatesParams p, const OutputQuantParams& quant) {
   p.out = {p.dtype == DType::kF32 ? static_cast<void*>(f32.data()) : bf16.data(), width, p.dim};
   cpu::merge_attention_states(p);
   for (std::size_t i = 0; i < f32.size(); ++i) bf16[i] = encode_bf16(f32[i]);
-  cpu::quantize_output(quant, {bf16.data(), DType::kBF16, p.tokens, width, width});
+  cpu::quantize_output(p.quant, {bf16.data(), DType::kBF16, p.tokens, width, width});
 }
 
 void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView& lse_a,
@@ -87,8 +87,8 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
   p.o_b = states_of(check, o_b, "o_b", o_a);
   const OutputQuantKey key =
       check_output_quant_key(check, out, output_scale, output_block_scale, o_a.dtype());
-  const OutputQuantParams quant = output_quant_params(check, key, out, output_scale,
-                                                      output_block_scale, p.tokens, p.heads, p.dim);
+  p.quant = output_quant_params(check, key, out, output_scale, output_block_scale, p.tokens,
+                                p.heads, p.dim);
   if (key == OutputQuantKey::kNone) p.out = states_of(check, out, "out", o_a);
   p.lse_a = lse_of(check, lse_a, "lse_a", o_a);
   p.lse_b = lse_of(check, lse_b, "lse_b", o_a);
@@ -116,8 +116,7 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
     return concat("`o_a`: expected a head dim of at least 1, got ", o_a.describe());
   });
   dispatch(
-      o_a.device(), [&] { run_cpu(p, quant); },
-      [&](auto) { cuda::merge_attention_states(p, stream); });
+      o_a.device(), [&] { run_cpu(p); }, [&](auto) { cuda::merge_attention_states(p, stream); });
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "fp8mla/dtype.hpp"
 #include "fp8mla/stream.hpp"
+#include "ops/output_quant_params.hpp"
 
 namespace fp8mla {
 
@@ -29,6 +30,9 @@ struct MergeStatesParams {
   std::int64_t dim = 0;
   States o_a, o_b, out;  // out may be o_a (in place); then out_lse is lse_a
   Lse lse_a, lse_b, out_lse;
+  // A quantized `out` (then `out` above is unset): the CUDA kernel writes it directly; the CPU
+  // path merges into a buffer and quantizes that (ops/merge_states.cpp).
+  OutputQuantParams quant;
 };
 
 namespace cpu {

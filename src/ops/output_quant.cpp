@@ -244,17 +244,8 @@ OutputQuantKey detect_output_quant_key(const TensorView& output, const TensorVie
 OutputQuantKey check_output_quant_key(const ArgChecker& check, const TensorView& out,
                                       const TensorView& output_scale,
                                       const TensorView& output_block_scale, DType unquantized) {
-  const OutputQuantKey key = detect_output_quant_key(
-      check, out, "out", output_scale, output_block_scale, output_row_width(out), unquantized);
-  check.require(key == OutputQuantKey::kNone || !out.device().is_cuda(),
-                ErrorCategory::kUnsupported, [&] {
-                  return concat("fused output quantization ", to_string(key),
-                                ": the CUDA kernels do not fuse it yet (it runs on the CPU); give "
-                                "a bf16 `out` without output scales and quantize it with the "
-                                "standalone op, got `out` ",
-                                out.describe());
-                });
-  return key;
+  return detect_output_quant_key(check, out, "out", output_scale, output_block_scale,
+                                 output_row_width(out), unquantized);
 }
 
 OutputQuantParams output_quant_params(const ArgChecker& check, OutputQuantKey key,

@@ -19,8 +19,7 @@ OutputQuantKey detect_output_quant_key(const ArgChecker& check, const TensorView
                                        std::int64_t output_dim, DType unquantized);
 
 // The attention ops' output check, made before their other checks: without scales `out` must be
-// `unquantized`; with them the key is detected over output_row_width(out). The CUDA kernels fuse
-// no quantization yet, so a valid key on a CUDA `out` is ErrorCategory::kUnsupported naming it.
+// `unquantized`; with them the key is detected over output_row_width(out).
 OutputQuantKey check_output_quant_key(const ArgChecker& check, const TensorView& out,
                                       const TensorView& output_scale,
                                       const TensorView& output_block_scale, DType unquantized);

@@ -114,7 +114,7 @@ void check_tma_operand(const ArgChecker& check, const TensorView& t, std::string
 }
 
 void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& args,
-                        bool v_transposed) {
+                        bool v_transposed, bool quantized) {
   const bool fp8 = args.q.dtype() == DType::kE4M3;
   check_tma_operand(check, args.q, "q", {0, 1});
   check_tma_operand(check, args.k, "k", {0, 1});
@@ -150,14 +150,17 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
   check.require(args.softmax_scale > 0.0f, ErrorCategory::kInvalidArgument, [&] {
     return concat("the CUDA kernel needs softmax_scale > 0, got ", args.softmax_scale);
   });
-  // The epilogue stores pairs of bf16.
-  check.aligned(args.out, "out", 4);
-  for (int d : {0, 1}) {
-    check.require(args.out.size(d) <= 1 || args.out.stride(d) % 2 == 0,
-                  ErrorCategory::kInvalidArgument, [&] {
-                    return concat("`out`: the CUDA kernel needs even token and head strides, got ",
-                                  args.out.describe());
-                  });
+  // The epilogue stores pairs of bf16 (a quantized `out` takes any stride).
+  if (!quantized) {
+    check.aligned(args.out, "out", 4);
+    for (int d : {0, 1}) {
+      check.require(args.out.size(d) <= 1 || args.out.stride(d) % 2 == 0,
+                    ErrorCategory::kInvalidArgument, [&] {
+                      return concat(
+                          "`out`: the CUDA kernel needs even token and head strides, got ",
+                          args.out.describe());
+                    });
+    }
   }
   check.require(args.cu_seqlens_q.size(0) - 1 <= 65535 && args.q.size(1) <= 65535,
                 ErrorCategory::kInvalidArgument, [&] {
@@ -218,7 +221,7 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
 // The CPU path: the host can read the offsets and the descales. With an output quantization key
 // the attention writes its bf16 output into a buffer of its own, which the key's standalone
 // quantization then turns into `out` and its scales.
-void run_cpu(const ArgChecker& check, PrefillAttentionParams& p, const OutputQuantParams& quant) {
+void run_cpu(const ArgChecker& check, PrefillAttentionParams& p) {
   check_cu_seqlens_values(check, p.cu_seqlens_q, p.batch, p.tq, p.max_seqlen_q, "cu_seqlens_q",
                           "max_seqlen_q", "q");
   check_cu_seqlens_values(check, p.cu_seqlens_k, p.batch, p.tk, p.max_seqlen_k, "cu_seqlens_k",
@@ -229,7 +232,7 @@ void run_cpu(const ArgChecker& check, PrefillAttentionParams& p, const OutputQua
     p.v_descale_value = *p.v_descale;
   }
   if (p.tq == 0 || p.heads == 0) return;
-  if (quant.key == OutputQuantKey::kNone) {
+  if (p.quant.key == OutputQuantKey::kNone) {
     cpu::prefill_attention(p);
     return;
   }
@@ -239,7 +242,7 @@ void run_cpu(const ArgChecker& check, PrefillAttentionParams& p, const OutputQua
   p.out_token_stride = width;
   p.out_head_stride = p.dv;
   cpu::prefill_attention(p);
-  cpu::quantize_output(quant, {bf16.data(), DType::kBF16, p.tq, width, width});
+  cpu::quantize_output(p.quant, {bf16.data(), DType::kBF16, p.tq, width, width});
 }
 }  // namespace
 
@@ -323,7 +326,9 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
     p.k_descale = scalar_f32(check, args.k_descale, "k_descale", device);
     p.v_descale = scalar_f32(check, args.v_descale, "v_descale", device);
   }
-  if (device.is_cuda()) check_cuda_layouts(check, args, v_transposed);
+  if (device.is_cuda()) {
+    check_cuda_layouts(check, args, v_transposed, key != OutputQuantKey::kNone);
+  }
 
   p.q = q.data();
   p.k = k.data();
@@ -347,9 +352,12 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   p.max_seqlen_k = args.max_seqlen_k;
   p.softmax_scale = args.softmax_scale;
   p.causal = args.causal;
-  p.out = out.data_as<std::uint16_t>();
-  p.out_token_stride = out.stride(0);
-  p.out_head_stride = out.stride(1);
+  if (key == OutputQuantKey::kNone) {
+    p.out = out.data_as<std::uint16_t>();
+    p.out_token_stride = out.stride(0);
+    p.out_head_stride = out.stride(1);
+  }
+  p.quant = quant;
   if (has_lse) {
     p.lse = args.lse.data_as<float>();
     p.lse_token_stride = args.lse.stride(0);
@@ -357,7 +365,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   }
 
   dispatch(
-      device, [&] { run_cpu(check, p, quant); },
+      device, [&] { run_cpu(check, p); },
       [&](auto) { cuda::prefill_attention(attention_variant_key(args), p, stream); });
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fp8mla/dtype.hpp"
+#include "ops/output_quant_params.hpp"
 
 namespace fp8mla {
 
@@ -45,8 +46,11 @@ struct PrefillAttentionParams {
   float k_descale_value = 1.0f;
   float v_descale_value = 1.0f;
 
-  std::uint16_t* out = nullptr;  // bf16 [tq, heads, dv]
+  std::uint16_t* out = nullptr;  // bf16 [tq, heads, dv], without an output quantization key
   std::int64_t out_token_stride = 0, out_head_stride = 0;
+  // A quantized `out` [tq, heads * dv]: the CUDA kernel writes it directly; the CPU path
+  // computes `out` into a bf16 buffer and quantizes that (ops/prefill_attention.cpp).
+  OutputQuantParams quant;
   float* lse = nullptr;  // optional f32 [tq, heads]; nullptr: not written
   std::int64_t lse_token_stride = 0, lse_head_stride = 0;
 };

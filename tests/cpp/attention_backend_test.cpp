@@ -17,6 +17,8 @@ namespace {
 
 using HeadDims = std::vector<std::pair<int, int>>;
 
+const std::vector<std::string> kFusedKeys = {"fp8_static", "fp8_group128", "fp8_group64", "nvfp4"};
+
 TEST(AttentionBackends, CpuBackendsDeclareTheCpuAttention) {
   EXPECT_EQ(attention_backend_names(),
             (std::vector<std::string>{"cpu", "cpu-bf16", "fp8-hopper", "bf16-hopper"}));
@@ -31,13 +33,9 @@ TEST(AttentionBackends, CpuBackendsDeclareTheCpuAttention) {
   EXPECT_EQ(bf16.attention_dtypes, std::vector{DType::kBF16});
   EXPECT_EQ(bf16.head_dims, cpu_dims);
   EXPECT_FALSE(bf16.prepare_prefill_qkv || bf16.pack_prefix_chunk_kv);
-  // The CPU attention fuses every output quantization key; the Hopper kernels none yet.
-  const std::vector<std::string> keys = {"fp8_static", "fp8_group128", "fp8_group64", "nvfp4"};
-  EXPECT_EQ(cpu.output_quant, keys);
-  EXPECT_EQ(bf16.output_quant, keys);
-  for (const char* name : {"fp8-hopper", "bf16-hopper"}) {
-    EXPECT_TRUE(make_attention_backend(name)->capabilities().output_quant.empty()) << name;
-  }
+  // The CPU attention fuses every output quantization key.
+  EXPECT_EQ(cpu.output_quant, kFusedKeys);
+  EXPECT_EQ(bf16.output_quant, kFusedKeys);
 }
 
 TEST(AttentionBackends, HopperBackendsDeclareTheCompiledVariants) {
@@ -52,11 +50,12 @@ TEST(AttentionBackends, HopperBackendsDeclareTheCompiledVariants) {
   for (const BackendCapabilities* caps : {&fp8, &bf16}) {
     EXPECT_EQ(caps->head_dims, (HeadDims{{192, 128}})) << caps->name;
     EXPECT_EQ(caps->architectures, std::vector<std::string>{"sm_90a"}) << caps->name;
+    EXPECT_EQ(caps->output_quant, kFusedKeys) << caps->name;  // the epilogue fuses every key
   }
 #else
   for (const BackendCapabilities* caps : {&fp8, &bf16}) {
     EXPECT_TRUE(caps->attention_dtypes.empty() && caps->head_dims.empty() &&
-                caps->architectures.empty())
+                caps->architectures.empty() && caps->output_quant.empty())
         << caps->name;
   }
   test::expect_error([&] { check_backend(fp8, {}, Device::cuda(0)); }, ErrorCategory::kUnsupported,

@@ -16,160 +16,21 @@
 #include "error_test_util.hpp"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/output_quant.hpp"
-#include "fp8mla/quantize.hpp"
+#include "output_quant_test_util.hpp"
 
 namespace fp8mla {
 namespace {
 
-using test::dense;
 using test::HostBuffer;
+using test::QuantBuffers;
+using test::QuantCase;
 using test::Rng;
-using test::round_up;
-using test::Spec;
 
 constexpr std::int64_t kHeads = 4, kDim = 128, kWidth = kHeads * kDim;
-constexpr float kStaticScale = 150.0f;  // o * 150 saturates the largest outputs (|v| < 4)
-constexpr float kGlobalScale = 500.0f;
 
-// One quantized output: `out` and the scale tensor as they are given to the op, the standalone
-// op's scale view over the first `tokens` rows, and the call of that op.
-struct QuantCase {
-  std::string name;
-  OutputQuantKey key = OutputQuantKey::kFp8Static;
-  Spec out;    // e4m3 or e2m1x2: [T, H, Dv] (Dv / 2 bytes) or [T, W] (W / 2 bytes)
-  Spec scale;  // output_block_scale (or output_scale for kFp8Static)
-  // The standalone op on the bf16 [T, W] rows, `out` as rows and the scales it writes.
-  std::function<void(const TensorView& bf16, const TensorView& out, const TensorView& scales,
-                     const TensorView& global)>
-      standalone;
-  // The part of the scale tensor the standalone op is given (the first rows or tiles).
-  std::function<TensorView(const TensorView& scales)> used = [](const TensorView& s) { return s; };
-};
-
-Spec strided(DType dtype, std::vector<std::int64_t> shape, std::vector<std::int64_t> strides,
-             std::int64_t elems, std::int64_t offset = 0) {
-  return {dtype, std::move(shape), std::move(strides), offset, elems + offset};
+std::vector<test::QuantCase> quant_cases(std::int64_t t) {
+  return test::quant_cases(t, kHeads, kDim);
 }
-
-// `out` views: [T, W] rows padded by 48 bytes and 16 bytes in, or dense [T, H, Dv].
-Spec out_spec(DType dtype, std::int64_t tokens, bool three_d) {
-  const std::int64_t dim = dtype == DType::kE2M1x2 ? kDim / 2 : kDim;
-  if (three_d) return dense(dtype, {tokens, kHeads, dim});
-  return test::padded(dtype, {tokens, kHeads * dim}, 48, 16);
-}
-
-std::vector<QuantCase> group_cases(std::int64_t t) {
-  std::vector<QuantCase> cases;
-  const DType f32 = DType::kF32, ue8m0 = DType::kUE8M0, i32 = DType::kI32;
-  for (int group : {128, 64}) {
-    const std::int64_t g = kWidth / group, w = (g + 3) / 4, t4 = round_up(t, 4), r = t + 6;
-    const OutputQuantKey key =
-        group == 128 ? OutputQuantKey::kFp8Group128 : OutputQuantKey::kFp8Group64;
-    struct Layout {
-      std::string name;
-      Spec scale;
-    };
-    const std::vector<Layout> layouts = {
-        {"f32 row-major", dense(f32, {t, g})},
-        {"f32 column-major", strided(f32, {t, g}, {1, t}, g * t)},
-        {"f32 TMA-aligned column-major", strided(f32, {t, g}, {1, t4}, g * t4)},
-        {"f32 padded rows (CUDA graph)", strided(f32, {r, g}, {1, r}, g * r)},
-        {"ue8m0 row-major", dense(ue8m0, {t, g})},
-        {"ue8m0 column-major", strided(ue8m0, {t, g}, {1, t}, g * t, 3)},
-        {"packed i32 TMA-aligned column-major", strided(i32, {t, w}, {1, t4}, w * t4)},
-        {"packed i32 row-major", dense(i32, {t, w})},
-    };
-    for (const Layout& l : layouts) {
-      for (bool three_d : {false, true}) {
-        QuantCase c;
-        c.name = concat("group ", group, ", ", l.name, three_d ? ", out [T, H, Dv]" : "");
-        c.key = key;
-        c.out = out_spec(DType::kE4M3, t, three_d);
-        c.scale = l.scale;
-        c.standalone = [group](const TensorView& x, const TensorView& out, const TensorView& s,
-                               const TensorView&) {
-          quantize_fp8_per_token_group(x, out, s, {group, 1e-10f, false});
-        };
-        c.used = [t](const TensorView& s) { return s.narrow(0, 0, t); };
-        cases.push_back(std::move(c));
-      }
-    }
-  }
-  return cases;
-}
-
-std::vector<QuantCase> quant_cases(std::int64_t t) {
-  std::vector<QuantCase> cases = group_cases(t);
-  for (bool three_d : {false, true}) {
-    QuantCase c;
-    c.name = concat("static", three_d ? ", out [T, H, Dv]" : "");
-    c.out = out_spec(DType::kE4M3, t, three_d);
-    c.scale = dense(DType::kF32, {1});
-    c.standalone = [](const TensorView& x, const TensorView& out, const TensorView& scale,
-                      const TensorView&) { quantize_fp8(x, out, scale); };
-    cases.push_back(std::move(c));
-  }
-  const std::int64_t blocks = kWidth / 16, tiles = (t + 127) / 128, rows = tiles * 128;
-  const DType e4m3 = DType::kE4M3;
-  struct Nvfp4 {
-    std::string name;
-    Spec scale;
-    Nvfp4ScaleLayout layout;
-    std::int64_t used_rows;
-  };
-  const Nvfp4ScaleLayout swizzled = Nvfp4ScaleLayout::kSwizzled128x4;
-  const Nvfp4ScaleLayout linear = Nvfp4ScaleLayout::kLinear;
-  const std::vector<Nvfp4> layouts = {
-      {"swizzled 2-d", dense(e4m3, {rows, blocks}), swizzled, rows},
-      {"swizzled 5-d", dense(e4m3, {tiles, blocks / 4, 32, 4, 4}), swizzled, tiles},
-      {"swizzled 2-d, a spare tile", dense(e4m3, {rows + 128, blocks}), swizzled, rows},
-      {"linear", dense(e4m3, {t, blocks}), linear, t},
-      {"linear, row stride 40 and spare rows",
-       strided(e4m3, {t + 3, blocks}, {40, 1}, 40 * (t + 3)), linear, t},
-  };
-  for (const Nvfp4& l : layouts) {
-    for (bool three_d : {false, true}) {
-      QuantCase c;
-      c.name = concat("nvfp4 ", l.name, three_d ? ", out [T, H, Dv / 2]" : "");
-      c.key = OutputQuantKey::kNvfp4;
-      c.out = out_spec(DType::kE2M1x2, t, three_d);
-      c.scale = l.scale;
-      c.standalone = [layout = l.layout](const TensorView& x, const TensorView& out,
-                                         const TensorView& s, const TensorView& global) {
-        quantize_nvfp4(x, out, s, global, layout);
-      };
-      c.used = [n = l.used_rows](const TensorView& s) { return s.narrow(0, 0, n); };
-      cases.push_back(std::move(c));
-    }
-  }
-  return cases;
-}
-
-// `out` as the [T, cols] rows the standalone op takes (a 3-d view's heads are contiguous).
-TensorView as_rows(const TensorView& out) {
-  if (out.ndim() == 2) return out;
-  return TensorView(out.data(), out.dtype(), {out.size(0), out.size(1) * out.size(2)},
-                    {out.stride(0), 1});
-}
-
-// The buffers of one quantized call: out, scale tensor, and the global scale of NVFP4.
-struct QuantBuffers {
-  HostBuffer out, scale, global;
-  QuantBuffers(const QuantCase& c, std::uint8_t poison)
-      : out(c.out.bytes(), poison), scale(c.scale.bytes(), poison), global(4, poison) {
-    const float one_scale = c.key == OutputQuantKey::kNvfp4 ? kGlobalScale : kStaticScale;
-    std::memcpy(c.key == OutputQuantKey::kFp8Static ? scale.data() : global.data(), &one_scale, 4);
-  }
-  TensorView out_view(const QuantCase& c) { return c.out.view(out.data()); }
-  TensorView scale_view(const QuantCase& c) { return c.scale.view(scale.data()); }
-  TensorView global_view() { return TensorView(global.data(), DType::kF32, {1}); }
-  // (output_scale, output_block_scale) of the fused call.
-  std::pair<TensorView, TensorView> op_scales(const QuantCase& c) {
-    if (c.key == OutputQuantKey::kFp8Static) return {scale_view(c), {}};
-    if (c.key == OutputQuantKey::kNvfp4) return {global_view(), scale_view(c)};
-    return {{}, scale_view(c)};
-  }
-};
 
 // Runs `fused(out, output_scale, output_block_scale)` and the reference (`bf16` rows, the op's
 // unquantized output, through the standalone op) on buffers poisoned alike, and compares them.
@@ -179,16 +40,16 @@ void expect_fused_matches(
   SCOPED_TRACE(c.name);
   for (std::uint8_t poison : {std::uint8_t(0xFF), std::uint8_t(0x00)}) {
     QuantBuffers got(c, poison), want(c, poison);
-    const auto [scale, block] = got.op_scales(c);
-    ASSERT_EQ(to_string(detect_output_quant_key(got.out_view(c), scale, block,
-                                                output_row_width(got.out_view(c)))),
+    const TensorView out = c.out.view(got.out.data());
+    const auto [scale, block] = test::op_scales(c, got.scale.data(), got.global.data());
+    ASSERT_EQ(to_string(detect_output_quant_key(out, scale, block, output_row_width(out))),
               to_string(c.key));
     try {
-      fused(got.out_view(c), scale, block);
+      fused(out, scale, block);
     } catch (const Error& e) {
       FAIL() << e.what();
     }
-    c.standalone(bf16, as_rows(want.out_view(c)), c.used(want.scale_view(c)), want.global_view());
+    test::run_standalone(c, bf16, want);
     EXPECT_TRUE(test::same_bytes(got.out.payload(), want.out.payload(), "out"));
     EXPECT_TRUE(test::same_bytes(got.scale.payload(), want.scale.payload(), "scales"));
     EXPECT_TRUE(test::same_bytes(got.global.payload(), want.global.payload(), "output_scale"));
@@ -282,8 +143,8 @@ TEST(FusedOutputQuant, PrefillAttentionWritesNothingForNoTokens) {
   for (const QuantCase& c : quant_cases(0)) {
     SCOPED_TRACE(c.name);
     QuantBuffers got(c, test::kPoison), want(c, test::kPoison);
-    const auto [scale, block] = got.op_scales(c);
-    PrefillAttentionArgs a = batch.args(got.out_view(c));
+    const auto [scale, block] = test::op_scales(c, got.scale.data(), got.global.data());
+    PrefillAttentionArgs a = batch.args(c.out.view(got.out.data()));
     a.output_scale = scale;
     a.output_block_scale = block;
     EXPECT_NO_THROW(prefill_attention(a));

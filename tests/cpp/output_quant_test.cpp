@@ -1,6 +1,5 @@
 // detect_output_quant_key (fp8mla/output_quant.hpp): every rule and every error, on metadata
-// only (fake data pointers, never read), and the attention ops' errors for a quantized output:
-// the detection's, and the CUDA path's for a key it does not fuse.
+// only (fake data pointers, never read), and the attention ops' errors for a quantized output.
 #include "fp8mla/output_quant.hpp"
 
 #include <gtest/gtest.h>
@@ -224,16 +223,14 @@ TEST(DetectOutputQuantKey, Errors) {
   }
 }
 
-// The attention ops read their output's key the same way. The CPU path fuses every key
-// (output_quant_fused_test.cpp); on a CUDA device a valid key is kUnsupported naming it, which a
-// build without CUDA reports too (the check comes before the device check and before any data is
-// read: fake views).
+// The attention ops read their output's key the same way (fake views: the check comes before
+// any data is read). Both paths fuse every key (output_quant_fused_test.cpp,
+// output_quant_cuda_test.cu).
 struct OpCase {
   std::string name;
   TensorView out, scale, block;
   ErrorCategory category;
   std::vector<std::string> needles;
-  Device device = Device::cpu();  // of every tensor of the call
 };
 
 void expect_op_error(const std::string& op, const OpCase& c, const std::function<void()>& run) {
@@ -252,43 +249,9 @@ void expect_op_error(const std::string& op, const OpCase& c, const std::function
 }
 
 std::vector<OpCase> op_cases(std::int64_t tokens, std::int64_t heads) {
-  const std::int64_t width = heads * 128;
-  const ErrorCategory unsupported = ErrorCategory::kUnsupported;
   const ErrorCategory invalid = ErrorCategory::kInvalidArgument;
-  const Device gpu = Device::cuda(0);
   const TensorView e4m3 = fake(DType::kE4M3, {tokens, heads, 128});
-  const TensorView e4m3_gpu = fake(DType::kE4M3, {tokens, heads, 128}, gpu);
-  const TensorView one_gpu = fake(DType::kF32, {1}, gpu);
-  const std::string not_fused = ": the CUDA kernels do not fuse it yet";
   return {
-      {"group128 on cuda",
-       e4m3_gpu,
-       {},
-       fake(DType::kF32, {tokens, heads}, gpu),
-       unsupported,
-       {"fused output quantization fp8_group128" + not_fused},
-       gpu},
-      {"group64 packed on cuda",
-       e4m3_gpu,
-       {},
-       fake(DType::kI32, {tokens, (2 * heads + 3) / 4}, gpu),
-       unsupported,
-       {"fused output quantization fp8_group64" + not_fused},
-       gpu},
-      {"static on cuda",
-       e4m3_gpu,
-       one_gpu,
-       {},
-       unsupported,
-       {"fused output quantization fp8_static" + not_fused, "got `out` e4m3fn"},
-       gpu},
-      {"nvfp4 on cuda",
-       fake(DType::kE2M1x2, {tokens, heads, 64}, gpu),
-       one_gpu,
-       fake(DType::kE4M3, {tokens, width / 16}, gpu),
-       unsupported,
-       {"fused output quantization nvfp4" + not_fused},
-       gpu},
       {"e4m3 without scales",
        e4m3,
        {},
@@ -315,11 +278,11 @@ TEST(DetectOutputQuantKey, PrefillAttentionOutputErrors) {
   std::int32_t cu_q[3] = {0, 4, 10}, cu_k[3] = {0, 6, 12};
   for (const OpCase& c : op_cases(10, 4)) {
     PrefillAttentionArgs a;
-    a.q = fake(DType::kBF16, {10, 4, 192}, c.device);
-    a.k = fake(DType::kBF16, {12, 4, 192}, c.device);
-    a.v = fake(DType::kBF16, {12, 4, 128}, c.device);
-    a.cu_seqlens_q = TensorView(cu_q, DType::kI32, {3}, c.device);
-    a.cu_seqlens_k = TensorView(cu_k, DType::kI32, {3}, c.device);
+    a.q = fake(DType::kBF16, {10, 4, 192});
+    a.k = fake(DType::kBF16, {12, 4, 192});
+    a.v = fake(DType::kBF16, {12, 4, 128});
+    a.cu_seqlens_q = TensorView(cu_q, DType::kI32, {3});
+    a.cu_seqlens_k = TensorView(cu_k, DType::kI32, {3});
     a.max_seqlen_q = a.max_seqlen_k = 6;
     a.softmax_scale = 0.1f;
     a.out = c.out;
@@ -331,8 +294,8 @@ TEST(DetectOutputQuantKey, PrefillAttentionOutputErrors) {
 
 TEST(DetectOutputQuantKey, MergeAttentionStatesOutputErrors) {
   for (const OpCase& c : op_cases(6, 4)) {
-    const TensorView o = fake(DType::kBF16, {6, 4, 128}, c.device);
-    const TensorView lse = fake(DType::kF32, {6, 4}, c.device);
+    const TensorView o = fake(DType::kBF16, {6, 4, 128});
+    const TensorView lse = fake(DType::kF32, {6, 4});
     expect_op_error("merge_attention_states", c,
                     [&] { merge_attention_states(o, lse, o, lse, c.out, lse, c.scale, c.block); });
   }

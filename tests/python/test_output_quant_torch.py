@@ -1,8 +1,8 @@
 """detect_output_quant_key and the attention ops' output scales through torch: the keys of the
 outputs and scales fp8mla's quantization ops allocate, on the CPU and (metadata only, any build)
 on a CUDA device; detection is not a torch custom op; the attention ops fuse the quantization of a
-quantized `out` on CPU tensors (the standalone op's bytes, its schema marking the scales mutated)
-and reject it on CUDA ones. Skipped (visibly) without torch."""
+quantized `out` on CPU and CUDA tensors (the bytes of the unfused op followed by the standalone
+op on the same device, the schema marking the scales mutated). Skipped (visibly) without torch."""
 
 from __future__ import annotations
 
@@ -77,11 +77,11 @@ def bits(t):
     return t.view(torch.uint8 if t.element_size() == 1 else torch.int32)
 
 
-def quantized_cases():
+def quantized_cases(device="cpu"):
     """(name, out, output_scale, output_block_scale, standalone(x) -> (out, scales)): the fused
     arguments allocated as the standalone op allocates its outputs."""
-    one = torch.full((1,), 150.0)
-    x = torch.zeros(T, W, dtype=torch.bfloat16)
+    one = torch.full((1,), 150.0, device=device)
+    x = torch.zeros(T, W, dtype=torch.bfloat16, device=device)
     for layout in ("column_major", "tma_aligned", "ue8m0", "packed_ue8m0"):
         for group in (128, 64):
             def run(rows, group=group, layout=layout):
@@ -89,20 +89,22 @@ def quantized_cases():
                                                            scale_layout=layout)
             out, scales = run(x)
             yield f"group{group} {layout}", out, None, scales, run
-    yield ("static", torch.empty(T, 4, 128, dtype=torch.float8_e4m3fn), one, None,
+    yield ("static", torch.empty(T, 4, 128, dtype=torch.float8_e4m3fn, device=device), one, None,
            lambda rows: (fp8mla.quantize_fp8(rows, one), None))
+    global_scale = torch.full((1,), 500.0, device=device)
     for layout in ("swizzled", "linear"):
         def run(rows, layout=layout):
-            return fp8mla.quantize_nvfp4(rows, torch.full((1,), 500.0), layout=layout)
+            return fp8mla.quantize_nvfp4(rows, global_scale, layout=layout)
         out, block = run(x)
-        yield f"nvfp4 {layout}", out, torch.full((1,), 500.0), block, run
+        yield f"nvfp4 {layout}", out, global_scale, block, run
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", ["prefill_attention", "merge_attention_states"])
-def test_attention_ops_fuse_on_cpu(op):
-    q, v, cu_q, cu_k = attention_inputs()
+def test_attention_ops_fuse(op, device):
+    q, v, cu_q, cu_k = (t.to(device) for t in attention_inputs())
     k, kv = q[:8], v[:8]
-    lse = torch.where(torch.arange(T * 4).view(T, 4) % 3 == 0, -torch.inf, 0.5)
+    lse = torch.where(torch.arange(T * 4).view(T, 4) % 3 == 0, -torch.inf, 0.5).to(device)
 
     def call(out=None, output_scale=None, output_block_scale=None):
         if op == "prefill_attention":
@@ -114,7 +116,7 @@ def test_attention_ops_fuse_on_cpu(op):
                                              output_block_scale=output_block_scale)[0]
 
     rows = call().reshape(T, W)
-    for name, out, scale, block, standalone in quantized_cases():
+    for name, out, scale, block, standalone in quantized_cases(device):
         poison(out)
         if block is not None:
             poison(block)
@@ -148,16 +150,6 @@ def test_opcheck_quantized_out():
         torch.library.opcheck(torch.ops.fp8mla.merge_attention_states.default,
                               (v, lse, v, lse, fp4, torch.empty(T, 4), torch.full((1,), 500.0),
                                block, 0), test_utils=checks)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device visible to torch")
-def test_cuda_rejects_a_quantized_out():
-    q, v, cu_q, cu_k = (t.cuda() for t in attention_inputs())
-    out = torch.empty(T, W, dtype=torch.float8_e4m3fn, device="cuda")
-    with pytest.raises(fp8mla.UnsupportedError,
-                       match="fused output quantization fp8_static: the CUDA kernels do not fuse"):
-        fp8mla.prefill_attention(q, q[:8], v[:8], cu_q, cu_k, 6, 6, softmax_scale=0.1, out=out,
-                                 output_scale=torch.ones(1, device="cuda"))
 
 
 def test_compiled_fused_call_equals_eager():

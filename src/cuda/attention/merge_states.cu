@@ -7,13 +7,17 @@
 // is the CPU's (src/cpu/merge_states.cpp) in the same order; only expf/logf differ from
 // std::exp/std::log. A side whose weight is exactly 0 is not read. Plain (coherent) loads, since
 // out may alias o_a (in place): each lane reads its elements before it writes them, and the lse
-// pair is read before lane 0 writes out_lse.
+// pair is read before lane 0 writes out_lse. With a quantized `out` (p.quant) the
+// merge_quant_kernel below writes it instead.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector_io.cuh"
+#include "cuda/quantize/output_quant_target.hpp"
+#include "cuda/quantize/quant_device.cuh"
 #include "fp8mla/error.hpp"
 #include "ops/merge_states_params.hpp"
 
@@ -75,8 +79,56 @@ __device__ __forceinline__ void store_vec(typename In::Storage* p, const float (
   }
 }
 
+// The weights of a row's two states, as every merge kernel computes them.
+struct MergeWeights {
+  float m, w_a, w_b, s;
+  bool empty;  // both states empty: O = 0, lse = -inf
+};
+
+__device__ __forceinline__ MergeWeights merge_weights(float la, float lb) {
+  MergeWeights w;
+  w.empty = la == -INFINITY && lb == -INFINITY;
+  w.m = la > lb ? la : lb;
+  w.w_a = w.empty ? 0.0f : expf(la - w.m);
+  w.w_b = w.empty ? 0.0f : expf(lb - w.m);
+  w.s = w.w_a + w.w_b;
+  return w;
+}
+
+__device__ __forceinline__ float merged_lse(const MergeWeights& w) {
+  return w.empty ? -INFINITY : w.m + logf(w.s);
+}
+
+// kVec merged values; load(pa_or_pb, x) reads kVec values of one state. A side of weight 0 is
+// not read.
+template <int kVec, typename S, typename Load>
+__device__ __forceinline__ void merge_values(const MergeWeights& w, const S* pa, const S* pb,
+                                             Load load, float (&y)[kVec]) {
+  if (w.empty) {
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) y[i] = 0.0f;
+  } else if (w.w_b == 0.0f) {
+    float xa[kVec];
+    load(pa, xa);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) y[i] = (w.w_a * xa[i]) / w.s;
+  } else if (w.w_a == 0.0f) {
+    float xb[kVec];
+    load(pb, xb);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) y[i] = (w.w_b * xb[i]) / w.s;
+  } else {
+    float xa[kVec], xb[kVec];
+    load(pa, xa);
+    load(pb, xb);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) y[i] = (w.w_a * xa[i] + w.w_b * xb[i]) / w.s;
+  }
+}
+
 template <typename In, int kVec, int kLanes>
 __global__ void __launch_bounds__(kThreads) merge_kernel(MergeArgs<typename In::Storage> a) {
+  using S = typename In::Storage;
   pdl_wait();
   constexpr int kRowsPerBlock = kThreads / kLanes;
   const int lane = threadIdx.x % kLanes;
@@ -92,40 +144,45 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(MergeArgs<typename In::
     }
     la = __shfl_sync(mask, la, 0, kLanes);
     lb = __shfl_sync(mask, lb, 0, kLanes);
-    const auto* pa = a.o_a + t * a.a_token + h * a.a_head;
-    const auto* pb = a.o_b + t * a.b_token + h * a.b_head;
-    auto* po = a.out + t * a.out_token + h * a.out_head;
-    const bool empty = la == -INFINITY && lb == -INFINITY;
-    const float m = la > lb ? la : lb;
-    const float w_a = empty ? 0.0f : expf(la - m), w_b = empty ? 0.0f : expf(lb - m);
-    const float s = w_a + w_b;
+    const S* pa = a.o_a + t * a.a_token + h * a.a_head;
+    const S* pb = a.o_b + t * a.b_token + h * a.b_head;
+    S* po = a.out + t * a.out_token + h * a.out_head;
+    const MergeWeights w = merge_weights(la, lb);
     for (int v = lane; v < a.vectors; v += kLanes) {
       float y[kVec];
-      if (empty) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) y[i] = 0.0f;
-      } else if (w_b == 0.0f) {
-        float xa[kVec];
-        load_vec<In, kVec>(pa + v * kVec, xa);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) y[i] = (w_a * xa[i]) / s;
-      } else if (w_a == 0.0f) {
-        float xb[kVec];
-        load_vec<In, kVec>(pb + v * kVec, xb);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) y[i] = (w_b * xb[i]) / s;
-      } else {
-        float xa[kVec], xb[kVec];
-        load_vec<In, kVec>(pa + v * kVec, xa);
-        load_vec<In, kVec>(pb + v * kVec, xb);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) y[i] = (w_a * xa[i] + w_b * xb[i]) / s;
-      }
+      merge_values<kVec>(
+          w, pa + v * kVec, pb + v * kVec,
+          [](const S* p, float(&x)[kVec]) { load_vec<In, kVec>(p, x); }, y);
       store_vec<In, kVec>(po + v * kVec, y);
     }
-    if (lane == 0) a.out_lse[t * a.lo_token + h * a.lo_head] = empty ? -INFINITY : m + logf(s);
+    if (lane == 0) a.out_lse[t * a.lo_token + h * a.lo_head] = merged_lse(w);
   }
   pdl_launch_dependents();
+}
+
+template <typename S>
+MergeArgs<S> merge_args(const MergeStatesParams& p, int vectors) {
+  return {static_cast<const S*>(p.o_a.data),
+          p.o_a.token_stride,
+          p.o_a.head_stride,
+          static_cast<const S*>(p.o_b.data),
+          p.o_b.token_stride,
+          p.o_b.head_stride,
+          static_cast<S*>(p.out.data),
+          p.out.token_stride,
+          p.out.head_stride,
+          p.lse_a.data,
+          p.lse_a.token_stride,
+          p.lse_a.head_stride,
+          p.lse_b.data,
+          p.lse_b.token_stride,
+          p.lse_b.head_stride,
+          p.out_lse.data,
+          p.out_lse.token_stride,
+          p.out_lse.head_stride,
+          p.tokens * p.heads,
+          p.heads,
+          vectors};
 }
 
 template <typename In>
@@ -145,27 +202,7 @@ void run(const MergeStatesParams& p, CudaStream stream) {
     throw Error(ErrorCategory::kUnsupported,
                 concat("merge_attention_states: head dim too large, got ", p.dim));
   }
-  const MergeArgs<S> args{static_cast<const S*>(p.o_a.data),
-                          p.o_a.token_stride,
-                          p.o_a.head_stride,
-                          static_cast<const S*>(p.o_b.data),
-                          p.o_b.token_stride,
-                          p.o_b.head_stride,
-                          static_cast<S*>(p.out.data),
-                          p.out.token_stride,
-                          p.out.head_stride,
-                          p.lse_a.data,
-                          p.lse_a.token_stride,
-                          p.lse_a.head_stride,
-                          p.lse_b.data,
-                          p.lse_b.token_stride,
-                          p.lse_b.head_stride,
-                          p.out_lse.data,
-                          p.out_lse.token_stride,
-                          p.out_lse.head_stride,
-                          p.tokens * p.heads,
-                          p.heads,
-                          int(p.dim / vec)};
+  const MergeArgs<S> args = merge_args<S>(p, int(p.dim / vec));
   auto launch_with = [&]<int kVec, int kLanes>() {
     constexpr int kRowsPerBlock = kThreads / kLanes;
     const std::int64_t blocks = (args.rows + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -187,13 +224,222 @@ void run(const MergeStatesParams& p, CudaStream stream) {
   }
 }
 
+// ---- The merge with a fused output quantization (docs/design.md section 6)
+//
+// One CTA per token row of W = H * D values at a time (grid-stride over the rows), kChunk
+// consecutive values a thread: an e4m3 group of 128 (64) is 16 (8) neighbouring lanes, an NVFP4
+// block 2. The values are merged as above, rounded to bf16 (the unquantized output) and quantized
+// with the standalone ops' arithmetic (cuda/quantize/quant_device.cuh). Every thread computes the
+// weights of its values' heads itself; the row's lse are written after a barrier, once every
+// thread of the CTA has read them (out_lse may be lse_a). The vector variant needs D a multiple
+// of kChunk (a thread's values in one head) and aligned rows; the other merges value by value.
+// Non-coherent loads: a quantized out never aliases the states.
+
+constexpr int kChunk = 8;
+
+struct QuantRows {
+  std::int64_t tokens;
+  int heads;
+  int width;       // W
+  FastDivmod dim;  // D: a row's column to (head, dim)
+};
+
+template <typename S>
+__device__ __forceinline__ MergeWeights weights_of(const MergeArgs<S>& a, std::int64_t t,
+                                                   std::uint32_t h) {
+  return merge_weights(a.lse_a[t * a.la_token + h * a.la_head],
+                       a.lse_b[t * a.lb_token + h * a.lb_head]);
+}
+
+// The n values of row t from column col on (zeros past them), merged and rounded to bf16.
+template <typename In, bool kVector>
+__device__ __forceinline__ void load_merged(const MergeArgs<typename In::Storage>& a,
+                                            const QuantRows& r, std::int64_t t, int col, int n,
+                                            float (&y)[kChunk]) {
+  using S = typename In::Storage;
+  if constexpr (kVector) {
+    std::uint32_t h, d;
+    r.dim.divmod(std::uint32_t(col), h, d);
+    if (n > 0) {
+      merge_values<kChunk>(
+          weights_of(a, t, h), a.o_a + t * a.a_token + h * a.a_head + d,
+          a.o_b + t * a.b_token + h * a.b_head + d,
+          [](const S* p, float(&x)[kChunk]) { load_f32<In, kChunk>(p, x); }, y);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      if (i >= n) continue;
+      std::uint32_t h, d;
+      r.dim.divmod(std::uint32_t(col + i), h, d);
+      float x[1];
+      merge_values<1>(
+          weights_of(a, t, h), a.o_a + t * a.a_token + h * a.a_head + d,
+          a.o_b + t * a.b_token + h * a.b_head + d,
+          [](const S* p, float(&v)[1]) { v[0] = In::to_f32(__ldg(p)); }, x);
+      y[i] = x[0];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) y[i] = i < n ? decode_bf16(cvt_bf16(y[i])) : 0.0f;
+}
+
+// The first n of y as e4m3 bytes at p: one 8-byte store in the vector variant.
+template <bool kVector>
+__device__ __forceinline__ void store_e4m3(std::uint8_t* p, const float (&y)[kChunk], int n) {
+  if constexpr (kVector) {
+    store_fp8<kChunk>(p, y, false);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) {
+      if (i < n) p[i] = std::uint8_t(cvt_e4m3x2(y[i], 0.0f));
+    }
+  }
+}
+
+// A thread's part of a group of kLanes * kChunk values (whole groups: W is a multiple of the
+// group size, so `valid` is the same over a group's lanes; every lane takes part in the shuffles).
+template <bool kVector, int kLanes>
+__device__ __forceinline__ void quantize_group(const OutputQuantTarget& q, std::int64_t t, int col,
+                                               bool valid, float (&y)[kChunk]) {
+  float amax = q.eps;
+  if (valid) {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) amax = fmaxf(amax, fabsf(y[i]));
+  }
+#pragma unroll
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, offset, kLanes));
+  }
+  if (!valid) return;
+  float s;
+  std::uint8_t exponent;
+  scale_group(y, group_scale(amax, q.group.format, s, exponent), s, exponent);
+  store_e4m3<kVector>(q.out + t * q.out_row_stride + col, y, kChunk);
+  if (threadIdx.x % kLanes == 0) {
+    write_group_scale(q.group, t, std::uint32_t(col / (kLanes * kChunk)), s, exponent);
+  }
+}
+
+// Half an NVFP4 block: 4 bytes of e2m1 pairs, the even lane writes the block scale.
+template <bool kVector>
+__device__ __forceinline__ void quantize_nvfp4(const OutputQuantTarget& q, float global_scale,
+                                               float inv_global_scale, std::int64_t t, int col,
+                                               bool valid, const float (&y)[kChunk]) {
+  float amax = 0.0f;
+  if (valid) {
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) amax = fmaxf(amax, fabsf(y[i]));
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, 1, 2));
+  if (!valid) return;
+  float inv;
+  const std::uint8_t sf = nvfp4_block_scale(amax, global_scale, inv_global_scale, inv);
+  std::uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < kChunk; i += 2) packed |= nvfp4_pair(y[i], y[i + 1], inv) << (4 * i);
+  std::uint8_t* out = q.out + t * q.out_row_stride + col / 2;
+  if constexpr (kVector) {
+    *reinterpret_cast<std::uint32_t*>(out) = packed;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kChunk / 2; ++i) out[i] = std::uint8_t(packed >> (8 * i));
+  }
+  if (threadIdx.x % 2 == 0) q.block_scales[nvfp4_scale_at(q, t, col / 16)] = sf;
+}
+
+template <typename In, bool kVector>
+__global__ void __launch_bounds__(kThreads)
+    merge_quant_kernel(MergeArgs<typename In::Storage> a, QuantRows r, OutputQuantTarget q) {
+  pdl_wait();
+  const float scale = q.scale != nullptr ? *q.scale : 1.0f;  // static scale_inv, NVFP4 global
+  const float inv_global_scale = nvfp4_inv_global_scale(scale);
+  const std::int64_t visit = q.swizzled ? (r.tokens + 127) / 128 * 128 : r.tokens;
+  for (std::int64_t t = blockIdx.x; t < visit; t += gridDim.x) {
+    if (t >= r.tokens) {  // the swizzled layout's padding rows
+      zero_nvfp4_padding(q, t, int(threadIdx.x), int(blockDim.x));
+      continue;
+    }
+    // The bound is warp-uniform: every lane reaches the shuffles.
+    for (int base = int(threadIdx.x / 32) * 32 * kChunk; base < r.width;
+         base += int(blockDim.x) * kChunk) {
+      const int col = base + int(threadIdx.x % 32) * kChunk;
+      const bool valid = col < r.width;
+      const int n = valid ? min(kChunk, r.width - col) : 0;
+      float y[kChunk];
+      load_merged<In, kVector>(a, r, t, col, n, y);
+      switch (q.key) {
+        case OutputQuantKey::kFp8Static:
+#pragma unroll
+          for (int i = 0; i < kChunk; ++i) y[i] *= scale;
+          if (valid) store_e4m3<kVector>(q.out + t * q.out_row_stride + col, y, n);
+          break;
+        case OutputQuantKey::kFp8Group128:
+          quantize_group<kVector, 128 / kChunk>(q, t, col, valid, y);
+          break;
+        case OutputQuantKey::kFp8Group64:
+          quantize_group<kVector, 64 / kChunk>(q, t, col, valid, y);
+          break;
+        case OutputQuantKey::kNvfp4:
+          quantize_nvfp4<kVector>(q, scale, inv_global_scale, t, col, valid, y);
+          break;
+        case OutputQuantKey::kNone:
+          break;
+      }
+    }
+    if (q.swizzled && threadIdx.x == 0) zero_nvfp4_padding(q, t, 0, 1);
+    __syncthreads();  // every lse of row t is read
+    for (int h = int(threadIdx.x); h < r.heads; h += int(blockDim.x)) {
+      a.out_lse[t * a.lo_token + h * a.lo_head] = merged_lse(weights_of(a, t, std::uint32_t(h)));
+    }
+  }
+  pdl_launch_dependents();
+}
+
+template <typename In>
+void run_quantized(const MergeStatesParams& p, CudaStream stream) {
+  using S = typename In::Storage;
+  const OutputQuantTarget q = output_quant_target(p.quant);
+  const std::int64_t width = p.heads * p.dim;
+  if (width > (std::int64_t(1) << 30)) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("merge_attention_states: rows of more than 2^30 values, got ", width));
+  }
+  const auto aligned = [](const void* ptr, int bytes) {
+    return reinterpret_cast<std::uintptr_t>(ptr) % bytes == 0;
+  };
+  const int out_bytes = q.key == OutputQuantKey::kNvfp4 ? kChunk / 2 : kChunk;
+  const bool vector = p.dim % kChunk == 0 && aligned(p.o_a.data, 16) && aligned(p.o_b.data, 16) &&
+                      p.o_a.token_stride % kChunk == 0 && p.o_a.head_stride % kChunk == 0 &&
+                      p.o_b.token_stride % kChunk == 0 && p.o_b.head_stride % kChunk == 0 &&
+                      aligned(q.out, out_bytes) && q.out_row_stride % out_bytes == 0;
+  const QuantRows rows{p.tokens, int(p.heads), int(width), FastDivmod(std::uint32_t(p.dim))};
+  // Threads for the row's chunks, a whole number of warps, at most kThreads.
+  const int threads =
+      int(std::clamp<std::int64_t>((width + kChunk * 32 - 1) / (kChunk * 32) * 32, 32, kThreads));
+  const std::int64_t visit = q.swizzled ? (p.tokens + 127) / 128 * 128 : p.tokens;
+  const auto launch_with = [&]<bool kVector>() {
+    auto* const kernel = merge_quant_kernel<In, kVector>;
+    const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads);
+    launch("merge_attention_states (output quantization)", kernel,
+           {grid_for(visit, 1, resident), dim3(threads), 0, stream, true}, merge_args<S>(p, 0),
+           rows, q);
+  };
+  if (vector) {
+    launch_with.template operator()<true>();
+  } else {
+    launch_with.template operator()<false>();
+  }
+}
+
 }  // namespace
 
 void merge_attention_states(const MergeStatesParams& p, CudaStream stream) {
+  const bool quantized = p.quant.key != OutputQuantKey::kNone;
   if (p.dtype == DType::kBF16) {
-    run<Bf16In>(p, stream);
+    quantized ? run_quantized<Bf16In>(p, stream) : run<Bf16In>(p, stream);
   } else {
-    run<F32In>(p, stream);
+    quantized ? run_quantized<F32In>(p, stream) : run<F32In>(p, stream);
   }
 }
 

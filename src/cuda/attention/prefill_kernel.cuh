@@ -4,7 +4,8 @@
 //   prefill_scheduler.cuh       which work tile a CTA runs, longest first (StaticTileScheduler)
 //   prefill_producer.cuh        warpgroup 0: the TMA loads of Q, K and V (PrefillProducer)
 //   prefill_consumer.cuh        warpgroups 1, 2: S, softmax and O, ping-ponging (PrefillConsumer)
-//   prefill_epilogue.cuh        the store of a finished tile (Bf16OutputEpilogue)
+//   prefill_epilogue.cuh        the store of a finished tile (OutputEpilogue), quantized by
+//                               prefill_output_quant.cuh
 // prefill_traits.cuh gives the tile shapes; prefill_mma.cuh and prefill_softmax.cuh the consumer's
 // steps.
 #pragma once
@@ -28,7 +29,7 @@ namespace fp8mla::cuda::attention {
 template <typename Traits>
 using PrefillScheduler = StaticTileScheduler<Traits>;
 template <typename Traits>
-using PrefillEpilogue = Bf16OutputEpilogue<Traits>;
+using PrefillEpilogue = OutputEpilogue<Traits>;
 
 // Registers after the split: the producer needs few, the consumers hold S, O and P.
 constexpr int kProducerRegisters = 24;
@@ -45,6 +46,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   __syncthreads();
 
   pdl_wait();  // cu_seqlens, q, k, v may come from the previous kernel
+  PrefillEpilogue<Traits>::write_untiled(p);
   // One work tile per CTA. A scheduler with several a CTA adds next_work and a loop over it in
   // each role; the static one has neither, since even a loop that runs once changes this code.
   const PrefillScheduler<Traits> scheduler;

@@ -1,6 +1,7 @@
 // Plain parameter struct of the Hopper prefill attention kernel: TMA maps of q, k and v plus the
-// pointers and strides the epilogue writes through. Built on the host by prefill_launch.cuh from
-// the op's PrefillAttentionParams; passed by value as a __grid_constant__ kernel parameter.
+// pointers and strides the epilogue writes through (the bf16 output, or the quantized one). Built
+// on the host by prefill_launch.cuh from the op's PrefillAttentionParams; passed by value as a
+// __grid_constant__ kernel parameter.
 #pragma once
 
 #include <cuda.h>
@@ -8,6 +9,8 @@
 #include <cutlass/fast_math.h>
 
 #include <cstdint>
+
+#include "cuda/quantize/output_quant_target.hpp"
 
 namespace fp8mla::cuda::attention {
 
@@ -48,10 +51,13 @@ struct PrefillKernelParams {
   const float* k_descale;
   const float* v_descale;
   float scale_log2;    // softmax_scale * log2(e)
-  std::uint16_t* out;  // bf16
+  std::uint16_t* out;  // bf16, without an output quantization key
   std::int64_t out_token_stride, out_head_stride;
-  bool out_vectors;  // out and its strides allow 8-byte stores
-  float* lse;        // nullptr: not written
+  // bf16: out and its strides allow 8-byte stores; quantized: quant.out and its row stride allow
+  // 8-byte (e4m3) or 4-byte (e2m1x2) stores.
+  bool out_vectors;
+  OutputQuantTarget quant;  // the quantized output (key kNone: out above)
+  float* lse;               // nullptr: not written
   std::int64_t lse_token_stride, lse_head_stride;
   TileOrder order;
 };

@@ -168,9 +168,16 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   kp.out = p.out;
   kp.out_token_stride = p.out_token_stride;
   kp.out_head_stride = p.out_head_stride;
-  kp.out_vectors = reinterpret_cast<std::uintptr_t>(p.out) % 8 == 0 &&
-                   (p.out_token_stride % 4 == 0 || p.tq <= 1) &&
-                   (p.out_head_stride % 4 == 0 || p.heads <= 1);
+  kp.quant = output_quant_target(p.quant);
+  if (kp.quant.key == OutputQuantKey::kNone) {
+    kp.out_vectors = reinterpret_cast<std::uintptr_t>(p.out) % 8 == 0 &&
+                     (p.out_token_stride % 4 == 0 || p.tq <= 1) &&
+                     (p.out_head_stride % 4 == 0 || p.heads <= 1);
+  } else {
+    const int bytes = kp.quant.key == OutputQuantKey::kNvfp4 ? 4 : 8;
+    kp.out_vectors = reinterpret_cast<std::uintptr_t>(kp.quant.out) % bytes == 0 &&
+                     (kp.quant.out_row_stride % bytes == 0 || p.tq <= 1);
+  }
   kp.lse = p.lse;
   kp.lse_token_stride = p.lse_token_stride;
   kp.lse_head_stride = p.lse_head_stride;

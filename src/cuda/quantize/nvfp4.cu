@@ -9,6 +9,7 @@
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector_io.cuh"
+#include "cuda/quantize/quant_device.cuh"
 #include "fp8mla/error.hpp"
 #include "ops/quantize_params.hpp"
 
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_kernel(Nvfp4Args a) {
   constexpr int kLoad = kVector ? 8 : 1;  // elements per load
   pdl_wait();
   const float global_scale = *a.global_scale;
-  const float inv_global_scale = __frcp_rn(global_scale);
+  const float inv_global_scale = nvfp4_inv_global_scale(global_scale);
   const std::uint32_t step = gridDim.x * kThreads * kUnroll;
   for (std::uint32_t base = blockIdx.x * kThreads * kUnroll + threadIdx.x; base < a.positions;
        base += step) {
@@ -91,9 +92,8 @@ __global__ void __launch_bounds__(kThreads) nvfp4_kernel(Nvfp4Args a) {
       float amax = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[u][i]));
-      const std::uint8_t sf = std::uint8_t(cvt_e4m3x2(global_scale * (amax / kE2M1Max), 0.0f));
-      const float sf_value = cvt_e4m3x2_to_f32x2(sf).x;
-      const float inv = sf_value == 0.0f ? 0.0f : __frcp_rn(sf_value * inv_global_scale);
+      float inv;
+      const std::uint8_t sf = nvfp4_block_scale(amax, global_scale, inv_global_scale, inv);
       std::uint32_t packed[2] = {0, 0};
 #pragma unroll
       for (int i = 0; i < 16; ++i) packed[i / 8] |= cvt_e2m1(x[u][i] * inv) << (4 * (i % 8));

@@ -10,13 +10,12 @@
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector_io.cuh"
+#include "cuda/quantize/quant_device.cuh"
 #include "fp8mla/error.hpp"
 #include "ops/quantize_params.hpp"
 
 namespace fp8mla::cuda {
 namespace {
-
-using ScaleFormat = QuantizeGroupParams::ScaleFormat;
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 4;
@@ -27,49 +26,11 @@ struct GroupArgs {
   std::uint8_t* out;
   std::int64_t out_row_stride;
   float eps;
-  ScaleFormat format;
-  void* scales;
-  std::int64_t scale_row_stride;
-  std::int64_t scale_col_stride;
-  std::uint32_t groups_per_row;
+  GroupScales scales;
   std::int64_t first_row;  // launches are split so group indices fit in 32 bits
   std::uint32_t groups;    // groups in this launch
   FastDivmod row_of_group;
 };
-
-// The group scale s and the factor the elements are multiplied by (1 / s, exact for powers of
-// two), or divided by (s itself) for f32 scales. Returns true when dividing.
-__device__ __forceinline__ bool group_scale(float amax, ScaleFormat format, float& s,
-                                            std::uint8_t& exponent) {
-  s = __fdiv_rn(amax, kE4M3Max);
-  exponent = encode_ue8m0(s);
-  if (format == ScaleFormat::kF32) return true;
-  s = decode_ue8m0(exponent);
-  return false;
-}
-
-__device__ __forceinline__ void write_scale(const GroupArgs& a, std::int64_t row, std::uint32_t g,
-                                            float s, std::uint8_t exponent) {
-  const std::int64_t at = row * a.scale_row_stride;
-  switch (a.format) {
-    case ScaleFormat::kF32:
-    case ScaleFormat::kF32Pow2:
-      static_cast<float*>(a.scales)[at + g * a.scale_col_stride] = s;
-      break;
-    case ScaleFormat::kUe8m0:
-      static_cast<std::uint8_t*>(a.scales)[at + g * a.scale_col_stride] = exponent;
-      break;
-    case ScaleFormat::kPackedUe8m0: {
-      auto* word = reinterpret_cast<std::uint8_t*>(static_cast<std::uint32_t*>(a.scales) + at +
-                                                   (g / 4) * a.scale_col_stride);
-      word[g % 4] = exponent;
-      if (g + 1 == a.groups_per_row) {  // the row's last word: zero the bytes past its last group
-        for (std::uint32_t b = g % 4 + 1; b < 4; ++b) word[b] = 0;
-      }
-      break;
-    }
-  }
-}
 
 template <typename In, int kGroup>
 __global__ void __launch_bounds__(kThreads) group_quant_vector_kernel(GroupArgs a) {
@@ -118,18 +79,18 @@ __global__ void __launch_bounds__(kThreads) group_quant_vector_kernel(GroupArgs 
       if (!valid) continue;
       float s;
       std::uint8_t exponent;
-      if (group_scale(amax, a.format, s, exponent)) {
+      if (group_scale(amax, a.scales.format, s, exponent)) {
 #pragma unroll
         for (int i = 0; i < kVec; ++i) x[u][i] = __fdiv_rn(x[u][i], s);
       } else {
-        const float inv = decode_ue8m0(std::uint8_t(254 - exponent));  // exactly 1 / s
+        const float inv = group_inverse(exponent);
 #pragma unroll
         for (int i = 0; i < kVec; ++i) x[u][i] *= inv;
       }
       store_fp8<kVec>(
           a.out + rows[u] * a.out_row_stride + std::int64_t(cols[u]) * kGroup + lane * kVec, x[u],
           false);
-      if (lane == 0) write_scale(a, rows[u], cols[u], s, exponent);
+      if (lane == 0) write_group_scale(a.scales, rows[u], cols[u], s, exponent);
     }
   }
   pdl_launch_dependents();
@@ -150,14 +111,14 @@ __global__ void __launch_bounds__(kThreads) group_quant_scalar_kernel(GroupArgs 
     for (int i = 0; i < kGroup; ++i) amax = fmaxf(amax, fabsf(In::to_f32(in[i])));
     float s;
     std::uint8_t exponent;
-    const bool divide = group_scale(amax, a.format, s, exponent);
-    const float inv = decode_ue8m0(std::uint8_t(254 - exponent));
+    const bool divide = group_scale(amax, a.scales.format, s, exponent);
+    const float inv = group_inverse(exponent);
     std::uint8_t* out = a.out + r * a.out_row_stride + std::int64_t(g) * kGroup;
     for (int i = 0; i < kGroup; ++i) {
       const float x = In::to_f32(in[i]);
       out[i] = std::uint8_t(cvt_e4m3x2(divide ? __fdiv_rn(x, s) : x * inv, 0.0f));
     }
-    write_scale(a, r, g, s, exponent);
+    write_group_scale(a.scales, r, g, s, exponent);
   }
   pdl_launch_dependents();
 }
@@ -181,11 +142,8 @@ void run(const QuantizeGroupParams& p, CudaStream stream) {
                       static_cast<std::uint8_t*>(p.out.data),
                       p.out.row_stride,
                       p.eps,
-                      p.scale_format,
-                      p.scales,
-                      p.scale_row_stride,
-                      p.scale_col_stride,
-                      std::uint32_t(groups_per_row),
+                      {p.scales, p.scale_row_stride, p.scale_col_stride, p.scale_format,
+                       std::uint32_t(groups_per_row)},
                       first,
                       std::uint32_t(rows * groups_per_row),
                       FastDivmod(std::uint32_t(groups_per_row))};
