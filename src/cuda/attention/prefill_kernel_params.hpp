@@ -14,18 +14,17 @@
 
 namespace fp8mla::cuda::attention {
 
-// The order of the work tiles on the grid (StaticTileScheduler, prefill_scheduler.cuh): m blocks
-// per sequence (of max_seqlen_q), sequences, and the heads in small_sections sections of
-// section_heads, then one of the remaining heads. The divisors the CTA's tile is found by are
-// precomputed (multiply-high and shift instead of a division, which costs short tiles several
-// percent).
+// The order of the work tiles on the grid (StaticTileScheduler, prefill_scheduler.cuh): sequence
+// by sequence, the heads in small_sections sections of section_heads, then one of the remaining
+// heads, each section over the m blocks of max_seqlen_q. The divisors the CTA's tile is found by
+// are precomputed (multiply-high and shift instead of a division, which costs short tiles
+// several percent).
 struct TileOrder {
   int small_sections;
   int section_heads;
-  cutlass::FastDivmod section_tiles;  // m_blocks * batch * section_heads
-  // Of a small section [0] and of the last one [1]: batch * heads, and heads.
-  cutlass::FastDivmod rank_tiles[2];
-  cutlass::FastDivmod heads[2];
+  cutlass::FastDivmod sequence_tiles;  // m_blocks * heads
+  cutlass::FastDivmod section_tiles;   // m_blocks * section_heads
+  cutlass::FastDivmod heads[2];        // of a small section, of the last one
 };
 
 struct PrefillKernelParams {

@@ -56,18 +56,22 @@ __device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p,
 }
 
 // One CTA per work tile, on a one-dimensional grid in the order the hardware hands CTAs to SMs
-// (rising block index): the heads in sections, and within a section the tiles by rank, every
-// sequence and head of the section at each rank. A causal tile's rank counts from its sequence's
-// last m block (rank 0: the tile with the most keys), so a section's tiles go longest first.
-//  - The sections but the last are small: their keys and values fit in kLocalBytes, so the CTAs
-//    that read the same key tiles run at about the same time and find them in L2. One section's
-//    tail overlaps the next one's start.
-//  - The last section is the one whose tail the kernel waits for: it takes enough heads that its
-//    longest-first tiles fill every SM for twice the longest tile (a greedy schedule of
-//    decreasing jobs then ends within half of one), as many as fit in kL2Bytes.
-// The grid covers max_seqlen_q's m blocks of every sequence; a CTA whose rank lies past its
-// sequence's blocks exits at once. Finding the tile is arithmetic on the block index and the
-// sequence's offsets, the loads a tile needs anyway: nothing waits on a scan of the batch.
+// (rising block index): sequence by sequence, each one's heads in sections, and within a section
+// the tiles by rank, every head of the section at each rank. A causal tile's rank counts from its
+// sequence's last m block (rank 0: the tile with the most keys), so a section's tiles go longest
+// first. CTAs that run together read the same tokens of neighbouring heads, whose rows share
+// DRAM pages and cache lines.
+//  - The sections but the last of a sequence are small: their keys and values fit in
+//    kLocalBytes, so the CTAs that read the same key tiles run at about the same time and find
+//    them in L2. One section's tail overlaps the next one's start.
+//  - The last section is the one whose tail what follows waits for (the kernel's end, for the
+//    last sequence): it takes enough heads that its longest-first tiles fill every SM for twice
+//    the longest tile (a greedy schedule of decreasing jobs then ends within half of one), as
+//    many as fit in kL2Bytes.
+// The sizes come from max_seqlen_q and max_seqlen_k. The grid covers max_seqlen_q's m blocks of
+// every sequence; a CTA whose rank lies past its sequence's blocks exits at once. Finding the
+// tile is arithmetic on the block index and the sequence's offsets, the loads a tile needs
+// anyway: nothing waits on a scan of the batch.
 template <typename Traits>
 struct StaticTileScheduler {
   // The launch grid (x = 0: no work at all).
@@ -88,43 +92,40 @@ struct StaticTileScheduler {
     // 24 MiB: half the H100/H200 L2, whose two partitions each hold a copy of what both read.
     constexpr std::int64_t kL2Bytes = std::int64_t(24) << 20;
     constexpr std::int64_t kLocalBytes = std::int64_t(4) << 20;
-    const std::int64_t head_bytes =
-        std::max<std::int64_t>(p.tk, 1) * (Traits::kDqk + Traits::kDv) * Traits::kElementBytes;
+    const std::int64_t head_bytes = std::max<std::int64_t>(p.max_seqlen_k, 1) *
+                                    (Traits::kDqk + Traits::kDv) * Traits::kElementBytes;
     const std::int64_t small = std::clamp<std::int64_t>(kLocalBytes / head_bytes, 1, p.heads);
-    // A head's work in key tiles, estimated from the batch's query blocks and longest key run.
+    // A head's work in key tiles, estimated from the longest query and key runs.
+    const std::int64_t m = m_blocks(p);
     const std::int64_t longest =
         (std::int64_t(p.max_seqlen_k) + Traits::kBlockN - 1) / Traits::kBlockN;
-    const std::int64_t head_work = std::max<std::int64_t>(
-        (p.tq + Traits::kBlockM - 1) / Traits::kBlockM * longest / (Traits::kIsCausal ? 2 : 1), 1);
+    const std::int64_t head_work =
+        std::max<std::int64_t>(m * longest / (Traits::kIsCausal ? 2 : 1), 1);
     const std::int64_t tail_heads = (2 * longest * sm_count + head_work - 1) / head_work;
     const std::int64_t last_target =
         std::clamp<std::int64_t>(std::min(tail_heads, kL2Bytes / head_bytes), small, p.heads);
     const std::int64_t sections = (p.heads - last_target) / small;
-    const int last = int(p.heads - sections * small);
-    const int batch = int(p.batch);
     TileOrder o;
     o.small_sections = int(sections);
     o.section_heads = int(small);
-    o.section_tiles = cutlass::FastDivmod(int(m_blocks(p)) * batch * int(small));
-    o.rank_tiles[0] = cutlass::FastDivmod(batch * int(small));
-    o.rank_tiles[1] = cutlass::FastDivmod(batch * last);
+    o.sequence_tiles = cutlass::FastDivmod(int(m * p.heads));
+    o.section_tiles = cutlass::FastDivmod(int(m * small));
     o.heads[0] = cutlass::FastDivmod(int(small));
-    o.heads[1] = cutlass::FastDivmod(last);
+    o.heads[1] = cutlass::FastDivmod(int(p.heads - sections * small));
     return o;
   }
 
   __device__ TileWork initial_work(const PrefillKernelParams& p) const {
     const TileOrder& o = p.order;
-    int local;
-    int section = o.section_tiles.divmod(local, int(blockIdx.x));
+    int in_sequence, local, head_in_section;
+    const int seq = o.sequence_tiles.divmod(in_sequence, int(blockIdx.x));
+    int section = o.section_tiles.divmod(local, in_sequence);
     const bool last = section >= o.small_sections;
     if (last) {  // the last section's tiles, counted from its start
       local += (section - o.small_sections) * o.section_tiles.divisor;
       section = o.small_sections;
     }
-    int in_rank, head_in_section;
-    const int rank = o.rank_tiles[last].divmod(in_rank, local);
-    const int seq = o.heads[last].divmod(head_in_section, in_rank);
+    const int rank = o.heads[last].divmod(head_in_section, local);
     const int head = section * o.section_heads + head_in_section;
     const int q_start = p.cu_seqlens_q[seq];
     const int q_len = p.cu_seqlens_q[seq + 1] - q_start;
