@@ -29,33 +29,24 @@ from ._spec import (
     YARN,
 )
 
-# torch dtypes passed to _C as uint8 views (torch may not export them through DLPack), and the
-# dtypes of allocated outputs.
-_BYTE_DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+# _C reads torch tensors directly (data pointer, shape, strides, dtype, device: no DLPack export).
+_C.use_torch(torch)
+
+# The dtypes of allocated outputs.
 _DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "bf16": torch.bfloat16,
            "f32": torch.float32, "i32": torch.int32,
            "ue8m0": getattr(torch, "float8_e8m0fnu", torch.uint8),
            "e2m1x2": getattr(torch, "float4_e2m1fn_x2", torch.uint8)}
-if hasattr(torch, "float8_e8m0fnu"):
-    _BYTE_DTYPES[torch.float8_e8m0fnu] = "ue8m0"
-if hasattr(torch, "float4_e2m1fn_x2"):
-    _BYTE_DTYPES[torch.float4_e2m1fn_x2] = "e2m1x2"
 # fp8mla dtypes a plain uint8 tensor given for an argument may hold (raw bytes).
 _RAW_BYTES = ("e4m3", "e5m2", "ue8m0", "e2m1x2")
+_UINT8 = torch.uint8
 
 
 def _tensor(t: torch.Tensor, raw_dtype: str | None = None):
-    """The argument _C takes for tensor `t`: a DLPack capsule or (capsule, fp8mla dtype name)."""
-    t = t.detach()
-    name = _BYTE_DTYPES.get(t.dtype)
-    if name is not None:
-        t = t.view(torch.uint8)
-    elif raw_dtype in _RAW_BYTES and t.dtype == torch.uint8:
-        name = raw_dtype
-    # stream=-1: no synchronization by the producer (the op runs on the stream we pass), so this
-    # is safe during CUDA graph capture.
-    capsule = t.__dlpack__(stream=-1) if t.is_cuda else t
-    return (capsule, name) if name is not None else capsule
+    """The argument _C takes for tensor `t`: `t`, or (t, fp8mla dtype name) for raw bytes."""
+    if t.dtype is _UINT8 and raw_dtype in _RAW_BYTES:
+        return (t, raw_dtype)
+    return t
 
 
 def _stream(x: torch.Tensor, stream: int) -> int:
