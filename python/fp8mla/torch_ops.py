@@ -83,15 +83,13 @@ def _raw_bytes(t: torch.Tensor, raw_dtype: str):
     return (t, raw_dtype) if raw_dtype in _RAW_BYTES else t
 
 
-def _direct_source(op) -> str:
-    """The op's implementation: its custom op's parameters in, _C called on the first tensor's
-    device and stream (0: torch's current stream there)."""
-    params = [a.name for a in op.schema_args]
+def _call_lines(op) -> list:
+    """The body of the op's implementation: _C called on the first tensor's device and stream
+    (0: torch's current stream there)."""
     values = ", ".join(op.c_values(lambda name, raw: name if raw == "None" else (
         f"({name} if {name}.dtype is not _UINT8 else _raw_bytes({name}, {raw}))")))
     first = op.first_tensor.name
-    lines = [f"def direct({', '.join(params)}, stream):",
-             f"    if {first}.is_cuda:",
+    lines = [f"    if {first}.is_cuda:",
              f"        device = {first}.get_device()",
              "        if not stream:",
              "            stream = _current_stream(device)"]
@@ -99,15 +97,22 @@ def _direct_source(op) -> str:
         # The library fills this CUDA memory by a blocking copy outside torch's streams: first
         # let queued work (e.g. the previous user of the memory) finish.
         lines.append("        _synchronize(device)")
-    lines += ["        if device != _current_device():",
-              "            with _cuda_device(device):",  # the C++ library runs on the current one
-              f"                return _c_op({values}, stream)",
-              f"    _c_op({values}, stream)"]
-    return "\n".join(lines) + "\n"
+    # The C++ library runs on the current device.
+    return lines + ["        if device != _current_device():",
+                    "            with _cuda_device(device):",
+                    f"                return _c_op({values}, stream)",
+                    f"    _c_op({values}, stream)"]
+
+
+def _direct_source(op) -> str:
+    """The op's implementation, the kernel of its custom op (its parameters, then `stream`)."""
+    params = ", ".join(a.name for a in op.schema_args)
+    return "\n".join([f"def direct({params}, stream):", *_call_lines(op)]) + "\n"
 
 
 def _eager_source(op) -> str:
-    """The entry of Torch.call: the implementation in plain eager mode, the custom op otherwise."""
+    """The entry of Torch.call: in plain eager mode the implementation's body, inline; otherwise
+    the custom op."""
     params = ", ".join(a.name for a in op.schema_args)
     plain = ["not _is_compiling()", "not _dispatch_modes()"]
     for a in op.schema_args:
@@ -122,11 +127,11 @@ def _eager_source(op) -> str:
         # isinstance, not __class__: this line is also traced by torch.compile.
         custom = f"(_custom if isinstance({scale}, float) else _custom_scale_tensor)"
     condition = "\n            and ".join(plain)
-    return (f"def eager(values, stream):\n"
-            f"    ({params},) = values\n"
-            f"    if ({condition}):\n"
-            f"        return _direct({params}, stream)\n"
-            f"    {custom}({params}, stream)\n")
+    return "\n".join(["def eager(values, stream):",
+                      f"    ({params},) = values",
+                      f"    if not ({condition}):",
+                      f"        return {custom}({params}, stream)",
+                      *_call_lines(op)]) + "\n"
 
 
 _SCOPE = {"_UINT8": _UINT8, "_Tensor": torch.Tensor, "_raw_bytes": _raw_bytes,
@@ -159,8 +164,8 @@ for _op in OPS:
                                           schema=_schema(_op, _scale_type))
         _custom.register_fake(_fake)
         _customs[_key] = getattr(torch.ops.fp8mla, _name)
-    _EAGER[_op.name] = _op.compile("eager", _eager_source(_op), _direct=_direct, **_customs,
-                                   **_SCOPE)
+    _EAGER[_op.name] = _op.compile("eager", _eager_source(_op), _c_op=getattr(_C, _op.name),
+                                   **_customs, **_SCOPE)
 
 
 class Torch(Arrays):
@@ -173,8 +178,9 @@ class Torch(Arrays):
 
     @staticmethod
     def empty(shape, dtype, like):
-        device = like.device if isinstance(like, torch.Tensor) else like
-        return torch.empty(shape, dtype=_DTYPES[dtype], device=device)
+        if isinstance(like, torch.Tensor):
+            return like.new_empty(shape, dtype=_DTYPES[dtype])  # no torch.device made
+        return torch.empty(shape, dtype=_DTYPES[dtype], device=like)
 
     @staticmethod
     def scalar(value, like):
