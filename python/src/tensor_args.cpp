@@ -106,22 +106,45 @@ constexpr struct {
     {"float4_e2m1fn_x2", {std::uint8_t(Code::Float4_E2M1FN), 4, 2}},
 };
 
+// One attribute read of a tensor: torch.Tensor's own descriptor, called directly for a tensor of
+// exactly that type (no attribute lookup), or the attribute by name for a subclass.
+struct Attribute {
+  PyObject* name = nullptr;
+  PyObject* descriptor = nullptr;
+  bool method = false;  // data_ptr(), stride(), get_device(); otherwise a property
+
+  nb::object read(PyObject* obj, bool exact) const {
+    PyObject* result;
+    if (exact && method) {
+      result = PyObject_Vectorcall(descriptor, &obj, 1, nullptr);
+    } else if (exact) {
+      result = Py_TYPE(descriptor)->tp_descr_get(descriptor, obj, (PyObject*)Py_TYPE(obj));
+    } else {
+      result = method ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name);
+    }
+    if (!result) throw nb::python_error();
+    return nb::steal(result);
+  }
+};
+
 // Set once by use_torch, then read-only; the references live as long as the process.
 struct Torch {
   PyTypeObject* tensor_type = nullptr;
   PyObject* dtypes[std::size(kTorchDtypes)] = {};  // nullptr where this torch lacks the dtype
-  PyObject *data_ptr, *shape, *stride, *dtype, *is_cuda, *is_cpu, *get_device;  // names
+  Attribute data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device;
 } g_torch;
 
-PyObject* intern(const char* s) {
-  PyObject* name = PyUnicode_InternFromString(s);
-  if (!name) throw nb::python_error();
-  return name;
-}
-
-nb::object check(PyObject* result) {
-  if (!result) throw nb::python_error();
-  return nb::steal(result);
+Attribute attribute(nb::handle tensor_type, const char* name, bool method) {
+  Attribute a;
+  a.name = PyUnicode_InternFromString(name);
+  if (!a.name) throw nb::python_error();
+  a.descriptor = PyObject_GetAttr(tensor_type.ptr(), a.name);
+  if (!a.descriptor) throw nb::python_error();
+  a.method = method;
+  if (!method && !Py_TYPE(a.descriptor)->tp_descr_get) {
+    throw nb::type_error(fp8mla::concat("torch.Tensor.", name, " is not a property").c_str());
+  }
+  return a;
 }
 
 std::size_t read_dims(const char* op, const char* name, nb::handle tuple, std::int64_t* out) {
@@ -139,26 +162,26 @@ std::size_t read_dims(const char* op, const char* name, nb::handle tuple, std::i
 
 // A torch tensor on the CPU or a CUDA device with a dtype of kTorchDtypes; nullopt for anything
 // else (DLPack then converts it or says what is wrong).
-std::optional<RawTensor> read_torch(const char* op, const char* name, nb::handle obj) {
+std::optional<RawTensor> read_torch(const char* op, const char* name, nb::handle handle) {
   const Torch& t = g_torch;
-  if (!t.tensor_type || !PyObject_TypeCheck(obj.ptr(), t.tensor_type)) return std::nullopt;
+  PyObject* obj = handle.ptr();
+  if (!t.tensor_type || !PyObject_TypeCheck(obj, t.tensor_type)) return std::nullopt;
+  const bool exact = Py_TYPE(obj) == t.tensor_type;
   RawTensor raw;
-  if (check(PyObject_GetAttr(obj.ptr(), t.is_cuda)).ptr() == Py_True) {
-    const long index =
-        PyLong_AsLong(check(PyObject_CallMethodNoArgs(obj.ptr(), t.get_device)).ptr());
-    raw.device = fp8mla::Device::cuda(int(index));
-  } else if (check(PyObject_GetAttr(obj.ptr(), t.is_cpu)).ptr() != Py_True) {
+  if (t.is_cuda.read(obj, exact).ptr() == Py_True) {
+    raw.device = fp8mla::Device::cuda(int(PyLong_AsLong(t.get_device.read(obj, exact).ptr())));
+  } else if (t.is_cpu.read(obj, exact).ptr() != Py_True) {
     return std::nullopt;
   }
-  const nb::object dtype = check(PyObject_GetAttr(obj.ptr(), t.dtype));
+  const nb::object dtype = t.dtype.read(obj, exact);
   const auto* found = std::find(std::begin(t.dtypes), std::end(t.dtypes), dtype.ptr());
   if (found == std::end(t.dtypes)) return std::nullopt;
   raw.dtype = kTorchDtypes[found - std::begin(t.dtypes)].dtype;
-  raw.data = PyLong_AsVoidPtr(check(PyObject_CallMethodNoArgs(obj.ptr(), t.data_ptr)).ptr());
+  raw.data = PyLong_AsVoidPtr(t.data_ptr.read(obj, exact).ptr());
   if (PyErr_Occurred()) throw nb::python_error();
-  raw.ndim = read_dims(op, name, check(PyObject_GetAttr(obj.ptr(), t.shape)), raw.shape.data());
-  const std::size_t stride_dims = read_dims(
-      op, name, check(PyObject_CallMethodNoArgs(obj.ptr(), t.stride)), raw.strides.data());
+  raw.ndim = read_dims(op, name, t.shape.read(obj, exact), raw.shape.data());
+  const std::size_t stride_dims =
+      read_dims(op, name, t.stride.read(obj, exact), raw.strides.data());
   if (stride_dims != raw.ndim) fail(op, name, "torch returned strides that do not match the shape");
   return raw;
 }
@@ -167,19 +190,20 @@ std::optional<RawTensor> read_torch(const char* op, const char* name, nb::handle
 
 void use_torch(nb::handle torch) {
   Torch t;
-  t.tensor_type = reinterpret_cast<PyTypeObject*>(torch.attr("Tensor").inc_ref().ptr());
+  const nb::object tensor = torch.attr("Tensor");
+  t.tensor_type = reinterpret_cast<PyTypeObject*>(tensor.inc_ref().ptr());
   for (std::size_t i = 0; i < std::size(kTorchDtypes); ++i) {
     if (nb::hasattr(torch, kTorchDtypes[i].name)) {
       t.dtypes[i] = torch.attr(kTorchDtypes[i].name).inc_ref().ptr();
     }
   }
-  t.data_ptr = intern("data_ptr");
-  t.shape = intern("shape");
-  t.stride = intern("stride");
-  t.dtype = intern("dtype");
-  t.is_cuda = intern("is_cuda");
-  t.is_cpu = intern("is_cpu");
-  t.get_device = intern("get_device");
+  t.data_ptr = attribute(tensor, "data_ptr", true);
+  t.shape = attribute(tensor, "shape", false);
+  t.stride = attribute(tensor, "stride", true);
+  t.dtype = attribute(tensor, "dtype", false);
+  t.is_cuda = attribute(tensor, "is_cuda", false);
+  t.is_cpu = attribute(tensor, "is_cpu", false);
+  t.get_device = attribute(tensor, "get_device", true);
   g_torch = t;
 }
 

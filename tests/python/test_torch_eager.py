@@ -132,6 +132,10 @@ def test_raw_bytes_strided_views_and_empty_tensors():
     assert fp8mla.quantize_fp8(x[:0], 2.0).shape == (0, 384)
     grad = x.float().requires_grad_()
     assert_same(fp8mla.quantize_fp8(grad, 2.0), fp8mla.quantize_fp8(x.float(), 2.0))
+    # _C reads a subclass through its attributes by name (nn.Parameter: the weights' type).
+    out = torch.empty(4, 384, dtype=E4M3)
+    fp8mla._C.quantize_fp8(torch.nn.Parameter(x, requires_grad=False), out, 2.0, 0)
+    assert_same(out, fp8mla.quantize_fp8(x, 2.0))
 
 
 def test_unsupported_tensors_are_named():
