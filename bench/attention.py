@@ -51,7 +51,6 @@ rows are reported only.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import itertools
 import json
 import math
@@ -62,8 +61,8 @@ import types
 import zlib
 
 import report_attention
-from common import ClockSampler, graphed, load_anchors, round_up, run_for, time_for, time_ms, \
-    utc_now
+from common import ClockSampler, graphed, load_anchors, load_fa3, round_up, run_for, time_for, \
+    time_ms, utc_now
 from report_attention import ATTENTION_DQK as DQK, ATTENTION_DV as DV, ATTENTION_SHAPES as SHAPES
 
 ROUNDS, LOOP_MS, WARM_S, MIN_CALLS = 5, 30.0, 1.0, 3
@@ -278,19 +277,6 @@ def accuracy(torch, fp8mla, fa3, anchors):
         rows.append(row)
     return {"q_lens": q_lens, "prefix_lens": prefix_lens, "heads": heads, "causal": causal,
             "ref_max_abs": {k: v.abs().max().item() for k, v in refs.items()}, "rows": rows}
-
-
-def load_fa3():
-    """(fa3_fwd_interface, "fa3_fwd VERSION") or (None, why it does not import)."""
-    try:
-        import fa3_fwd_interface
-    except Exception as e:  # noqa: BLE001 - FA3's rows become error rows, the rest runs
-        return None, f"unavailable ({type(e).__name__}: {e})"
-    try:
-        version = importlib.metadata.version("fa3_fwd")
-    except importlib.metadata.PackageNotFoundError:
-        version = "(no package metadata)"
-    return fa3_fwd_interface, f"fa3_fwd {version}"
 
 
 def progress(r):

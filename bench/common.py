@@ -1,6 +1,6 @@
-"""What every Python benchmark of this folder shares: finding the anchors, the one GPU timer, the
-SM clock sampler, random inputs, the device-copy ceiling, and the fp8mla-vs-anchor rows of the
-memory-bound benchmarks (quant.py, prep.py) with their console table and JSON document.
+"""What every Python benchmark of this folder shares: finding the anchors and FA3, the one GPU
+timer, the SM clock sampler, random inputs, the device-copy ceiling, and the fp8mla-vs-anchor rows
+of the memory-bound benchmarks (quant.py, prep.py) with their console table and JSON document.
 
 The timer, `time_ms(torch, fn, iters, warmup, queued)`: CUDA events around each call, median.
 - queued=True: all timed calls and their event pairs are queued behind a sleep kernel first, so
@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import ctypes
 import datetime
+import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -65,6 +66,19 @@ def load_anchors(path, script):
             spec.loader.exec_module(module)
             return module, os.path.abspath(f)
     sys.exit(f"{script}: anchors.py not found (tried {candidates}); pass --anchors PATH")
+
+
+def load_fa3():
+    """(fa3_fwd_interface, "fa3_fwd VERSION") or (None, why it does not import)."""
+    try:
+        import fa3_fwd_interface
+    except Exception as e:  # noqa: BLE001 - FA3's rows become error rows, the rest runs
+        return None, f"unavailable ({type(e).__name__}: {e})"
+    try:
+        version = importlib.metadata.version("fa3_fwd")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(no package metadata)"
+    return fa3_fwd_interface, f"fa3_fwd {version}"
 
 
 # ---- The timer --------------------------------------------------------------------------------

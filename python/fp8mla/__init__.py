@@ -1,8 +1,8 @@
 """fp8mla — FP8 MLA prefill for NVIDIA Hopper, with a CPU implementation of every op.
 
-Quantization ops (docs/design.md sections 2 and 3). Tensors cross through DLPack: torch tensors (CPU
-or CUDA; each op is also a torch.library custom op, see fp8mla.torch_ops), numpy arrays (CPU; bf16
-and fp8 through ml_dtypes), or any other DLPack array when every output is given. Outputs are
+Quantization ops (docs/design.md sections 2 and 3). Tensors: torch tensors (CPU or CUDA, read
+directly; each op is also a torch.library custom op, see fp8mla.torch_ops), numpy arrays (CPU; bf16
+and fp8 through ml_dtypes) or any other DLPack array when every output is given. Outputs are
 allocated on the input's device when not given. Bad arguments raise fp8mla.Error (its subclass
 InvalidArgumentError is also a ValueError) with the C++ library's message.
     quantize_fp8(x, scale_inv, *, out=None, dtype="e4m3") -> out

@@ -12,6 +12,8 @@ also registers the torch custom ops.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import _C
@@ -119,6 +121,7 @@ class DLPack(Arrays):
 
 
 _BY_MODULE = {"numpy": Numpy}
+_BY_TYPE: dict = {}  # array type -> its adapter, as adapter_for found it
 
 
 def load_torch():
@@ -130,12 +133,18 @@ def load_torch():
 
 
 def adapter_for(x):
-    """The adapter of array x, by the top-level module of its type."""
-    root = type(x).__module__.partition(".")[0]
-    adapter = _BY_MODULE.get(root)
-    if adapter is not None:
-        return adapter
-    return load_torch() if root == "torch" else DLPack
+    """The adapter of array x, by the top-level module of its type or, for a subclass of
+    torch.Tensor defined elsewhere, torch's (looked up once per type)."""
+    adapter = _BY_TYPE.get(type(x))
+    if adapter is None:
+        root = type(x).__module__.partition(".")[0]
+        adapter = _BY_MODULE.get(root)
+        if adapter is None:
+            torch = sys.modules.get("torch")
+            is_tensor = root == "torch" or (torch is not None and isinstance(x, torch.Tensor))
+            adapter = load_torch() if is_tensor else DLPack
+        _BY_TYPE[type(x)] = adapter
+    return adapter
 
 
 def adapter_for_device(device):

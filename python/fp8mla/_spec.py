@@ -89,17 +89,17 @@ class Op:
         self._rules = {}  # rule functions by the unique names the generated code calls them by
         self.public_source = self._public_source(result, check, choose)
         self.c_args_source = self._c_args_source()
-        self.c_args = self._compile("c_args", self.c_args_source)
+        self.c_args = self.compile("c_args", self.c_args_source)
 
     def public_function(self, adapter_for):
         """The public function of this op; adapter_for(x) gives the adapter of array x."""
-        function = self._compile(self.name, self.public_source, _adapter_for=adapter_for)
+        function = self.compile(self.name, self.public_source, _adapter_for=adapter_for)
         function.__doc__ = self.__doc__
         return function
 
     # ---- code generation ----
 
-    def _rule(self, fn, label: str) -> str:
+    def rule(self, fn, label: str) -> str:
         """Source text calling rule `fn` (kept as _<label>) with the arguments it names."""
         self._rules[f"_{label}"] = fn
         return f"_{label}({', '.join(inspect.signature(fn).parameters)})"
@@ -115,7 +115,7 @@ class Op:
         params = positional + (["*"] + keyword if keyword else [])
         lines = [f"def {self.name}({', '.join(params)}):"]
         if choose is not None:
-            lines.append(f"    arrays = {self._rule(choose, 'choose')}")
+            lines.append(f"    arrays = {self.rule(choose, 'choose')}")
         else:
             lines.append(f"    arrays = _adapter_for({self.first_tensor.public})")
         for a in self.args:
@@ -123,24 +123,24 @@ class Op:
                 lines.append(f"    _check_choice({self.name!r}, {a.public!r}, {a.public}, "
                              f"_FP8_DTYPES)")
         if check is not None:
-            lines.append(f"    {self._rule(check, 'check')}")
+            lines.append(f"    {self.rule(check, 'check')}")
         outputs = [a for a in self.args if a.kind == OUT]
         if outputs:
             missing = {a.public: f"{a.public} is None" + (
-                f" and {self._rule(a.when, 'when_' + a.name)}" if a.when else "") for a in outputs}
+                f" and {self.rule(a.when, 'when_' + a.name)}" if a.when else "") for a in outputs}
             any_missing = " or ".join(f"({m})" if len(missing) > 1 else m for m in missing.values())
             lines.append(f"    if {any_missing}:")
             flags = ", ".join(f"{name}={m}" for name, m in missing.items())
             lines.append(f"        arrays.require({self.name!r}, {flags})")
             for a in outputs:
                 lines.append(f"        if {missing[a.public]}:")
-                lines.append(f"            {a.public} = {self._rule(a.alloc, 'alloc_' + a.name)}")
+                lines.append(f"            {a.public} = {self.rule(a.alloc, 'alloc_' + a.name)}")
         values = ", ".join(self._schema_value(a) for a in self.schema_args)
         if self.query:
             lines.append(f"    return arrays.query(_op, ({values},))")
             return "\n".join(lines) + "\n"
         lines.append(f"    arrays.call(_op, ({values},), stream or 0)")
-        lines.append(f"    return {self._rule(result, 'result')}")
+        lines.append(f"    return {self.rule(result, 'result')}")
         return "\n".join(lines) + "\n"
 
     def _schema_value(self, a) -> str:
@@ -162,27 +162,38 @@ class Op:
             return f"_yarn_list({self.name!r}, {v}, {theta})"
         return v
 
-    def _c_args_source(self) -> str:
+    def c_values(self, tensor_expr) -> list:
+        """The expressions of _C's arguments from the torch op's parameters (the DTYPE argument
+        left out, YaRN as _C's tuple); tensor_expr(name, raw) gives a tensor's, where `raw` is the
+        expression of the fp8mla dtype it names ("None" when the table names none); a SCALE that
+        is a float passes as it is."""
         items = []
         for a in self.schema_args:
             if a.kind == DTYPE:
                 continue
-            raw = self._rule(a.dtype, "raw_" + a.name) if callable(a.dtype) else repr(a.dtype)
+            raw = self.rule(a.dtype, "raw_" + a.name) if callable(a.dtype) else repr(a.dtype)
             if a.kind in TENSOR_KINDS:
-                item = f"tensor({a.name}, {raw})"
-                items.append(f"(None if {a.name} is None else {item})" if a.optional else item)
+                item = tensor_expr(a.name, raw)
+                items.append(f"(None if {a.name} is None else {item})"
+                             if a.optional and item != a.name else item)
             elif a.kind == SCALE:
-                items.append(f"({a.name} if {a.name}.__class__ is float else "
-                             f"tensor({a.name}, None))")
+                item = tensor_expr(a.name, "None")
+                items.append(item if item == a.name
+                             else f"({a.name} if {a.name}.__class__ is float else {item})")
             elif a.kind == YARN:
                 items.append(f"_yarn_tuple({a.name})")
             else:
                 items.append(a.name)
+        return items
+
+    def _c_args_source(self) -> str:
+        items = self.c_values(lambda name, raw: f"tensor({name}, {raw})")
         params = ", ".join(["tensor"] + [a.name for a in self.schema_args])
         body = ",\n            ".join(items)
         return f"def c_args({params}):\n    return ({body},)\n"
 
-    def _compile(self, name, source, **extra):
+    def compile(self, name, source, **extra):
+        """Function `name` of `source`, compiled with the op's rules and `extra` in scope."""
         filename = f"<fp8mla._ops {self.name}.{name}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         namespace = {"_op": self, "_check_choice": check_choice, "_FP8_DTYPES": FP8_DTYPES,

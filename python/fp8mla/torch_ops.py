@@ -3,6 +3,13 @@ torch.ops.fp8mla.<op> with a fake implementation, so it works under torch.compil
 and CUDA graph capture. Importing this module registers them (fp8mla does when torch is imported
 first, or when the first torch tensor arrives).
 
+The public functions of fp8mla call the op's implementation directly in plain eager mode (not
+compiling, no dispatch mode, plain torch.Tensor arguments), which skips the dispatcher's tens of
+microseconds of Python; otherwise they call torch.ops.fp8mla.<op>. Either way the implementation
+is one generated function per op (print _DIRECT_SOURCES[name] to read one) that hands the tensors
+to _C as they are (_C reads torch tensors directly) on the device and current stream of the first
+tensor.
+
 A custom op takes the op's arguments in the table's order (the C++ API's), outputs included
 (the caller allocates them; the public functions of fp8mla do, with torch.empty on the input's
 device), writes into them and returns nothing; its schema marks them mutated. An op with a
@@ -29,57 +36,24 @@ from ._spec import (
     YARN,
 )
 
-# torch dtypes passed to _C as uint8 views (torch may not export them through DLPack), and the
-# dtypes of allocated outputs.
-_BYTE_DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+# _C reads torch tensors directly (data pointer, shape, strides, dtype, device: no DLPack export).
+_C.use_torch(torch)
+
+# The dtypes of allocated outputs.
 _DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "bf16": torch.bfloat16,
            "f32": torch.float32, "i32": torch.int32,
            "ue8m0": getattr(torch, "float8_e8m0fnu", torch.uint8),
            "e2m1x2": getattr(torch, "float4_e2m1fn_x2", torch.uint8)}
-if hasattr(torch, "float8_e8m0fnu"):
-    _BYTE_DTYPES[torch.float8_e8m0fnu] = "ue8m0"
-if hasattr(torch, "float4_e2m1fn_x2"):
-    _BYTE_DTYPES[torch.float4_e2m1fn_x2] = "e2m1x2"
 # fp8mla dtypes a plain uint8 tensor given for an argument may hold (raw bytes).
 _RAW_BYTES = ("e4m3", "e5m2", "ue8m0", "e2m1x2")
+_UINT8 = torch.uint8
 
 
 def _tensor(t: torch.Tensor, raw_dtype: str | None = None):
-    """The argument _C takes for tensor `t`: a DLPack capsule or (capsule, fp8mla dtype name)."""
-    t = t.detach()
-    name = _BYTE_DTYPES.get(t.dtype)
-    if name is not None:
-        t = t.view(torch.uint8)
-    elif raw_dtype in _RAW_BYTES and t.dtype == torch.uint8:
-        name = raw_dtype
-    # stream=-1: no synchronization by the producer (the op runs on the stream we pass), so this
-    # is safe during CUDA graph capture.
-    capsule = t.__dlpack__(stream=-1) if t.is_cuda else t
-    return (capsule, name) if name is not None else capsule
-
-
-def _stream(x: torch.Tensor, stream: int) -> int:
-    if stream or not x.is_cuda:
-        return stream
-    return torch.cuda.current_stream(x.device).cuda_stream
-
-
-class _on_device:
-    """Makes x's CUDA device current for the call (the C++ library requires it)."""
-
-    def __init__(self, x: torch.Tensor):
-        self.guard = None
-        if x.is_cuda and x.device.index is not None and x.device.index != torch.cuda.current_device():
-            self.guard = torch.cuda.device(x.device.index)
-
-    def __enter__(self):
-        if self.guard is not None:
-            self.guard.__enter__()
-
-    def __exit__(self, *exc):
-        if self.guard is not None:
-            return self.guard.__exit__(*exc)
-        return False
+    """The argument _C takes for tensor `t`: `t`, or (t, fp8mla dtype name) for raw bytes."""
+    if t.dtype is _UINT8 and raw_dtype in _RAW_BYTES:
+        return (t, raw_dtype)
+    return t
 
 
 # ---- custom ops ----------------------------------------------------------------------------------
@@ -102,58 +76,96 @@ def _schema(op, scale_type: str) -> str:
     return f"({', '.join(params + ['int stream'])}) -> ()"
 
 
-def _impl(op):
-    """The kernel of every device: converts the tensors and calls _C on the first tensor's
-    device and stream."""
-    c_op = getattr(_C, op.name)
-    first = op.schema_args.index(op.first_tensor)
+# ---- the implementation and the eager entry, generated per op -----------------------------------
 
-    def impl(*values):
-        *values, stream = values
-        x = values[first]
-        with _on_device(x):
-            if op.host_fill and x.is_cuda:
-                # The library fills this CUDA memory by a blocking copy outside torch's streams:
-                # first let queued work (e.g. the previous user of the memory) finish.
-                torch.cuda.synchronize(x.device)
-            c_op(*op.c_args(_tensor, *values), _stream(x, stream))
+def _raw_bytes(t: torch.Tensor, raw_dtype: str):
+    """(t, raw_dtype) for uint8 bytes the table names a format for, t otherwise."""
+    return (t, raw_dtype) if raw_dtype in _RAW_BYTES else t
 
-    impl.__name__ = op.name
-    return impl
+
+def _call_lines(op) -> list:
+    """The body of the op's implementation: _C called on the first tensor's device and stream
+    (0: torch's current stream there)."""
+    values = ", ".join(op.c_values(lambda name, raw: name if raw == "None" else (
+        f"({name} if {name}.dtype is not _UINT8 else _raw_bytes({name}, {raw}))")))
+    first = op.first_tensor.name
+    lines = [f"    if {first}.is_cuda:",
+             f"        device = {first}.get_device()",
+             "        if not stream:",
+             "            stream = _current_stream(device)"]
+    if op.host_fill:
+        # The library fills this CUDA memory by a blocking copy outside torch's streams: first
+        # let queued work (e.g. the previous user of the memory) finish.
+        lines.append("        _synchronize(device)")
+    # The C++ library runs on the current device.
+    return lines + ["        if device != _current_device():",
+                    "            with _cuda_device(device):",
+                    f"                return _c_op({values}, stream)",
+                    f"    _c_op({values}, stream)"]
+
+
+def _direct_source(op) -> str:
+    """The op's implementation, the kernel of its custom op (its parameters, then `stream`)."""
+    params = ", ".join(a.name for a in op.schema_args)
+    return "\n".join([f"def direct({params}, stream):", *_call_lines(op)]) + "\n"
+
+
+def _eager_source(op) -> str:
+    """The entry of Torch.call: in plain eager mode the implementation's body, inline; otherwise
+    the custom op."""
+    params = ", ".join(a.name for a in op.schema_args)
+    plain = ["not _is_compiling()", "not _dispatch_modes()"]
+    for a in op.schema_args:
+        if a.kind == SCALE:
+            plain.append(f"({a.name}.__class__ is float or {a.name}.__class__ is _Tensor)")
+        elif a.kind in TENSOR_KINDS:
+            plain.append(f"({a.name} is None or {a.name}.__class__ is _Tensor)" if a.optional
+                         else f"{a.name}.__class__ is _Tensor")
+    custom = "_custom"
+    if op.scale is not None:
+        scale = op.schema_args[op.scale].name
+        # isinstance, not __class__: this line is also traced by torch.compile.
+        custom = f"(_custom if isinstance({scale}, float) else _custom_scale_tensor)"
+    condition = "\n            and ".join(plain)
+    return "\n".join(["def eager(values, stream):",
+                      f"    ({params},) = values",
+                      f"    if not ({condition}):",
+                      f"        return {custom}({params}, stream)",
+                      *_call_lines(op)]) + "\n"
+
+
+_SCOPE = {"_UINT8": _UINT8, "_Tensor": torch.Tensor, "_raw_bytes": _raw_bytes,
+          # torch's C functions behind torch.cuda.current_stream / current_device (CUDA builds).
+          "_current_stream": getattr(torch._C, "_cuda_getCurrentRawStream", None),
+          "_current_device": getattr(torch._C, "_cuda_getDevice", None),
+          "_cuda_device": torch.cuda.device, "_synchronize": torch.cuda.synchronize,
+          "_is_compiling": torch.compiler.is_compiling,
+          "_dispatch_modes": torch._C._len_torch_dispatch_stack}
 
 
 def _fake(*values):
     return None  # every op writes into its arguments and returns nothing
 
 
-_IMPLS = {}  # custom op name -> its plain implementation, for the eager fast path
-_OPS = {}  # custom op name -> torch.ops.fp8mla.<name>
+_DIRECT_SOURCES = {}  # op name -> the source of its implementation
+_EAGER = {}  # op name -> its entry from Torch.call
 for _op in OPS:
     if _op.query:
         continue  # metadata only, returns a value: called directly (Torch.query), not a graph op
-    _variants = {_op.name: "float"}
+    _DIRECT_SOURCES[_op.name] = _direct_source(_op)
+    _direct = _op.compile("direct", _DIRECT_SOURCES[_op.name], _c_op=getattr(_C, _op.name),
+                          **_SCOPE)
+    _variants = {"_custom": (_op.name, "float")}
     if _op.scale is not None:
-        _variants[_op.name + "_scale_tensor"] = "Tensor"
-    for _name, _scale_type in _variants.items():
-        _IMPLS[_name] = _impl(_op)
-        _custom = torch.library.custom_op(f"fp8mla::{_name}", _IMPLS[_name],
-                                          mutates_args=_op.mutates,
+        _variants["_custom_scale_tensor"] = (_op.name + "_scale_tensor", "Tensor")
+    _customs = {}
+    for _key, (_name, _scale_type) in _variants.items():
+        _custom = torch.library.custom_op(f"fp8mla::{_name}", _direct, mutates_args=_op.mutates,
                                           schema=_schema(_op, _scale_type))
         _custom.register_fake(_fake)
-        _OPS[_name] = getattr(torch.ops.fp8mla, _name)
-
-
-def _run(name: str, *args):
-    """Calls custom op `name`; in plain eager mode (no compile, no dispatch mode, plain tensors) it
-    calls the implementation directly, skipping the dispatcher's ~30 us of Python overhead."""
-    if (
-        not torch.compiler.is_compiling()
-        and torch._C._len_torch_dispatch_stack() == 0
-        and all(type(a) is torch.Tensor for a in args if isinstance(a, torch.Tensor))
-    ):
-        _IMPLS[name](*args)
-    else:
-        _OPS[name](*args)
+        _customs[_key] = getattr(torch.ops.fp8mla, _name)
+    _EAGER[_op.name] = _op.compile("eager", _eager_source(_op), _c_op=getattr(_C, _op.name),
+                                   **_customs, **_SCOPE)
 
 
 class Torch(Arrays):
@@ -166,8 +178,9 @@ class Torch(Arrays):
 
     @staticmethod
     def empty(shape, dtype, like):
-        device = like.device if isinstance(like, torch.Tensor) else like
-        return torch.empty(shape, dtype=_DTYPES[dtype], device=device)
+        if isinstance(like, torch.Tensor):
+            return like.new_empty(shape, dtype=_DTYPES[dtype])  # no torch.device made
+        return torch.empty(shape, dtype=_DTYPES[dtype], device=like)
 
     @staticmethod
     def scalar(value, like):
@@ -175,7 +188,4 @@ class Torch(Arrays):
 
     @staticmethod
     def call(op, values, stream):
-        name = op.name
-        if op.scale is not None and isinstance(values[op.scale], torch.Tensor):
-            name += "_scale_tensor"
-        _run(name, *values, stream)
+        _EAGER[op.name](values, stream)

@@ -1,24 +1,19 @@
 // fp8mla._C — the nanobind module behind the Python package `fp8mla`.
 //
-// Bindings only convert: every tensor argument arrives through DLPack (torch, numpy, cupy, jax,
-// ...) as an nb::ndarray, becomes an fp8mla::TensorView (pointer, shape, strides in elements,
-// device, dtype), and the C++ op does every check. A tensor argument is either an array or a
-// pair (array, "dtype") naming the fp8mla dtype of an array whose framework has no such type (a
-// uint8 view of float8 data, a uint16 view of numpy bfloat16). fp8mla::Error becomes fp8mla.Error
-// (InvalidArgumentError / UnsupportedError subclasses) with the same message. The GIL is released
-// around every op.
+// Bindings only convert: every tensor argument becomes an fp8mla::TensorView (pointer, shape,
+// strides in elements, device, dtype; tensor_args.hpp says how: torch tensors read directly,
+// other arrays through DLPack), and the C++ op does every check. fp8mla::Error becomes
+// fp8mla.Error (InvalidArgumentError / UnsupportedError subclasses) with the same message. The
+// GIL is released around every op.
 //
 // Every op is bound by one helper, def_op, from the list of its parameters in the C++ API's order
 // (def_quantize_ops, def_prep_ops and def_attention_ops at the end, one per public header: the
 // table a new op or argument adds a row or an entry to, next to python/fp8mla/_ops.py).
 #include <nanobind/nanobind.h>
-#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
-#include <algorithm>
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -26,7 +21,6 @@
 #include <tuple>
 #include <utility>
 #include <variant>
-#include <vector>
 
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
@@ -36,6 +30,7 @@
 #include "fp8mla/runtime_info.hpp"
 #include "fp8mla/tensor_view.hpp"
 #include "fp8mla/version.hpp"
+#include "tensor_args.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -43,6 +38,7 @@ using fp8mla::DType;
 using fp8mla::Error;
 using fp8mla::ErrorCategory;
 using fp8mla::TensorView;
+using fp8mla_python::Args;
 
 namespace {
 
@@ -100,188 +96,6 @@ void raise_error(const Error& e) {
   instance.attr("message") = nb::str(e.message().c_str());
   PyErr_SetObject(type, instance.ptr());
 }
-
-// ---- Tensors -----------------------------------------------------------------------------------
-
-[[noreturn]] void fail(std::string_view op, std::string_view name, const std::string& message) {
-  throw Error(ErrorCategory::kInvalidArgument, fp8mla::concat(op, ": `", name, "`: ", message));
-}
-
-std::optional<DType> parse_dtype(std::string_view s) {
-  if (s == "bf16" || s == "bfloat16") return DType::kBF16;
-  if (s == "f16" || s == "float16") return DType::kF16;
-  if (s == "f32" || s == "float32") return DType::kF32;
-  if (s == "e4m3" || s == "e4m3fn" || s == "float8_e4m3fn") return DType::kE4M3;
-  if (s == "e5m2" || s == "float8_e5m2") return DType::kE5M2;
-  if (s == "ue8m0" || s == "e8m0fnu" || s == "float8_e8m0fnu") return DType::kUE8M0;
-  if (s == "e2m1x2" || s == "float4_e2m1fn_x2") return DType::kE2M1x2;
-  if (s == "i32" || s == "int32") return DType::kI32;
-  if (s == "i64" || s == "int64") return DType::kI64;
-  return std::nullopt;
-}
-
-std::string describe_dlpack_dtype(nb::dlpack::dtype d) {
-  using Code = nb::dlpack::dtype_code;
-  static constexpr std::pair<Code, const char*> kCodes[] = {
-      {Code::Int, "int"},
-      {Code::UInt, "uint"},
-      {Code::Float, "float"},
-      {Code::Bfloat, "bfloat"},
-      {Code::Complex, "complex"},
-      {Code::Bool, "bool"},
-      {Code::Float8_E4M3FN, "float8_e4m3fn"},
-      {Code::Float8_E5M2, "float8_e5m2"},
-      {Code::Float8_E8M0FNU, "float8_e8m0fnu"},
-      {Code::Float4_E2M1FN, "float4_e2m1fn"},
-  };
-  for (const auto& [code, name] : kCodes) {
-    if (Code(d.code) != code) continue;
-    std::string s = fp8mla::concat(name, int(d.bits));
-    if (d.lanes != 1) s += fp8mla::concat("x", int(d.lanes));
-    return s;
-  }
-  return fp8mla::concat("DLPack dtype code ", int(d.code), " bits ", int(d.bits), " lanes ",
-                        int(d.lanes));
-}
-
-// The fp8mla dtype of a DLPack dtype, if there is one.
-std::optional<DType> from_dlpack(nb::dlpack::dtype d) {
-  using Code = nb::dlpack::dtype_code;
-  // Bits per element; e2m1 comes as packed pairs: one byte per element of the [M, K/2] view.
-  static constexpr struct {
-    Code code;
-    int bits;
-    DType dtype;
-  } kTypes[] = {
-      {Code::Float, 16, DType::kF16},
-      {Code::Float, 32, DType::kF32},
-      {Code::Bfloat, 16, DType::kBF16},
-      {Code::Int, 32, DType::kI32},
-      {Code::Int, 64, DType::kI64},
-      {Code::Float8_E4M3FN, 8, DType::kE4M3},
-      {Code::Float8_E5M2, 8, DType::kE5M2},
-      {Code::Float8_E8M0FNU, 8, DType::kUE8M0},
-      {Code::Float4_E2M1FN, 8, DType::kE2M1x2},
-  };
-  if (d.lanes != 1 && !(Code(d.code) == Code::Float4_E2M1FN && d.bits == 4 && d.lanes == 2))
-    return std::nullopt;
-  for (const auto& t : kTypes) {
-    if (Code(d.code) == t.code && d.bits * d.lanes == t.bits) return t.dtype;
-  }
-  return std::nullopt;
-}
-
-// Converts one tensor argument; keeps its ndarray alive for the duration of the call.
-class Args {
- public:
-  explicit Args(const char* op) : op_(op) {}
-
-  const char* op() const { return op_; }
-
-  TensorView input(nb::handle obj, const char* name) { return convert<nb::ro>(obj, name); }
-  TensorView output(nb::handle obj, const char* name) { return convert<>(obj, name); }
-  // None: an empty view (data == nullptr), which the ops read as "not given".
-  TensorView optional_input(nb::handle obj, const char* name) {
-    return obj.is_none() ? TensorView() : input(obj, name);
-  }
-  TensorView optional_output(nb::handle obj, const char* name) {
-    return obj.is_none() ? TensorView() : output(obj, name);
-  }
-
- private:
-  template <typename... Flags>
-  TensorView convert(nb::handle obj, const char* name) {
-    using Array = nb::ndarray<Flags...>;
-    nb::handle array_obj = obj;
-    std::optional<DType> dtype_override;
-    if (nb::isinstance<nb::tuple>(obj)) {
-      nb::tuple pair = nb::borrow<nb::tuple>(obj);
-      if (pair.size() != 2 || !nb::isinstance<nb::str>(pair[1])) {
-        fail(op_, name, "expected an array or a pair (array, dtype name)");
-      }
-      array_obj = pair[0];
-      const std::string dtype_name = nb::cast<std::string>(pair[1]);
-      dtype_override = parse_dtype(dtype_name);
-      if (!dtype_override) fail(op_, name, fp8mla::concat("unknown dtype name '", dtype_name, "'"));
-    }
-    Array array;
-    if (!nb::try_cast<Array>(array_obj, array, /*convert=*/false)) {
-      fail(op_, name,
-           fp8mla::concat("expected an array that supports DLPack or the buffer protocol, got ",
-                          nb::inst_name(array_obj).c_str()));
-    }
-
-    const nb::dlpack::dtype dl = array.dtype();
-    DType dtype;
-    if (dtype_override) {
-      using Code = nb::dlpack::dtype_code;
-      const int bits = dl.bits * dl.lanes;
-      const bool raw = Code(dl.code) == Code::Int || Code(dl.code) == Code::UInt;
-      const std::optional<DType> native = from_dlpack(dl);
-      if (!(native == dtype_override) &&
-          !(raw && bits == 8 * fp8mla::dtype_size(*dtype_override))) {
-        fail(op_, name,
-             fp8mla::concat("cannot view ", describe_dlpack_dtype(dl), " data as ",
-                            fp8mla::dtype_name(*dtype_override),
-                            " (a dtype override needs an integer array of the same element size)"));
-      }
-      dtype = *dtype_override;
-    } else if (const std::optional<DType> native = from_dlpack(dl)) {
-      dtype = *native;
-    } else {
-      fail(op_, name,
-           fp8mla::concat("dtype ", describe_dlpack_dtype(dl),
-                          " has no fp8mla dtype (supported: bfloat16, float16, float32, int32, "
-                          "int64, float8_e4m3fn, float8_e5m2, float8_e8m0fnu, float4_e2m1fn_x2; "
-                          "uint8 arrays need an explicit dtype)"));
-    }
-
-    fp8mla::Device device;
-    const int device_type = array.device_type();
-    if (device_type == nb::device::cpu::value || device_type == nb::device::cuda_host::value) {
-      device = fp8mla::Device::cpu();
-    } else if (device_type == nb::device::cuda::value ||
-               device_type == nb::device::cuda_managed::value) {
-      device = fp8mla::Device::cuda(array.device_id());
-    } else {
-      fail(op_, name,
-           fp8mla::concat("expected a tensor on the CPU or a CUDA device, got DLPack device type ",
-                          device_type));
-    }
-
-    const std::size_t ndim = array.ndim();
-    if (ndim > std::size_t(fp8mla::kMaxDims)) {
-      fail(op_, name, fp8mla::concat("expected at most ", fp8mla::kMaxDims, " dims, got ", ndim));
-    }
-    std::array<std::int64_t, fp8mla::kMaxDims> shape{}, strides{};
-    bool empty = false;
-    for (std::size_t d = 0; d < ndim; ++d) {
-      shape[d] = std::int64_t(array.shape(d));
-      strides[d] = array.stride(d);
-      empty = empty || shape[d] == 0;
-    }
-    // An array without elements has no meaningful strides (numpy reports zeros): give it the
-    // row-major ones, which every op's layout checks accept.
-    if (empty) {
-      std::int64_t stride = 1;
-      for (std::size_t d = ndim; d-- > 0;) {
-        strides[d] = stride;
-        stride *= std::max<std::int64_t>(shape[d], 1);
-      }
-    }
-    void* data = const_cast<void*>(static_cast<const void*>(array.data()));
-    keep(std::move(array));
-    return TensorView(data, dtype, std::span<const std::int64_t>(shape.data(), ndim),
-                      std::span<const std::int64_t>(strides.data(), ndim), device);
-  }
-
-  void keep(nb::ndarray<nb::ro>&& a) { inputs_.push_back(std::move(a)); }
-  void keep(nb::ndarray<>&& a) { outputs_.push_back(std::move(a)); }
-
-  const char* op_;
-  std::vector<nb::ndarray<nb::ro>> inputs_;
-  std::vector<nb::ndarray<>> outputs_;
-};
 
 fp8mla::CudaStream to_stream(std::uintptr_t handle) {
   return reinterpret_cast<fp8mla::CudaStream>(handle);
@@ -640,6 +454,8 @@ NB_MODULE(_C, m) {
   def_quantize_ops(m);
   def_prep_ops(m);
   def_attention_ops(m);
+  m.def("use_torch", &fp8mla_python::use_torch, nb::arg("torch"),
+        "Reads torch tensors directly from now on (torch_ops.py calls it once)");
 
   m.attr("MLA_DIMS") =
       make_dict("nope"_a = fp8mla::kMlaNopeDim, "rope"_a = fp8mla::kMlaRopeDim,

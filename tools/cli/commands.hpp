@@ -11,6 +11,8 @@ void add_info_command(CLI::App& app);
 void add_run_command(CLI::App& app);
 #endif
 
+// `fp8mla bench host`: the C++ API's host time per call of each op (every build).
+void add_bench_host_command(CLI::App& bench);
 #if defined(FP8MLA_WITH_CUDA)
 // `fp8mla bench quant` (registered on the `bench` subcommand; CUDA builds only).
 void add_bench_quant_command(CLI::App& bench);

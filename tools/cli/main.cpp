@@ -13,9 +13,10 @@ int main(int argc, char** argv) {
 #if defined(FP8MLA_WITH_MODEL)
   fp8mla::cli::add_run_command(app);
 #endif
-#if defined(FP8MLA_WITH_CUDA)
-  CLI::App* bench = app.add_subcommand("bench", "Time fp8mla's CUDA kernels on cuda:0");
+  CLI::App* bench = app.add_subcommand("bench", "Time fp8mla's ops (CUDA kernels on cuda:0)");
   bench->require_subcommand(1);
+  fp8mla::cli::add_bench_host_command(*bench);
+#if defined(FP8MLA_WITH_CUDA)
   fp8mla::cli::add_bench_quant_command(*bench);
   fp8mla::cli::add_bench_prep_command(*bench);
   fp8mla::cli::add_bench_attention_command(*bench);

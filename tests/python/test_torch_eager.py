@@ -1,0 +1,148 @@
+"""The two torch paths of every op: the eager one (plain torch.Tensor arguments, not compiling, no
+dispatch mode: the implementation called directly, tensors read by _C without DLPack) and the
+custom op through torch's dispatcher (tensor subclasses, dispatch modes, torch.compile) give the
+same bytes; the eager one never enters the dispatcher. On CPU tensors, and on a GPU with a CUDA
+build. Skipped (visibly) without torch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+pytest.importorskip("ml_dtypes")
+import fp8mla  # noqa: E402
+import fp8mla.torch_ops as torch_ops  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch_helpers import assert_same, needs_gpu  # noqa: E402
+
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]
+T, H, PAGE = 5, 2, 4
+E4M3 = torch.float8_e4m3fn
+
+
+def rand(shape, seed, device, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) * 4 - 2).to(dtype).to(device)
+
+
+def inputs(device):
+    q = rand((T, H, 192), 1, device)
+    ckv = rand((T, 576), 2, device)
+    kv = rand((T, H, 256), 3, device)
+    return dict(q=q, ckv=ckv, kv=kv, x=rand((T, 256), 4, device), positions=torch.arange(
+        T, device=device), cos_sin=fp8mla.make_cos_sin_cache(16, device=device),
+        cache=torch.zeros(3, PAGE, 576, dtype=E4M3, device=device),
+        slots=torch.tensor([0, 5, -1, 9, 2], device=device),
+        cu=torch.tensor([0, 2, T], dtype=torch.int32, device=device),
+        one=torch.ones(1, device=device))
+
+
+def step(a):
+    """Every tensor op once, as an engine's prefill step uses them; returns what they wrote."""
+    x, q, kv, ckv = a["x"], a["q"], a["kv"], a["ckv"]
+    out = [fp8mla.quantize_fp8(x, 2.0), fp8mla.quantize_fp8(x, a["one"])]
+    out += fp8mla.quantize_fp8_dynamic(x)
+    out += fp8mla.quantize_fp8_per_token_group(x, scale_layout="packed_ue8m0")
+    out += fp8mla.quantize_nvfp4(x, 40.0)
+    q8, k8 = fp8mla.mla_rope_quantize_fp8(q[..., :128], q[..., 128:], kv[..., :128],
+                                          ckv[:, 512:], a["positions"], a["cos_sin"],
+                                          q_scale_inv=4.0, k_scale_inv=4.0, cache=a["cache"],
+                                          slot_mapping=a["slots"], kv_c=ckv[:, :512])
+    fp8mla.mla_kv_cache_write(ckv[:, :512], ckv[:, 512:], a["cache"], a["slots"].flip(0))
+    out += [q8, k8, a["cache"].clone()]
+    out += fp8mla.mla_kv_gather(a["cache"], a["slots"][:2], 0.5)
+    k_pack, v8 = fp8mla.mla_kv_pack_quantize_fp8(kv[..., :128], ckv[:, 512:], kv[..., 128:],
+                                                 v_layout="transposed")
+    out += [k_pack, v8, fp8mla.mla_v_quantize_fp8(kv[..., 128:])]
+    o, lse = fp8mla.prefill_attention(q8, k8, v8, a["cu"], a["cu"], 3, 3,
+                                      softmax_scale=1 / math.sqrt(192), q_descale=0.25,
+                                      k_descale=0.25, v_descale=a["one"], return_lse=True)
+    out += [o, lse, *fp8mla.merge_attention_states(o, lse, o, lse)]
+    return out
+
+
+class Recorder(TorchDispatchMode):
+    """A dispatch mode that records the fp8mla ops it sees (so every call takes the dispatcher)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "fp8mla":
+            self.seen.add(func._opname)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_and_dispatcher_paths_agree(device):
+    eager = step(inputs(device))
+    with Recorder() as recorder:
+        dispatched = step(inputs(device))
+    assert recorder.seen == set(torch_ops._EAGER) | {"quantize_fp8_scale_tensor"}
+    for e, d in zip(eager, dispatched):
+        assert_same(e, d)
+
+
+def test_eager_path_does_not_enter_the_dispatcher(monkeypatch):
+    def refuse(*args):
+        raise AssertionError("the eager path called the custom op")
+
+    for entry in torch_ops._EAGER.values():
+        for name in ("_custom", "_custom_scale_tensor"):
+            if name in entry.__globals__:
+                monkeypatch.setitem(entry.__globals__, name, refuse)
+    step(inputs("cpu"))
+
+
+def test_tensor_subclass_takes_the_custom_op(monkeypatch):
+    class Marked(torch.Tensor):
+        pass
+
+    calls = []
+    entry = torch_ops._EAGER["quantize_fp8"]
+    custom = entry.__globals__["_custom"]
+    monkeypatch.setitem(entry.__globals__, "_custom",
+                        lambda *args: calls.append(args) or custom(*args))
+    x = rand((3, 128), 5, "cpu")
+    got = fp8mla.quantize_fp8(x.as_subclass(Marked), 2.0)
+    assert len(calls) == 1
+    assert_same(got.as_subclass(torch.Tensor), fp8mla.quantize_fp8(x, 2.0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph_matches_eager(device):
+    a = inputs(device)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    got = compiled(inputs(device))
+    for g, e in zip(got, step(a)):
+        assert_same(g, e)
+
+
+def test_raw_bytes_strided_views_and_empty_tensors():
+    x = rand((4, 384), 6, "cpu")
+    expected = fp8mla.quantize_fp8(x[1:, 128:].contiguous(), 2.0)
+    assert_same(fp8mla.quantize_fp8(x[1:, 128:], 2.0), expected)  # storage offset, row stride
+    as_bytes = torch.empty(3, 256, dtype=torch.uint8)
+    fp8mla.quantize_fp8(x[1:, 128:], 2.0, out=as_bytes)
+    assert_same(as_bytes.view(E4M3), expected)
+    assert fp8mla.quantize_fp8(x[:0], 2.0).shape == (0, 384)
+    grad = x.float().requires_grad_()
+    assert_same(fp8mla.quantize_fp8(grad, 2.0), fp8mla.quantize_fp8(x.float(), 2.0))
+    # _C reads a subclass through its attributes by name (nn.Parameter: the weights' type).
+    out = torch.empty(4, 384, dtype=E4M3)
+    fp8mla._C.quantize_fp8(torch.nn.Parameter(x, requires_grad=False), out, 2.0, 0)
+    assert_same(out, fp8mla.quantize_fp8(x, 2.0))
+
+
+def test_unsupported_tensors_are_named():
+    with pytest.raises(fp8mla.InvalidArgumentError, match="`input`: dtype float64 has no fp8mla"):
+        fp8mla.quantize_fp8(torch.zeros(2, 128, dtype=torch.float64), 1.0)
+    with pytest.raises(fp8mla.InvalidArgumentError, match="`out`: dtype uint16 has no fp8mla"):
+        fp8mla.quantize_fp8(torch.zeros(2, 128), 1.0, out=torch.zeros(2, 128, dtype=torch.uint16))
+    with pytest.raises(fp8mla.InvalidArgumentError, match="`input`: expected an array that"):
+        fp8mla.quantize_fp8(torch.zeros(2, 128, device="meta"), 1.0,
+                            out=torch.empty(2, 128, dtype=E4M3))
