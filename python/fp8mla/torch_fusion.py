@@ -109,7 +109,9 @@ class _Call:
             return None
         if not self.v2:
             return base.meta["val"]
-        kwargs, base = self.node.kwargs, base.meta["val"]
+        # Sizes are nodes where they are symbolic: read their values.
+        kwargs = torch.fx.node.map_arg(self.node.kwargs, lambda n: n.meta["val"])
+        base = base.meta["val"]
         if f"_{name}_storage_offset" in kwargs:
             return base.as_strided(kwargs[f"_{name}_size"], kwargs[f"_{name}_stride"],
                                    kwargs[f"_{name}_storage_offset"])
