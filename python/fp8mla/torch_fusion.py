@@ -177,12 +177,17 @@ def _out_fits(out, tokens, heads) -> bool:
             and _known(out.stride(2) == 1) and _known(out.stride(1) == out.shape[2]))
 
 
+class _Unfusable(Exception):
+    """A pair the pass leaves unfused; the message says why."""
+
+
 def _group_layout(scales, width):
-    """The scale layout of quantize_fp8_per_token_group's scales, or why it does not fuse."""
+    """The scale layout of quantize_fp8_per_token_group's scales."""
     rows = scales.shape[0]
     if scales.dtype == torch.int32:
-        # Packed words for W <= 256 could be either group size to the fused op (an error there).
-        return "packed_ue8m0" if width > 256 else "packed UE8M0 scales for W <= 256 are ambiguous"
+        if width <= 256:  # either group size packs into these words: the fused op rejects them
+            raise _Unfusable("packed UE8M0 scales for W <= 256 are ambiguous")
+        return "packed_ue8m0"
     if scales.dtype != torch.float32:
         return "ue8m0"
     if _known(scales.stride(1) == 1):
@@ -195,45 +200,18 @@ def _group_layout(scales, width):
 
 
 def _nvfp4_layout(quant: _Call, out):
-    """The block scale layout of quantize_nvfp4, or why it does not fuse."""
+    """The block scale layout of quantize_nvfp4."""
     block = quant.value("block_scales")
     if block.dtype != torch.float8_e4m3fn and not (block.dtype == out.dtype == torch.uint8):
-        return "the block scales are neither float8_e4m3fn nor raw bytes with a uint8 output"
+        raise _Unfusable("the block scales are neither float8_e4m3fn nor raw bytes with a uint8 "
+                         "output")
     if quant["layout"] != "linear":
         return quant["layout"]
     # The fused op reads a contiguous 2-d tensor of whole 128-row tiles as swizzled.
     if block.dim() == 2 and _known(block.stride(1) == 1) and _known(
             block.stride(0) == block.shape[1]) and not _known(block.shape[0] % 128 != 0):
-        return "linear block scales that may have the swizzled shape"
+        raise _Unfusable("linear block scales that may have the swizzled shape")
     return "linear"
-
-
-def _match(attention: _Call, quant: _Call):
-    """(key, scale layout) of the fusion of `quant` into `attention`, or why it does not fuse."""
-    o = attention.value("out")
-    if o.dtype != torch.bfloat16 or o.dim() != 3:
-        return f"the attention output is {o.dtype} {list(o.shape)}, not bf16 [T, H, D]"
-    if attention["stream"] != quant["stream"]:
-        return "the ops run on different streams"
-    tokens, width = o.shape[0], o.shape[1] * o.shape[2]
-    out, x = quant.value("out"), quant["x"].meta["val"]
-    if not _out_fits(out, tokens, o.shape[1]):
-        return "the quantized output is not [T, H * D] or [T, H, D] with contiguous rows"
-    if quant.name in ("quantize_fp8", "quantize_fp8_scale_tensor"):
-        return ("fp8_static", None) if quant["dtype"] == "e4m3" else "the output is not e4m3"
-    if not _same_shape(x.shape, (tokens, width)):
-        return "the quantized rows are not the tokens (input not [T, H * D])"
-    if quant.name == "quantize_nvfp4":
-        layout = _nvfp4_layout(quant, out)
-        return ("nvfp4", layout) if layout in ("swizzled", "linear") else layout
-    layout = _group_layout(quant.value("scales"), width)
-    if " " in layout:
-        return layout
-    if quant["eps"] != _EPS:
-        return f"eps {quant['eps']} (the fused quantization uses {_EPS})"
-    if quant["round_scale_to_pow2"] and layout not in ("ue8m0", "packed_ue8m0"):
-        return "f32 scales rounded to powers of two"
-    return f"fp8_group{quant['group_size']}", layout
 
 
 def _depends_on(nodes, target: torch.fx.Node) -> bool:
@@ -246,6 +224,40 @@ def _depends_on(nodes, target: torch.fx.Node) -> bool:
             seen.add(node)
             todo.extend(node.all_input_nodes)
     return False
+
+
+def _match(attention: _Call, quant: _Call, chain):
+    """(key, scale layout) of the fusion of `quant` into `attention`; raises _Unfusable.
+    `chain`: the nodes from the attention's `out` getitem to the quantization's input."""
+    if any(len(node.users) != 1 for node in chain):
+        raise _Unfusable("the bf16 output has other uses")
+    others = [n for n in quant.node.all_input_nodes if n is not quant["x"]]
+    if _depends_on(others, attention.node):
+        raise _Unfusable("the quantization's other inputs depend on the attention")
+    o = attention.value("out")
+    if o.dtype != torch.bfloat16 or o.dim() != 3:
+        raise _Unfusable(f"the attention output is {o.dtype} {list(o.shape)}, not bf16 [T, H, D]")
+    if attention["stream"] != quant["stream"]:
+        raise _Unfusable("the ops run on different streams")
+    tokens, width = o.shape[0], o.shape[1] * o.shape[2]
+    out, x = quant.value("out"), quant["x"].meta["val"]
+    if not _out_fits(out, tokens, o.shape[1]):
+        raise _Unfusable("the quantized output is not [T, H * D] or [T, H, D] with contiguous "
+                         "rows")
+    if quant.name in ("quantize_fp8", "quantize_fp8_scale_tensor"):
+        if quant["dtype"] != "e4m3":
+            raise _Unfusable("the output is not e4m3")
+        return "fp8_static", None
+    if not _same_shape(x.shape, (tokens, width)):
+        raise _Unfusable("the quantized rows are not the tokens (input not [T, H * D])")
+    if quant.name == "quantize_nvfp4":
+        return "nvfp4", _nvfp4_layout(quant, out)
+    layout = _group_layout(quant.value("scales"), width)
+    if quant["eps"] != _EPS:
+        raise _Unfusable(f"eps {quant['eps']} (the fused quantization uses {_EPS})")
+    if quant["round_scale_to_pow2"] and layout not in ("ue8m0", "packed_ue8m0"):
+        raise _Unfusable("f32 scales rounded to powers of two")
+    return f"fp8_group{quant['group_size']}", layout
 
 
 def _fused_kwargs(attention: _Call, quant: _Call, scale):
@@ -350,10 +362,11 @@ class OutputQuantFusionPass(CustomGraphPass):
             if source is None:
                 continue
             attention, chain = source
-            match = self._match(attention, quant, chain)
-            if isinstance(match, str):
-                self.skipped.append(Skipped(attention.name, quant.name, match))
-                _log.info("fp8mla: not fused: %s -> %s: %s", attention.name, quant.name, match)
+            try:
+                match = _match(attention, quant, chain)
+            except _Unfusable as why:
+                self.skipped.append(Skipped(attention.name, quant.name, str(why)))
+                _log.info("fp8mla: not fused: %s -> %s: %s", attention.name, quant.name, why)
                 continue
             _fuse(graph, attention, quant, chain)
             self.fused.append(Fusion(attention.name, quant.name, *match))
@@ -361,15 +374,6 @@ class OutputQuantFusionPass(CustomGraphPass):
             changed = True
         if changed:
             stable_topological_sort(graph)  # users of the attention's lse now follow the fusion
-
-    @staticmethod
-    def _match(attention: _Call, quant: _Call, chain):
-        if any(len(node.users) != 1 for node in chain):
-            return "the bf16 output has other uses"
-        others = [n for n in quant.node.all_input_nodes if n is not quant["x"]]
-        if _depends_on(others, attention.node):
-            return "the quantization's other inputs depend on the attention"
-        return _match(attention, quant)
 
     def uuid(self):
         return get_hash_for_files((__file__,))

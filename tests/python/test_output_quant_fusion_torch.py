@@ -237,6 +237,12 @@ def _quantizes_a_sum(x):
         x.tokens, W))
 
 
+def _scale_from_lse(x):
+    o, lse = x.attend("prefill_attention", return_lse=True)
+    scale = lse.nan_to_num(neginf=0.0).amax().reshape(1) + 100
+    return fp8mla.quantize_fp8(o, scale), lse
+
+
 # (id, fn(inputs) -> results, inputs' keyword arguments, the reason reported (None: not a
 # candidate at all))
 UNFUSED = [
@@ -255,6 +261,8 @@ UNFUSED = [
     ("rows-per-head", lambda x: fp8mla.quantize_fp8_per_token_group(
         x.attend("prefill_attention")), {},
      "the quantized rows are not the tokens (input not [T, H * D])"),
+    ("scale-from-lse", _scale_from_lse, {},
+     "the quantization's other inputs depend on the attention"),
     ("e5m2", lambda x: (fp8mla.quantize_fp8(x.attend("prefill_attention"), 2.0, dtype="e5m2"),),
      {}, "the output is not e4m3"),
     ("linear-whole-tiles", lambda x: fp8mla.quantize_nvfp4(
