@@ -266,7 +266,7 @@ def _fused_kwargs(attention: _Call, quant: _Call, scale):
     block = _QUANT_OPS[quant.name][1]
     moved = {"out": "out"} | ({block: "output_block_scale"} if block else {})
     kwargs = dict(attention.node.kwargs, output_scale=scale)
-    remap = {attention.node: {}, quant.node: {}}
+    remap = {attention.node: {0: 0}, quant.node: {0: 0}}  # 0: the op's own result, None
     if not attention.v2:
         for name, as_name in moved.items():
             kwargs[as_name] = quant[name]
