@@ -46,6 +46,8 @@ Output quantization (docs/design.md section 6; fp8mla/output_quant.hpp):
 
     detect_output_quant_key(output, output_scale=None, output_block_scale=None, output_dim=None)
         -> None, "fp8_static", "fp8_group128", "fp8_group64" or "nvfp4"
+    enable_output_quant_fusion() -> fp8mla.torch_fusion.OutputQuantFusionPass
+        (torch only: the torch.compile pass fusing attention + quantization into the attention op)
 
 The keyword-only arguments follow the order of the C++ API. Every op but
 detect_output_quant_key (metadata only) also takes `stream=` (an int cudaStream_t handle); by
@@ -80,12 +82,23 @@ def softmax_mscale(*, yarn=None) -> float:
     return _C.softmax_mscale(_yarn_tuple(_yarn_list("softmax_mscale", yarn)))
 
 
+def enable_output_quant_fusion():
+    """Turns on the torch.compile pass that fuses the standalone quantization of an attention
+    op's bf16 output into the attention op (fp8mla.torch_fusion; needs torch) for every later
+    torch.compile with the inductor backend, and returns the pass: its `fused` and `skipped`
+    lists say what it did."""
+    from .torch_fusion import enable_output_quant_fusion as enable
+
+    return enable()
+
+
 def info() -> dict:
     """Build and device information: version, cuda (bool), cuda_arch, devices, ..."""
     return _C.info()
 
 
-__all__ = ["Error", "InvalidArgumentError", "UnsupportedError", "info", "softmax_mscale",
+__all__ = ["Error", "InvalidArgumentError", "UnsupportedError", "enable_output_quant_fusion",
+           "info", "softmax_mscale",
            *(op.name for op in _OPS)]
 
 # Engines import torch first: register the custom ops now, so that torch.compile traces straight

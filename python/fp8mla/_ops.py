@@ -286,8 +286,10 @@ OPS = (
     block scales where output_block_scale holds the 128x4 tiles (contiguous, rows a multiple of
     128, or the 5-d view), linear otherwise. `out` and output_block_scale are written, the
     result is `out` as above. Fused on both devices: the CUDA kernel's epilogue writes the
-    quantized output and scales directly. On CUDA, cu_seqlens_q may end before Tq (a padded
-    batch): the rows past its last token are left as they are.""", [
+    quantized output and scales directly. Under torch.compile, fp8mla.enable_output_quant_fusion()
+    rewrites this op with a bf16 `out` followed by a standalone quantization of it into this
+    form. On CUDA, cu_seqlens_q may end before Tq (a padded batch): the rows past its last token
+    are left as they are.""", [
         Arg("q", TENSOR),
         Arg("k", TENSOR),
         Arg("v", TENSOR),
@@ -312,7 +314,8 @@ OPS = (
     returns (out, out_lse), allocated when not given; `out`/`out_lse` may be o_a/lse_a for an
     in-place merge. `output_scale` / `output_block_scale` quantize the merged output as for
     prefill_attention (T tokens of H * D values, f32 states rounded to bf16 first): give them on
-    the last merge of a chunked prefix only. Fused on both devices.""", [
+    the last merge of a chunked prefix only. Fused on both devices; under torch.compile,
+    fp8mla.enable_output_quant_fusion() fuses a standalone quantization of the output here.""", [
         Arg("o_a", TENSOR),
         Arg("lse_a", TENSOR),
         Arg("o_b", TENSOR),
