@@ -279,10 +279,12 @@ void expect_merge_fuses(const test::MergeCase& c, bool lse_in_place) {
   const TensorView rows(bf16.data(), DType::kBF16, {c.tokens, c.heads * c.dim});
   const std::vector<std::uint8_t> want_lse = unfused[5].download();
   for (const QuantCase& q : test::quant_cases(c.tokens, c.heads, c.dim)) {
-    std::vector<DeviceBuffer> states = test::upload(inputs);
+    std::vector<DeviceBuffer> states;
     expect_fused_matches(
         q, rows, c.tokens,
         [&](const TensorView& out, const TensorView& scale, const TensorView& block) {
+          // Fresh states for each call: with out_lse in place the last call changed lse_a.
+          states = test::upload(inputs);
           const auto v = [&](int i) {
             return s[std::size_t(i)].view(states[std::size_t(i)].data(), gpu);
           };
