@@ -1,5 +1,6 @@
 // load_mla_weights (fp8mla/mla_weights.hpp): a layer's weights as views into a safetensors file,
-// checked against the config. In fp8mla::model, with the safetensors reader it needs.
+// or into several (a sharded checkpoint), checked against the config. In fp8mla::model, with the
+// safetensors reader it needs.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -17,9 +18,10 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return s + "]";
 }
 
-const SafetensorsTensor& expect(const SafetensorsFile& file, const std::string& name,
+const SafetensorsTensor& expect(const TensorFileLookup& file_of, const std::string& name,
                                 std::initializer_list<DType> dtypes,
                                 const std::vector<std::int64_t>& shape) {
+  const SafetensorsFile& file = file_of(name);
   const SafetensorsTensor& t = file.at(name);
   const bool dtype_ok = std::find(dtypes.begin(), dtypes.end(), t.dtype) != dtypes.end();
   std::string wanted;
@@ -35,18 +37,23 @@ const SafetensorsTensor& expect(const SafetensorsFile& file, const std::string& 
 }  // namespace
 
 MlaWeights load_mla_weights(const SafetensorsFile& file, const MlaConfig& config, int layer) {
+  return load_mla_weights([&](const std::string&) -> const SafetensorsFile& { return file; },
+                          config, layer);
+}
+
+MlaWeights load_mla_weights(const TensorFileLookup& file_of, const MlaConfig& config, int layer) {
   MlaWeights w;
   bool first = true;
   for (const model::ProjectionSpec& p : model::projections(config)) {
     const std::string name = mla_tensor_name(layer, concat(p.name, ".weight"));
-    const SafetensorsTensor& t = expect(file, name, {DType::kBF16, DType::kE4M3}, {p.out, p.in});
+    const SafetensorsTensor& t = expect(file_of, name, {DType::kBF16, DType::kE4M3}, {p.out, p.in});
     const WeightFormat format =
         t.dtype == DType::kE4M3 ? WeightFormat::kFp8Block : WeightFormat::kBf16;
     if (first) w.format = format;
     if (format != w.format) {
       throw Error(ErrorCategory::kInvalidArgument,
-                  concat("'", file.path(), "': tensor '", name, "' is ", dtype_name(t.dtype),
-                         " while the layer's first projection is ",
+                  concat("'", file_of(name).path(), "': tensor '", name, "' is ",
+                         dtype_name(t.dtype), " while the layer's first projection is ",
                          w.format == WeightFormat::kBf16 ? "bf16" : "e4m3",
                          "; expected one format for every projection"));
     }
@@ -55,14 +62,14 @@ MlaWeights load_mla_weights(const SafetensorsFile& file, const MlaConfig& config
     proj.weight = t.view();
     if (format == WeightFormat::kFp8Block) {
       proj.scale_inv =
-          expect(file, mla_tensor_name(layer, concat(p.name, ".weight_scale_inv")), {DType::kF32},
-                 {model::weight_blocks(p.out), model::weight_blocks(p.in)})
+          expect(file_of, mla_tensor_name(layer, concat(p.name, ".weight_scale_inv")),
+                 {DType::kF32}, {model::weight_blocks(p.out), model::weight_blocks(p.in)})
               .view();
     }
   }
   for (const model::NormSpec& n : model::norms(config)) {
     w.*(n.member) =
-        expect(file, mla_tensor_name(layer, concat(n.name, ".weight")), {DType::kBF16}, {n.size})
+        expect(file_of, mla_tensor_name(layer, concat(n.name, ".weight")), {DType::kBF16}, {n.size})
             .view();
   }
   return w;
