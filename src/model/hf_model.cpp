@@ -116,9 +116,18 @@ MlaWeights load_mla_weights(const SafetensorsModel& model, int layer) {
                 concat("model directory '", model.dir(), "': layer ", layer, " is out of range (",
                        *model.num_layers(), " layers in config.json)"));
   }
-  return load_mla_weights(
-      [&](const std::string& name) -> const SafetensorsFile& { return model.file_of(name); },
-      model.config(), layer);
+  try {
+    return load_mla_weights(
+        [&](const std::string& name) -> const SafetensorsFile& { return model.file_of(name); },
+        model.config(), layer);
+  } catch (const Error& e) {
+    // A wrong shape here means the weights and config.json disagree: say where both come from.
+    if (e.category() != ErrorCategory::kInvalidArgument) throw;
+    throw Error(e.category(),
+                concat(e.message(), " (the expected shape follows '", model.dir(),
+                       "/config.json': do the config and the weights belong together?)"),
+                e.where());
+  }
 }
 
 }  // namespace fp8mla
