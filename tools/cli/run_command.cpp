@@ -6,7 +6,8 @@
 // and FP8 block-scaled weights: accuracy on a small batch (the float64 reference of a V3 layer is
 // slow on the host), time on a batch of about 7k new tokens after 10k cached ones. On the CPU the
 // tiny preset runs one batch for both. Weights are generated from --seed, or read from a
-// safetensors file (--weights, --layer) with DeepSeek's tensor names.
+// safetensors file (--weights, --layer) with DeepSeek's tensor names, or config and weights both
+// come from a Hugging Face model directory (--model, --layer).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -23,6 +24,7 @@
 #include "commands.hpp"
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/error.hpp"
+#include "fp8mla/hf_model.hpp"
 #include "fp8mla/mla_layer.hpp"
 #include "fp8mla/numerics.hpp"
 #include "fp8mla/runtime_info.hpp"
@@ -40,6 +42,7 @@ struct RunOptions {
   std::string device = "auto";  // auto, cpu or cuda
   std::string preset;           // empty: deepseek-v3 on the GPU, tiny on the CPU
   std::string weights;          // safetensors file; empty: generated
+  std::string model;            // Hugging Face model directory: config and weights
   int layer = 0;
   std::string weight_format;  // empty: fp8 on the GPU, bf16 on the CPU
   std::uint64_t seed = 1;
@@ -317,6 +320,46 @@ void run_on_gpu(const MlaConfig& config, const MlaWeights& weights, const RunOpt
 }
 #endif
 
+// The layer's config and weights: a model directory's, or a preset's with weights from a file or
+// generated. The files stay open (mapped) while the layer runs on views into them.
+struct LayerSource {
+  std::optional<SafetensorsModel> model;
+  std::optional<SafetensorsFile> file;
+  MlaConfig config;
+  MlaWeights weights;
+
+  LayerSource(const RunOptions& opt, bool gpu, Report& r) {
+    if (!opt.model.empty()) {
+      if (!opt.weights.empty() || !opt.preset.empty()) {
+        throw Error(ErrorCategory::kInvalidArgument,
+                    "--model takes the config and the weights from the model directory; it "
+                    "cannot be combined with --weights or --preset");
+      }
+      model.emplace(opt.model);
+      config = model->config();
+      weights = load_mla_weights(*model, opt.layer);
+      r.preset = concat(config.name, " (", opt.model, ")");
+      r.weights =
+          concat(weights.format == WeightFormat::kBf16 ? "bf16" : "fp8", " layer ", opt.layer);
+      return;
+    }
+    config = mla_preset(!opt.preset.empty() ? opt.preset : gpu ? "deepseek-v3" : "tiny");
+    r.preset = config.name;
+    if (!opt.weights.empty()) {
+      file.emplace(opt.weights);
+      weights = load_mla_weights(*file, config, opt.layer);
+      r.weights = concat(opt.weights, " layer ", opt.layer);
+      return;
+    }
+    const std::string format = !opt.weight_format.empty() ? opt.weight_format
+                               : gpu                      ? "fp8"
+                                                          : "bf16";
+    weights = generate_mla_weights(
+        config, format == "fp8" ? WeightFormat::kFp8Block : WeightFormat::kBf16, opt.seed);
+    r.weights = format + " generated";
+  }
+};
+
 void run(const RunOptions& opt) {
   const bool gpu_present = !cuda_devices().devices.empty();
 #if defined(FP8MLA_WITH_CUDA)
@@ -332,22 +375,9 @@ void run(const RunOptions& opt) {
                                                     cuda_devices().unavailable_reason, ")"));
   }
   Report r;
-  const MlaConfig config = mla_preset(!opt.preset.empty() ? opt.preset
-                                      : gpu               ? "deepseek-v3"
-                                                          : "tiny");
-  r.preset = config.name;
-  const std::string format = !opt.weight_format.empty() ? opt.weight_format : gpu ? "fp8" : "bf16";
-  std::optional<SafetensorsFile> file;
-  MlaWeights weights;
-  if (!opt.weights.empty()) {
-    file.emplace(opt.weights);
-    weights = load_mla_weights(*file, config, opt.layer);
-    r.weights = concat(opt.weights, " layer ", opt.layer);
-  } else {
-    weights = generate_mla_weights(
-        config, format == "fp8" ? WeightFormat::kFp8Block : WeightFormat::kBf16, opt.seed);
-    r.weights = format + " generated";
-  }
+  const LayerSource source(opt, gpu, r);
+  const MlaConfig& config = source.config;
+  const MlaWeights& weights = source.weights;
 #if defined(FP8MLA_WITH_CUDA)
   if (gpu) {
     run_on_gpu(config, weights, opt, r);
@@ -374,7 +404,11 @@ void add_run_command(CLI::App& app) {
                   "deepseek-v2-lite, deepseek-v2, deepseek-v3 or tiny (default: deepseek-v3 on the "
                   "GPU, tiny on the CPU)");
   cmd->add_option("--weights", opt->weights, "safetensors file with DeepSeek's tensor names");
-  cmd->add_option("--layer", opt->layer, "layer index in --weights")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--model", opt->model,
+                  "Hugging Face model directory (config.json and its safetensors, sharded or "
+                  "not) of a DeepSeek-V2/V3 or Kimi-K2 model; instead of --preset and --weights");
+  cmd->add_option("--layer", opt->layer, "layer index in --weights or --model")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--weight-format", opt->weight_format,
                   "generated weights: bf16 or fp8 (128x128 blocks; default fp8 on the GPU, "
                   "bf16 on the CPU)")
