@@ -92,8 +92,8 @@ class AttentionBackend:
 
 
 def make_attention_backend(name: str) -> AttentionBackend:
-    """The backend `name`: "cpu", "cpu-bf16", "fp8-hopper" or "bf16-hopper" (attention_backend_names()).
-    An unknown name raises fp8mla.InvalidArgumentError listing the known ones."""
+    """The backend `name`: "cpu", "cpu-bf16", "fp8-hopper" or "bf16-hopper"
+    (attention_backend_names()). An unknown name raises fp8mla.InvalidArgumentError listing the known ones."""
     return AttentionBackend(name)
 
 
