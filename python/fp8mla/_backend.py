@@ -3,9 +3,9 @@
 make_attention_backend(name) returns an AttentionBackend: its capabilities (a frozen dataclass),
 check_backend, and the two optional methods an engine's MLA prefill calls once per layer and step,
 prepare_prefill_qkv (the BF16 -> FP8 transition) and pack_prefix_chunk_kv. The C++ backends are
-stateless and made once per name: the object carries the name, and the methods are the ops
-BACKEND_OPS of the op table (_ops.py) with the name as their first argument, so they take numpy
-arrays and torch tensors like the other ops and are torch custom ops
+stateless and made once per name, as are these objects: each carries its name, and the methods
+are the ops BACKEND_OPS of the op table (_ops.py) with the name as their first argument, so they
+take numpy arrays and torch tensors like the other ops and are torch custom ops
 (torch.ops.fp8mla.backend_prepare_prefill_qkv, ...).
 """
 
@@ -91,10 +91,17 @@ class AttentionBackend:
     pack_prefix_chunk_kv = _method("backend_pack_prefix_chunk_kv", "pack_prefix_chunk_kv")
 
 
+# One object per backend, made at import: make_attention_backend is a dict lookup, which
+# torch.compile traces without a graph break.
+_BACKENDS = {name: AttentionBackend(name) for name in _C.attention_backend_names()}
+
+
 def make_attention_backend(name: str) -> AttentionBackend:
     """The backend `name`: "cpu", "cpu-bf16", "fp8-hopper" or "bf16-hopper"
-    (attention_backend_names()). An unknown name raises fp8mla.InvalidArgumentError listing the known ones."""
-    return AttentionBackend(name)
+    (attention_backend_names()); the same object for the same name. An unknown name raises
+    fp8mla.InvalidArgumentError listing the known ones."""
+    backend = _BACKENDS.get(name)
+    return backend if backend is not None else AttentionBackend(name)
 
 
 def attention_backend_names() -> list:

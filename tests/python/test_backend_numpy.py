@@ -55,6 +55,7 @@ def test_names_and_cpu_capabilities():
     assert fp8mla.attention_backend_names() == ["cpu", "cpu-bf16", "fp8-hopper", "bf16-hopper"]
     cpu = fp8mla.make_attention_backend("cpu")
     assert cpu.name == "cpu" and repr(cpu) == "fp8mla.AttentionBackend('cpu')"
+    assert fp8mla.make_attention_backend("cpu") is cpu  # one object per backend
     caps = cpu.capabilities
     assert isinstance(caps, fp8mla.BackendCapabilities)
     assert caps == fp8mla.BackendCapabilities(
