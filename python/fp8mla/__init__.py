@@ -49,6 +49,22 @@ Output quantization (docs/design.md section 6; fp8mla/output_quant.hpp):
     enable_output_quant_fusion() -> fp8mla.torch_fusion.OutputQuantFusionPass
         (torch only: the torch.compile pass fusing attention + quantization into the attention op)
 
+Attention backends (docs/design.md section 4; fp8mla/attention_backend.hpp), for engines:
+
+    make_attention_backend(name) -> AttentionBackend   ("cpu", "cpu-bf16", "fp8-hopper",
+        "bf16-hopper"; attention_backend_names() lists them)
+    backend.capabilities -> BackendCapabilities (dataclass)
+    backend.check_backend(*, attention_dtype="e4m3", head_dim_qk=192, head_dim_v=128,
+                          page_size=64, output_quant=None, prepare_prefill_qkv=False,
+                          pack_prefix_chunk_kv=False, device="cpu") -> None
+    backend.prepare_prefill_qkv(q, q_pe, k_nope, k_pe, positions, cos_sin, v, *,
+                                style="interleaved", q_scale_inv=1.0, k_scale_inv=1.0,
+                                q_out=None, k_out=None, cache=None, slot_mapping=None,
+                                cache_scale_inv=1.0, error_flag=None, kv_a=None,
+                                v_scale_inv=1.0, v_out=None) -> (q_out, k_out, v_out)
+    backend.pack_prefix_chunk_kv(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0,
+                                 k_out=None, v_out=None) -> (k_out, v_out)
+
 The keyword-only arguments follow the order of the C++ API. Every op but
 detect_output_quant_key (metadata only) also takes `stream=` (an int cudaStream_t handle); by
 default CUDA torch tensors use torch.cuda.current_stream(). The ops are generated from the table
@@ -62,6 +78,13 @@ import sys
 from . import _C
 from ._arrays import adapter_for as _adapter_for
 from ._arrays import load_torch as _load_torch
+from ._backend import (
+    AttentionBackend,
+    BackendCapabilities,
+    attention_backend_names,
+    check_backend,
+    make_attention_backend,
+)
 from ._C import Error, InvalidArgumentError, UnsupportedError
 from ._common import yarn_list as _yarn_list
 from ._common import yarn_tuple as _yarn_tuple
@@ -97,8 +120,9 @@ def info() -> dict:
     return _C.info()
 
 
-__all__ = ["Error", "InvalidArgumentError", "UnsupportedError", "enable_output_quant_fusion",
-           "info", "softmax_mscale",
+__all__ = ["AttentionBackend", "BackendCapabilities", "Error", "InvalidArgumentError",
+           "UnsupportedError", "attention_backend_names", "check_backend",
+           "enable_output_quant_fusion", "info", "make_attention_backend", "softmax_mscale",
            *(op.name for op in _OPS)]
 
 # Engines import torch first: register the custom ops now, so that torch.compile traces straight

@@ -13,10 +13,14 @@ positional ones in that order, then the keyword-only ones in that order.
 To add an op (or an argument): declare it in the C++ API, add its def_op row (or parameter) to
 the def_*_ops of its header at the end of python/src/module.cpp, and its Op (or Arg) here, in the
 C++ order.
+
+BACKEND_OPS are the methods of the attention backends (python/src/backend.cpp): ops like the
+others whose first argument is the backend's name; fp8mla.AttentionBackend calls them.
 """
 
 from __future__ import annotations
 
+from . import _C
 from ._arrays import adapter_for, adapter_for_device
 from ._common import (
     MLA,
@@ -66,6 +70,16 @@ def _v_out(arrays, v, v_layout):
         storage = arrays.empty((heads, dim, transposed_pitch(n)), "e4m3", v)
         return arrays.permute(storage[:, :, :n], (2, 0, 1))
     return arrays.empty(tuple(v.shape), "e4m3", v)
+
+
+def _backend_v_out(arrays, v, backend):
+    """v_out of a backend's hook or pack: e4m3 in the backend's V layout."""
+    return _v_out(arrays, v, _V_LAYOUTS.get(backend))
+
+
+# The V layout each backend's hook and pack write (an unknown name: the binding says so).
+_V_LAYOUTS = {name: _C.backend_capabilities(name)["v_layout"]
+              for name in _C.attention_backend_names()}
 
 
 def _check_cos_sin_rows(max_pos, out):
@@ -347,6 +361,59 @@ OPS = (
             dtype=lambda output: _raw_block_scale(output)),
         Arg("output_dim", OPT_INT, None, keyword=False),
     ], query=True),
+)
+
+BACKEND_OPS = (
+    Op("backend_prepare_prefill_qkv", """The backend's BF16 -> FP8 transition of one prefill
+    step (its prepare_prefill_qkv hook): mla_rope_quantize_fp8 of (q, q_pe, k_nope, k_pe) with
+    the latent cache write, and mla_v_quantize_fp8 of v in the backend's V layout. Returns
+    (q_out, k_out, v_out), e4m3 and ready for prefill_attention.
+
+    q [T, H, 128] is the no-RoPE part of the query and q_pe [T, H, 64] its RoPE part (slices
+    q[..., :128] and q[..., 128:] of q_b_proj's output work as they are); k_nope and v
+    [T, H, 128] slices of kv_b_proj's output; k_pe [T, 64] or [T, 1, 64] the latent's RoPE part;
+    positions i32/i64 [T]; cos_sin from make_cos_sin_cache. With `cache` (e4m3 [num_pages,
+    page_size, 576]) the latent rows [e4m3(kv_a * cache_scale_inv) | e4m3(rope(k_pe) *
+    cache_scale_inv)] are written at slot_mapping (-1 skips a token); kv_a [T, 512] is the
+    normalized latent. Arithmetic, checks and errors as for mla_rope_quantize_fp8 and
+    mla_v_quantize_fp8. A backend without the hook raises fp8mla.UnsupportedError.""", [
+        Arg("backend", STR),
+        Arg("q", TENSOR),
+        Arg("q_pe", TENSOR),
+        Arg("k_nope", TENSOR),
+        Arg("k_pe", TENSOR),
+        Arg("positions", TENSOR),
+        Arg("cos_sin", TENSOR),
+        Arg("style", STR, "interleaved"),
+        Arg("q_scale_inv", FLOAT, 1.0),
+        Arg("k_scale_inv", FLOAT, 1.0),
+        Arg("q_out", OUT, dtype="e4m3", alloc=lambda arrays, q: arrays.empty(
+            out_shape(tuple(q.shape), MLA["qk"]), "e4m3", q)),
+        Arg("k_out", OUT, dtype="e4m3", alloc=lambda arrays, k_nope: arrays.empty(
+            out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope)),
+        Arg("cache", OPT_INOUT, None, dtype="e4m3"),
+        Arg("slot_mapping", OPT_TENSOR, None),
+        Arg("cache_scale_inv", FLOAT, 1.0),
+        Arg("error_flag", OPT_INOUT, None),
+        Arg("kv_a", OPT_TENSOR, None),
+        Arg("v", TENSOR, keyword=False),
+        Arg("v_scale_inv", FLOAT, 1.0),
+        Arg("v_out", OUT, dtype="e4m3", alloc=_backend_v_out),
+    ], result=lambda q_out, k_out, v_out: (q_out, k_out, v_out)),
+    Op("backend_pack_prefix_chunk_kv", """The backend's FP8 pack of a prefix chunk's K and V
+    (re-expanded from the latent cache): mla_kv_pack_quantize_fp8 with V in the backend's V
+    layout. Returns (k_out, v_out). A backend without the pack raises
+    fp8mla.UnsupportedError.""", [
+        Arg("backend", STR),
+        Arg("k_nope", TENSOR),
+        Arg("k_pe", TENSOR),
+        Arg("v", TENSOR),
+        Arg("k_scale_inv", FLOAT, 1.0),
+        Arg("v_scale_inv", FLOAT, 1.0),
+        Arg("k_out", OUT, dtype="e4m3", alloc=lambda arrays, k_nope: arrays.empty(
+            out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope)),
+        Arg("v_out", OUT, dtype="e4m3", alloc=_backend_v_out),
+    ], result=lambda k_out, v_out: (k_out, v_out)),
 )
 
 

@@ -23,7 +23,7 @@ import torch
 
 from . import _C
 from ._arrays import Arrays
-from ._ops import OPS
+from ._ops import BACKEND_OPS, OPS
 from ._spec import (
     BOOL,
     DTYPE,
@@ -149,7 +149,7 @@ def _fake(*values):
 
 _DIRECT_SOURCES = {}  # op name -> the source of its implementation
 _EAGER = {}  # op name -> its entry from Torch.call
-for _op in OPS:
+for _op in (*OPS, *BACKEND_OPS):
     if _op.query:
         continue  # metadata only, returns a value: called directly (Torch.query), not a graph op
     _DIRECT_SOURCES[_op.name] = _direct_source(_op)

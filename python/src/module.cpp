@@ -6,9 +6,9 @@
 // fp8mla.Error (InvalidArgumentError / UnsupportedError subclasses) with the same message. The
 // GIL is released around every op.
 //
-// Every op is bound by one helper, def_op, from the list of its parameters in the C++ API's order
-// (def_quantize_ops, def_prep_ops and def_attention_ops at the end, one per public header: the
-// table a new op or argument adds a row or an entry to, next to python/fp8mla/_ops.py).
+// Every op is bound by one helper, def_op (params.hpp), from the list of its parameters in the C++
+// API's order (def_quantize_ops, def_prep_ops and def_attention_ops at the end, one per public
+// header: the table a new op or argument adds a row or an entry to, next to python/fp8mla/_ops.py).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -30,6 +30,7 @@
 #include "fp8mla/runtime_info.hpp"
 #include "fp8mla/tensor_view.hpp"
 #include "fp8mla/version.hpp"
+#include "params.hpp"
 #include "tensor_args.hpp"
 
 namespace nb = nanobind;
@@ -38,7 +39,7 @@ using fp8mla::DType;
 using fp8mla::Error;
 using fp8mla::ErrorCategory;
 using fp8mla::TensorView;
-using fp8mla_python::Args;
+using namespace fp8mla_python;
 
 namespace {
 
@@ -97,128 +98,6 @@ void raise_error(const Error& e) {
   PyErr_SetObject(type, instance.ptr());
 }
 
-fp8mla::CudaStream to_stream(std::uintptr_t handle) {
-  return reinterpret_cast<fp8mla::CudaStream>(handle);
-}
-
-bool is_number(nb::handle h) {
-  return PyFloat_Check(h.ptr()) || (PyLong_Check(h.ptr()) && !PyBool_Check(h.ptr()));
-}
-
-// ---- Parameters: how one Python argument becomes one C++ argument ------------------------------
-//
-// Each kind has `Py` (what nanobind converts the Python argument to), `arg()` (its nb::arg) and
-// `convert(args, py)` (the C++ value). def_op below binds an op from a list of them.
-
-// A tensor the op reads (In) or writes (Out); Optional: None gives an empty view, "not given".
-enum class Access { kIn, kOut };
-template <Access A, bool Optional>
-struct Tensor {
-  const char* name;
-  using Py = nb::handle;
-  auto arg() const {
-    if constexpr (Optional) {
-      return nb::arg(name).none();
-    } else {
-      return nb::arg(name);
-    }
-  }
-  TensorView convert(Args& args, nb::handle py) const {
-    if (Optional && py.is_none()) return TensorView();
-    return A == Access::kIn ? args.input(py, name) : args.output(py, name);
-  }
-};
-constexpr Tensor<Access::kIn, false> in(const char* name) {
-  return {name};
-}
-constexpr Tensor<Access::kOut, false> out(const char* name) {
-  return {name};
-}
-constexpr Tensor<Access::kIn, true> optional_in(const char* name) {
-  return {name};
-}
-constexpr Tensor<Access::kOut, true> optional_out(const char* name) {
-  return {name};
-}
-
-// A number or bool, converted by nanobind.
-template <typename T>
-struct Value {
-  const char* name;
-  using Py = T;
-  auto arg() const { return nb::arg(name); }
-  T convert(Args&, T py) const { return py; }
-};
-template <typename T>
-constexpr Value<T> value(const char* name) {
-  return {name};
-}
-
-// None or an integer, converted by nanobind.
-struct OptionalInt {
-  const char* name;
-  using Py = std::optional<std::int64_t>;
-  auto arg() const { return nb::arg(name).none(); }
-  Py convert(Args&, Py py) const { return py; }
-};
-
-// A float, or a one-element f32 tensor read by the kernel (quantize_fp8's two overloads).
-struct ScaleInv {
-  const char* name;
-  using Py = nb::handle;
-  auto arg() const { return nb::arg(name); }
-  std::variant<float, TensorView> convert(Args& args, nb::handle py) const {
-    if (is_number(py)) return nb::cast<float>(py);
-    return args.input(py, name);
-  }
-};
-
-// An enum of the C++ API by name: Names<E>::kAll lists them.
-template <typename E>
-struct Names;
-template <>
-struct Names<fp8mla::Nvfp4ScaleLayout> {
-  static constexpr std::pair<std::string_view, fp8mla::Nvfp4ScaleLayout> kAll[] = {
-      {"swizzled", fp8mla::Nvfp4ScaleLayout::kSwizzled128x4},
-      {"linear", fp8mla::Nvfp4ScaleLayout::kLinear}};
-};
-template <>
-struct Names<fp8mla::RopeStyle> {
-  static constexpr std::pair<std::string_view, fp8mla::RopeStyle> kAll[] = {
-      {"interleaved", fp8mla::RopeStyle::kInterleaved}, {"neox", fp8mla::RopeStyle::kNeox}};
-};
-template <>
-struct Names<fp8mla::VLayout> {
-  static constexpr std::pair<std::string_view, fp8mla::VLayout> kAll[] = {
-      {"token_major", fp8mla::VLayout::kTokenMajor}, {"transposed", fp8mla::VLayout::kTransposed}};
-};
-
-template <typename E>
-struct Choice {
-  const char* name;
-  using Py = std::string;
-  auto arg() const { return nb::arg(name); }
-  E convert(Args& args, const std::string& py) const {
-    for (const auto& [spelling, e] : Names<E>::kAll) {
-      if (spelling == py) return e;
-    }
-    std::string expected;
-    const std::size_t count = std::size(Names<E>::kAll);
-    for (std::size_t i = 0; i < count; ++i) {
-      expected += fp8mla::concat(i == 0           ? ""
-                                 : i + 1 == count ? " or "
-                                                  : ", ",
-                                 "'", Names<E>::kAll[i].first, "'");
-    }
-    throw Error(ErrorCategory::kInvalidArgument,
-                fp8mla::concat(args.op(), ": expected ", name, " ", expected, ", got '", py, "'"));
-  }
-};
-template <typename E>
-constexpr Choice<E> choice(const char* name) {
-  return {name};
-}
-
 // None or (factor, original_max_position, beta_fast, beta_slow, mscale, mscale_all_dim); the
 // Python layer maps the user's dict onto it.
 using YarnTuple = std::tuple<double, std::int64_t, double, double, double, double>;
@@ -237,39 +116,6 @@ struct Yarn {
   auto arg() const { return nb::arg(name).none(); }
   std::optional<fp8mla::YarnScaling> convert(Args&, const Py& py) const { return yarn_scaling(py); }
 };
-
-// ---- One binding for every op ------------------------------------------------------------------
-
-// Binds _C.<name>(params..., stream=0): converts the arguments in order (a bad one raises
-// fp8mla.Error naming it), then calls fn(values..., stream) without the GIL. `fn` is the C++
-// op itself, or a lambda that puts the values into the op's argument struct.
-template <typename Fn, typename... Params>
-void def_op(nb::module_& m, const char* name, Fn fn, Params... params) {
-  m.def(
-      name,
-      [name, fn, params...](typename Params::Py... py, std::uintptr_t stream) {
-        Args args(name);
-        // Braced initialization converts left to right.
-        const std::tuple<decltype(params.convert(args, py))...> values{params.convert(args, py)...};
-        nb::gil_scoped_release release;
-        std::apply([&](const auto&... v) { fn(v..., to_stream(stream)); }, values);
-      },
-      params.arg()..., nb::arg("stream") = 0);
-}
-
-// Binds _C.<name>(params...) for a query: it reads metadata only, so it takes no stream and
-// keeps the GIL; returns what fn(values...) returns.
-template <typename Fn, typename... Params>
-void def_query(nb::module_& m, const char* name, Fn fn, Params... params) {
-  m.def(
-      name,
-      [name, fn, params...](typename Params::Py... py) {
-        Args args(name);
-        const std::tuple<decltype(params.convert(args, py))...> values{params.convert(args, py)...};
-        return std::apply(fn, values);
-      },
-      params.arg()...);
-}
 
 using fp8mla::CudaStream;
 
@@ -314,18 +160,12 @@ void def_prep_ops(nb::module_& m) {
          const TensorView& k_out, const TensorView& cache, const TensorView& slot_mapping,
          float cache_scale_inv, const TensorView& error_flag, const TensorView& kv_c,
          CudaStream stream) {
-        fp8mla::MlaRopeQuantizeArgs a{q_nope, q_pe,        k_nope,      k_pe,  positions, cos_sin,
-                                      style,  q_scale_inv, k_scale_inv, q_out, k_out};
-        if (cache.data() != nullptr) {
-          a.cache_write =
-              fp8mla::LatentCacheWrite{cache, slot_mapping, cache_scale_inv, error_flag};
-          a.kv_c = kv_c;
-        } else if (kv_c.data() || slot_mapping.data() || error_flag.data()) {
-          throw Error(ErrorCategory::kInvalidArgument,
-                      "mla_rope_quantize_fp8: `kv_c`, `slot_mapping` and `error_flag` belong to "
-                      "the latent cache write: pass `cache` too (or none of them)");
-        }
-        fp8mla::mla_rope_quantize_fp8(a, stream);
+        fp8mla::mla_rope_quantize_fp8(
+            rope_quantize_args("mla_rope_quantize_fp8", "kv_c",
+                               {q_nope, q_pe, k_nope, k_pe, positions, cos_sin, style, q_scale_inv,
+                                k_scale_inv, q_out, k_out},
+                               cache, slot_mapping, cache_scale_inv, error_flag, kv_c),
+            stream);
       },
       in("q_nope"), in("q_pe"), in("k_nope"), in("k_pe"), in("positions"), in("cos_sin"),
       choice<fp8mla::RopeStyle>("style"), value<float>("q_scale_inv"), value<float>("k_scale_inv"),
@@ -454,6 +294,7 @@ NB_MODULE(_C, m) {
   def_quantize_ops(m);
   def_prep_ops(m);
   def_attention_ops(m);
+  def_backends(m);
   m.def("use_torch", &fp8mla_python::use_torch, nb::arg("torch"),
         "Reads torch tensors directly from now on (torch_ops.py calls it once)");
 

@@ -60,6 +60,12 @@ def step(a):
                                       softmax_scale=1 / math.sqrt(192), q_descale=0.25,
                                       k_descale=0.25, v_descale=a["one"], return_lse=True)
     out += [o, lse, *fp8mla.merge_attention_states(o, lse, o, lse)]
+    backend = fp8mla.make_attention_backend("fp8-hopper" if x.is_cuda else "cpu")
+    out += backend.prepare_prefill_qkv(q[..., :128], q[..., 128:], kv[..., :128], ckv[:, 512:],
+                                       a["positions"], a["cos_sin"], kv[..., 128:],
+                                       kv_a=ckv[:, :512], cache=a["cache"], slot_mapping=a["slots"])
+    out += [a["cache"].clone(), *backend.pack_prefix_chunk_kv(kv[..., :128], ckv[:, 512:],
+                                                              kv[..., 128:])]
     return out
 
 
