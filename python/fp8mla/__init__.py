@@ -65,6 +65,17 @@ Attention backends (docs/design.md section 4; fp8mla/attention_backend.hpp), for
     backend.pack_prefix_chunk_kv(k_nope, k_pe, v, *, k_scale_inv=1.0, v_scale_inv=1.0,
                                  k_out=None, v_out=None) -> (k_out, v_out)
 
+The MLA layer (docs/design.md section 5; fp8mla/mla_layer.hpp), see fp8mla._layer:
+
+    mla_config(preset name | config.json dict | path | model dir) -> MlaConfig
+    generate_mla_weights(config, format="bf16" | "fp8", seed=0) -> MlaWeights
+    load_mla_weights(model_dir, layer) -> MlaWeights   (weights.config: the directory's)
+    MlaLayer(config, weights, device="cpu", backend=None)
+    layer.prefill(hidden, batch, cache, *, out=None, one_shot_max_prefix=8192,
+                  chunk_capacity=8192, cache_scale_inv=1.0, ...) -> out bf16 [T, hidden]
+        batch: [MlaSequence(prefix, extend, slots) or (prefix, extend, slots), ...]
+    mla_prefill_reference(weights, hidden, batch, cache, *, cache_scale_inv=1.0) -> f64 numpy
+
 The keyword-only arguments follow the order of the C++ API. Every op but
 detect_output_quant_key (metadata only) also takes `stream=` (an int cudaStream_t handle); by
 default CUDA torch tensors use torch.cuda.current_stream(). The ops are generated from the table
@@ -87,6 +98,16 @@ from ._backend import (
 )
 from ._C import Error, InvalidArgumentError, UnsupportedError
 from ._common import yarn_list as _yarn_list
+from ._layer import (
+    MlaConfig,
+    MlaLayer,
+    MlaSequence,
+    MlaWeights,
+    generate_mla_weights,
+    load_mla_weights,
+    mla_config,
+    mla_prefill_reference,
+)
 from ._common import yarn_tuple as _yarn_tuple
 from ._ops import OPS as _OPS
 
@@ -121,8 +142,10 @@ def info() -> dict:
 
 
 __all__ = ["AttentionBackend", "BackendCapabilities", "Error", "InvalidArgumentError",
-           "UnsupportedError", "attention_backend_names", "check_backend",
-           "enable_output_quant_fusion", "info", "make_attention_backend", "softmax_mscale",
+           "MlaConfig", "MlaLayer", "MlaSequence", "MlaWeights", "UnsupportedError",
+           "attention_backend_names", "check_backend", "enable_output_quant_fusion",
+           "generate_mla_weights", "info", "load_mla_weights", "make_attention_backend",
+           "mla_config", "mla_prefill_reference", "softmax_mscale",
            *(op.name for op in _OPS)]
 
 # Engines import torch first: register the custom ops now, so that torch.compile traces straight

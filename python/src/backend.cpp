@@ -21,16 +21,11 @@ using namespace nb::literals;
 using fp8mla::AttentionBackend;
 using fp8mla::CudaStream;
 
-// The dtypes and devices of check_backend's requirements, by their Python names.
+// The dtypes of check_backend's requirements, by their Python names.
 template <>
 struct Names<fp8mla::DType> {
   static constexpr std::pair<std::string_view, fp8mla::DType> kAll[] = {
       {"e4m3", fp8mla::DType::kE4M3}, {"bf16", fp8mla::DType::kBF16}};
-};
-template <>
-struct Names<fp8mla::DeviceType> {
-  static constexpr std::pair<std::string_view, fp8mla::DeviceType> kAll[] = {
-      {"cpu", fp8mla::DeviceType::kCPU}, {"cuda", fp8mla::DeviceType::kCUDA}};
 };
 
 namespace {
@@ -41,23 +36,6 @@ std::string name_of(E e) {
     if (value == e) return std::string(spelling);
   }
   return "unknown";
-}
-
-// The backend of `name`, made on first use; an unknown name raises make_attention_backend's
-// error listing the known ones.
-const AttentionBackend& backend_named(std::string_view name) {
-  static const std::vector<std::unique_ptr<AttentionBackend>> backends = [] {
-    std::vector<std::unique_ptr<AttentionBackend>> all;
-    for (const std::string& known : fp8mla::attention_backend_names()) {
-      all.push_back(fp8mla::make_attention_backend(known));
-    }
-    return all;
-  }();
-  for (const auto& backend : backends) {
-    if (backend->capabilities().name == name) return *backend;
-  }
-  (void)fp8mla::make_attention_backend(name);  // an unknown name: throws, listing the known ones
-  throw Error(ErrorCategory::kInternal, fp8mla::concat("attention backend '", name, "' not made"));
 }
 
 // A backend argument: its name.
@@ -148,6 +126,21 @@ void def_pack_prefix_chunk_kv(nb::module_& m) {
 }
 
 }  // namespace
+
+const AttentionBackend& backend_named(std::string_view name) {
+  static const std::vector<std::unique_ptr<AttentionBackend>> backends = [] {
+    std::vector<std::unique_ptr<AttentionBackend>> all;
+    for (const std::string& known : fp8mla::attention_backend_names()) {
+      all.push_back(fp8mla::make_attention_backend(known));
+    }
+    return all;
+  }();
+  for (const auto& backend : backends) {
+    if (backend->capabilities().name == name) return *backend;
+  }
+  (void)fp8mla::make_attention_backend(name);  // an unknown name: throws, listing the known ones
+  throw Error(ErrorCategory::kInternal, fp8mla::concat("attention backend '", name, "' not made"));
+}
 
 void def_backends(nb::module_& m) {
   m.def("attention_backend_names", &fp8mla::attention_backend_names);

@@ -16,6 +16,7 @@
 #include <utility>
 #include <variant>
 
+#include "fp8mla/attention_backend.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "fp8mla/quantize.hpp"
@@ -124,6 +125,12 @@ struct Names<fp8mla::VLayout> {
       {"token_major", fp8mla::VLayout::kTokenMajor}, {"transposed", fp8mla::VLayout::kTransposed}};
 };
 
+template <>
+struct Names<fp8mla::DeviceType> {
+  static constexpr std::pair<std::string_view, fp8mla::DeviceType> kAll[] = {
+      {"cpu", fp8mla::DeviceType::kCPU}, {"cuda", fp8mla::DeviceType::kCUDA}};
+};
+
 template <typename E>
 struct Choice {
   const char* name;
@@ -201,7 +208,12 @@ inline fp8mla::MlaRopeQuantizeArgs rope_quantize_args(
   return qk;
 }
 
-// The attention backends (backend.cpp).
+// The attention backends (backend.cpp): the backend of `name`, made on first use (an unknown name
+// raises make_attention_backend's error listing the known ones), and their bindings.
+const fp8mla::AttentionBackend& backend_named(std::string_view name);
 void def_backends(nb::module_& m);
+
+// The MLA layer, its config and weights (layer.cpp).
+void def_layer_bindings(nb::module_& m);
 
 }  // namespace fp8mla_python

@@ -1,0 +1,166 @@
+"""One MLA attention layer from Python (fp8mla/mla_layer.hpp; docs/design.md section 5).
+
+    MlaConfig.preset(name) / mla_config(source) -> MlaConfig   (read-only fields)
+    generate_mla_weights(config, format="bf16", seed=0) -> MlaWeights
+    load_mla_weights(model_dir, layer) -> MlaWeights   (a Hugging Face model directory)
+    MlaLayer(config, weights, device="cpu", backend=None)
+    layer.prefill(hidden, batch, cache, *, out=None, ...) -> out
+    mla_prefill_reference(weights, hidden, batch, cache, *, cache_scale_inv=1.0) -> f64 numpy
+
+A batch is a list of MlaSequence (or (prefix, extend, slots) tuples): per sequence the tokens
+already in the latent cache, the new ones, and the cache slots of all of them, prefix first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from . import _C
+from ._arrays import adapter_for
+from ._backend import _device, make_attention_backend
+from ._common import invalid_argument
+
+MlaConfig = _C.MlaConfig
+MlaWeights = _C.MlaWeights
+
+
+@dataclass(frozen=True)
+class MlaSequence:
+    prefix: int  # tokens already in the cache
+    extend: int  # new tokens, rows of `hidden`
+    slots: Sequence[int]  # prefix + extend cache slots, prefix first
+
+
+def mla_config(source) -> MlaConfig:
+    """The MlaConfig of a preset name ("tiny", "deepseek-v3", ...: MlaConfig.preset_names()), a
+    Hugging Face config.json's dict, the path of such a file, or a model directory holding one."""
+    if isinstance(source, MlaConfig):
+        return source
+    if isinstance(source, dict):
+        return MlaConfig.from_json(json.dumps(source), "config dict")
+    path = os.fspath(source)
+    if os.path.isdir(path):
+        return MlaConfig.from_file(os.path.join(path, "config.json"))
+    if os.path.exists(path) or path.endswith(".json"):
+        return MlaConfig.from_file(path)
+    return MlaConfig.preset(path)
+
+
+def generate_mla_weights(config, format: str = "bf16", seed: int = 0) -> MlaWeights:
+    """Random weights for `config` (mla_config's sources): "bf16", or "fp8" (e4m3 with one f32
+    scale per 128 x 128 block)."""
+    return _C.generate_mla_weights(mla_config(config), format, int(seed))
+
+
+def load_mla_weights(model_dir, layer: int) -> MlaWeights:
+    """Layer `layer`'s weights from a Hugging Face model directory (config.json and its
+    safetensors, sharded or not); `weights.config` is the directory's config. The shards stay
+    mapped while the weights, or a layer made from them, live."""
+    return _C.load_mla_weights(os.fspath(model_dir), int(layer))
+
+
+def _batch(batch) -> list:
+    return [(int(s.prefix), int(s.extend), np.asarray(s.slots, dtype=np.int64).tolist())
+            if isinstance(s, MlaSequence) else
+            (int(s[0]), int(s[1]), np.asarray(s[2], dtype=np.int64).tolist()) for s in batch]
+
+
+class MlaLayer:
+    """MlaLayer(config, weights, device="cpu", backend=None): one MLA attention layer's prefill
+    on "cpu" or "cuda[:N]". `backend` names the attention backend, which decides the path: "cpu"
+    / "fp8-hopper" (the FP8 path, the default) or "cpu-bf16" / "bf16-hopper" (the BF16 path).
+    `config` (mla_config's sources) must be the weights' own (None: weights.config). The
+    one-time work (e4m3 dequantization on the CPU, the device copy and GEMM plans on CUDA) is
+    done here."""
+
+    def __init__(self, config, weights: MlaWeights, device="cpu", backend=None):
+        kind, index = _device(device)
+        self.config = weights.config
+        if config is not None and _fields(mla_config(config)) != _fields(self.config):
+            raise invalid_argument(f"MlaLayer: config {mla_config(config)!r} is not the one the "
+                                   f"weights were made for, {self.config!r}")
+        self.device = device
+        self.backend = make_attention_backend(
+            backend or ("cpu" if kind == "cpu" else "fp8-hopper"))
+        self._layer = _C.MlaLayer(self.config, weights, kind, index)
+        self._workspace = None  # CUDA: grown to the largest batch seen
+
+    @property
+    def projection_notes(self) -> list:
+        """How each projection runs ("q_a_proj [1536, 7168]: fp8 block-scaled GEMM", ...)."""
+        return list(self._layer.projection_notes)
+
+    def workspace_bytes(self, max_tokens, max_sequences, max_prefix_tokens, **options) -> int:
+        """Bytes of device workspace prefill needs for batches within these limits (0 on the
+        CPU); `options` as prefill's."""
+        return self._layer.workspace_bytes((max_tokens, max_sequences, max_prefix_tokens),
+                                           _options(**options), self.backend.name)
+
+    def prefill(self, hidden, batch, cache, *, out=None, one_shot_max_prefix=8192,
+                chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0, k_scale_inv=1.0,
+                v_scale_inv=1.0, workspace=None, stream=None):
+        """hidden: bf16 [T, hidden], T the batch's extend tokens, rows in sequence order; cache:
+        e4m3 [pages, page_size, 576], its prefix rows read and its extend rows written; returns
+        out, bf16 [T, hidden]. numpy arrays (ml_dtypes) or torch tensors on the layer's device.
+        Prefix keys up to one_shot_max_prefix are attended with the new ones in one pass, more
+        in chunks of chunk_capacity merged by LSE; the scales are the FP8 path's static ones. On
+        CUDA the workspace is allocated (and kept) when not given, and `stream` defaults to
+        torch's current stream."""
+        arrays = adapter_for(hidden)
+        rows = _batch(batch)
+        options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,
+                           k_scale_inv, v_scale_inv)
+        if out is None:
+            out = arrays.empty((sum(r[1] for r in rows), self.config.hidden), "bf16", hidden)
+        if _device(self.device)[0] == "cuda":
+            workspace = self._cuda_workspace(workspace, rows, options, hidden)
+            if stream is None:
+                import torch
+
+                stream = torch.cuda.current_stream(hidden.device).cuda_stream
+        self._layer.prefill(arrays.tensor(hidden, "bf16"), rows, arrays.tensor(cache, "e4m3"),
+                            self.backend.name, options, arrays.tensor(out, "bf16"),
+                            None if workspace is None else arrays.tensor(workspace),
+                            int(stream or 0))
+        return out
+
+    def _cuda_workspace(self, workspace, rows, options, hidden):
+        if workspace is not None:
+            return workspace
+        needed = self._layer.workspace_bytes(
+            (sum(r[1] for r in rows), len(rows), sum(r[0] for r in rows)), options,
+            self.backend.name)
+        if self._workspace is None or self._workspace.numel() < needed:
+            import torch
+
+            self._workspace = torch.empty(needed, dtype=torch.uint8, device=hidden.device)
+        return self._workspace
+
+    def __repr__(self) -> str:
+        return (f"fp8mla.MlaLayer({self.config.name!r}, device={str(self.device)!r}, "
+                f"backend={self.backend.name!r})")
+
+
+def _fields(c: MlaConfig) -> tuple:
+    return (c.hidden, c.heads, c.q_lora_rank, c.kv_lora_rank, c.max_position, c.rms_norm_eps,
+            c.rope_theta, c.yarn)
+
+
+def _options(one_shot_max_prefix=8192, chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0,
+             k_scale_inv=1.0, v_scale_inv=1.0) -> tuple:
+    return (int(one_shot_max_prefix), int(chunk_capacity), float(cache_scale_inv),
+            float(q_scale_inv), float(k_scale_inv), float(v_scale_inv))
+
+
+def mla_prefill_reference(weights: MlaWeights, hidden, batch, cache, *,
+                          cache_scale_inv: float = 1.0) -> np.ndarray:
+    """The float64 reference of MlaLayer.prefill on CPU inputs (the cache before the prefill):
+    dequantized weights, no intermediate rounding, exact softmax. Returns f64 [T, hidden]."""
+    arrays = adapter_for(hidden)
+    return _C.mla_prefill_reference(weights, arrays.tensor(hidden, "bf16"), _batch(batch),
+                                    arrays.tensor(cache, "e4m3"), float(cache_scale_inv))

@@ -1,0 +1,270 @@
+// The MLA layer in fp8mla._C (fp8mla/mla_layer.hpp): MlaConfig (presets and Hugging Face
+// config.json), the weights (generated, or loaded from a model directory) and MlaLayer with its
+// prefill and the float64 reference. The Python class fp8mla.MlaLayer (python/fp8mla/_layer.py)
+// allocates the outputs and the CUDA workspace; this file only converts.
+//
+// Lifetime: loaded weights are views into the model directory's mapped shards, so a Weights
+// object holds the SafetensorsModel, and a Layer holds its Weights (nb::keep_alive), which makes
+// every order of deletion from Python safe.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fp8mla/attention_backend.hpp"
+#include "fp8mla/mla_config.hpp"
+#include "fp8mla/mla_layer.hpp"
+#include "fp8mla/mla_weights.hpp"
+#include "params.hpp"
+#if defined(FP8MLA_PYTHON_WITH_MODEL)
+#include "fp8mla/hf_model.hpp"
+#include "fp8mla/safetensors.hpp"
+#endif
+
+namespace fp8mla_python {
+
+using namespace nb::literals;
+// The Python type of an fp8mla::MlaConfig. A type of this namespace, because nanobind's
+// signature building calls an unqualified concat that argument-dependent lookup would otherwise
+// resolve to fp8mla::concat for a type of namespace fp8mla (or derived from one).
+struct MlaConfig {
+  fp8mla::MlaConfig c;
+};
+
+MlaConfig wrap(fp8mla::MlaConfig c) { return {std::move(c)}; }
+
+template <>
+struct Names<fp8mla::WeightFormat> {
+  static constexpr std::pair<std::string_view, fp8mla::WeightFormat> kAll[] = {
+      {"bf16", fp8mla::WeightFormat::kBf16}, {"fp8", fp8mla::WeightFormat::kFp8Block}};
+};
+
+namespace {
+
+// A layer's weights with what their views point into: generated ones own their bytes
+// (MlaWeights::storage), loaded ones point into `model`'s open shards.
+struct Weights {
+  MlaConfig config;
+  fp8mla::MlaWeights weights;
+  std::shared_ptr<const void> model;
+};
+
+// (prefix, extend, slots) per sequence, as _layer.py passes a batch.
+using PyBatch = std::vector<std::tuple<std::int64_t, std::int64_t, std::vector<std::int64_t>>>;
+
+fp8mla::MlaBatch to_batch(const PyBatch& py) {
+  fp8mla::MlaBatch batch;
+  for (const auto& [prefix, extend, slots] : py) batch.sequences.push_back({prefix, extend, slots});
+  return batch;
+}
+
+// (one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv)
+using PyOptions = std::tuple<std::int64_t, std::int64_t, float, float, float, float>;
+
+fp8mla::MlaPrefillOptions to_options(const PyOptions& py) {
+  fp8mla::MlaPrefillOptions o;
+  std::tie(o.one_shot_max_prefix, o.chunk_capacity, o.cache_scale_inv, o.fp8.q_scale_inv,
+           o.fp8.k_scale_inv, o.fp8.v_scale_inv) = py;
+  return o;
+}
+
+[[noreturn]] void no_model_library(const char* what) {
+  throw Error(ErrorCategory::kUnsupported,
+              fp8mla::concat(what, ": this build of fp8mla has no model-file support (it was "
+                                   "built without nlohmann_json)"));
+}
+
+// The YaRN parameters as make_cos_sin_cache's `yarn` dict, or None.
+nb::object yarn_dict(const fp8mla::MlaConfig& c) {
+  if (!c.rope.yarn) return nb::none();
+  const fp8mla::YarnScaling& y = *c.rope.yarn;
+  nb::dict d;
+  d["factor"] = y.factor;
+  d["original_max_position"] = y.original_max_position;
+  d["beta_fast"] = y.beta_fast;
+  d["beta_slow"] = y.beta_slow;
+  d["mscale"] = y.mscale;
+  d["mscale_all_dim"] = y.mscale_all_dim;
+  return std::move(d);
+}
+
+MlaConfig config_from_json(const std::string& text, const std::string& source) {
+#if defined(FP8MLA_PYTHON_WITH_MODEL)
+  return wrap(fp8mla::mla_config_from_json(text, source));
+#else
+  (void)text, (void)source;
+  no_model_library("MlaConfig.from_json");
+#endif
+}
+
+MlaConfig config_from_file(const std::string& path) {
+#if defined(FP8MLA_PYTHON_WITH_MODEL)
+  return wrap(fp8mla::load_mla_config(path));
+#else
+  (void)path;
+  no_model_library("MlaConfig.from_file");
+#endif
+}
+
+void def_config(nb::module_& m) {
+  nb::class_<MlaConfig>(m, "MlaConfig",
+                        "One MLA attention layer's shapes (fp8mla/mla_config.hpp), read-only")
+      .def_static(
+          "preset", [](const std::string& name) { return wrap(fp8mla::mla_preset(name)); },
+          "name"_a)
+      .def_static("preset_names", &fp8mla::mla_preset_names)
+      .def_static("from_json", &config_from_json, "text"_a, "source"_a = "config.json")
+      .def_static("from_file", &config_from_file, "path"_a)
+      .def_prop_ro("name", [](const MlaConfig& m) { return m.c.name; })
+      .def_prop_ro("hidden", [](const MlaConfig& m) { return m.c.hidden; })
+      .def_prop_ro("heads", [](const MlaConfig& m) { return m.c.heads; })
+      .def_prop_ro("q_lora_rank", [](const MlaConfig& m) { return m.c.q_lora_rank; })
+      .def_prop_ro("kv_lora_rank", [](const MlaConfig& m) { return m.c.kv_lora_rank; })
+      .def_prop_ro("max_position", [](const MlaConfig& m) { return m.c.max_position; })
+      .def_prop_ro("rms_norm_eps", [](const MlaConfig& m) { return m.c.rms_norm_eps; })
+      .def_prop_ro("rope_theta", [](const MlaConfig& m) { return m.c.rope.theta; })
+      .def_prop_ro("yarn", [](const MlaConfig& m) { return yarn_dict(m.c); })
+      .def_prop_ro("softmax_scale", [](const MlaConfig& m) { return m.c.softmax_scale(); })
+      .def("__repr__", [](const MlaConfig& m) {
+        const fp8mla::MlaConfig& c = m.c;
+        return fp8mla::concat("fp8mla.MlaConfig('", c.name, "', hidden=", c.hidden,
+                              ", heads=", c.heads, ", q_lora_rank=", c.q_lora_rank, ")");
+      });
+}
+
+Weights generate(const MlaConfig& config, fp8mla::WeightFormat format, std::uint64_t seed) {
+  return {config, fp8mla::generate_mla_weights(config.c, format, seed), nullptr};
+}
+
+Weights load(const std::string& model_dir, int layer) {
+#if defined(FP8MLA_PYTHON_WITH_MODEL)
+  auto model = std::make_shared<const fp8mla::SafetensorsModel>(model_dir);
+  return {wrap(model->config()), fp8mla::load_mla_weights(*model, layer), model};
+#else
+  (void)model_dir, (void)layer;
+  no_model_library("load_mla_weights");
+#endif
+}
+
+void save(const Weights& w, const std::string& path, int layer) {
+#if defined(FP8MLA_PYTHON_WITH_MODEL)
+  const auto tensors = fp8mla::mla_weight_tensors(w.weights, w.config.c, layer);
+  fp8mla::write_safetensors(path, tensors);
+#else
+  (void)w, (void)path, (void)layer;
+  no_model_library("MlaWeights.save");
+#endif
+}
+
+void def_weights(nb::module_& m) {
+  nb::class_<Weights>(m, "MlaWeights",
+                      "One MLA layer's weights and the memory they point into "
+                      "(fp8mla/mla_weights.hpp)")
+      .def_ro("config", &Weights::config)
+      .def_prop_ro("format",
+                   [](const Weights& w) {
+                     return w.weights.format == fp8mla::WeightFormat::kBf16 ? "bf16" : "fp8";
+                   })
+      .def("save", &save, "path"_a, "layer"_a = 0,
+           "Writes the weights under layer `layer`'s tensor names to a safetensors file");
+  m.def(
+      "generate_mla_weights",
+      [](const MlaConfig& config, const std::string& format, std::uint64_t seed) {
+        Args args("generate_mla_weights");
+        return generate(config, choice<fp8mla::WeightFormat>("format").convert(args, format), seed);
+      },
+      "config"_a, "format"_a, "seed"_a);
+  m.def("load_mla_weights", &load, "model_dir"_a, "layer"_a, nb::call_guard<nb::gil_scoped_release>());
+}
+
+// The layer; the Python object keeps the Weights it was made from alive (keep_alive).
+struct Layer {
+  Layer(const MlaConfig& config, const Weights& w, fp8mla::Device device)
+      : layer(config.c, w.weights, device) {}
+  fp8mla::MlaLayer layer;
+};
+
+std::size_t workspace_bytes(const Layer& self, const std::tuple<std::int64_t, std::int64_t,
+                                                                std::int64_t>& limits,
+                            const PyOptions& options, const std::string& backend) {
+  const auto [max_tokens, max_sequences, max_prefix_tokens] = limits;
+  return self.layer.workspace_bytes({max_tokens, max_sequences, max_prefix_tokens},
+                                    to_options(options), backend_named(backend));
+}
+
+void prefill(Layer& self, nb::handle hidden, const PyBatch& batch, nb::handle cache,
+             const std::string& backend, const PyOptions& options, nb::handle out,
+             nb::handle workspace, std::uintptr_t stream) {
+  Args args("MlaLayer.prefill");
+  const TensorView hidden_view = args.input(hidden, "hidden");
+  const TensorView cache_view = args.output(cache, "cache");
+  const TensorView out_view = args.output(out, "out");
+  const TensorView workspace_view =
+      workspace.is_none() ? TensorView() : args.output(workspace, "workspace");
+  const fp8mla::MlaBatch b = to_batch(batch);
+  const fp8mla::MlaPrefillOptions o = to_options(options);
+  const fp8mla::AttentionBackend& be = backend_named(backend);
+  nb::gil_scoped_release release;
+  self.layer.prefill(hidden_view, b, cache_view, be, o, out_view, workspace_view, nullptr,
+                     to_stream(stream));
+}
+
+// The float64 reference on CPU inputs: a new f64 numpy array [T, hidden].
+nb::object reference(const Weights& w, nb::handle hidden, const PyBatch& batch, nb::handle cache,
+                     float cache_scale_inv) {
+  Args args("mla_prefill_reference");
+  const TensorView hidden_view = args.input(hidden, "hidden");
+  const TensorView cache_view = args.input(cache, "cache");
+  const fp8mla::MlaBatch b = to_batch(batch);
+  const std::int64_t tokens = hidden_view.ndim() == 2 ? hidden_view.size(0) : 0;
+  auto* out = new std::vector<double>(static_cast<std::size_t>(tokens * w.config.c.hidden));
+  nb::capsule owner(out, [](void* p) noexcept { delete static_cast<std::vector<double>*>(p); });
+  {
+    nb::gil_scoped_release release;
+    fp8mla::mla_prefill_reference(w.config.c, w.weights, hidden_view, b, cache_view,
+                                  cache_scale_inv, out->data());
+  }
+  const std::size_t shape[2] = {static_cast<std::size_t>(tokens),
+                                static_cast<std::size_t>(w.config.c.hidden)};
+  return nb::cast(nb::ndarray<nb::numpy, double, nb::ndim<2>>(out->data(), 2, shape, owner));
+}
+
+void def_layer(nb::module_& m) {
+  nb::class_<Layer>(m, "MlaLayer")
+      .def(
+          "__init__",
+          [](Layer* self, const MlaConfig& config, const Weights& w, const std::string& device_type, int device_index) {
+            Args args("MlaLayer");
+            const fp8mla::Device device{
+                choice<fp8mla::DeviceType>("device").convert(args, device_type), device_index};
+            nb::gil_scoped_release release;
+            new (self) Layer(config, w, device);
+          },
+          "config"_a, "weights"_a, "device_type"_a, "device_index"_a, nb::keep_alive<1, 3>())
+      .def_prop_ro("projection_notes",
+                   [](const Layer& self) { return self.layer.projection_notes(); })
+      .def("workspace_bytes", &workspace_bytes, "limits"_a, "options"_a, "backend"_a)
+      .def("prefill", &prefill, "hidden"_a, "batch"_a, "cache"_a, "backend"_a, "options"_a,
+           "out"_a, "workspace"_a.none(), "stream"_a = 0);
+  m.def("mla_prefill_reference", &reference, "weights"_a, "hidden"_a, "batch"_a, "cache"_a,
+        "cache_scale_inv"_a = 1.0f);
+}
+
+}  // namespace
+
+void def_layer_bindings(nb::module_& m) {
+  def_config(m);
+  def_weights(m);
+  def_layer(m);
+}
+
+}  // namespace fp8mla_python
