@@ -1,0 +1,241 @@
+"""fp8mla.MlaLayer through numpy (+ ml_dtypes) on the CPU: both paths (FP8: backend "cpu", BF16:
+"cpu-bf16") against the float64 reference with the C++ layer tests' cosine bounds (0.999; 0.998
+for the FP8 path with FP8-block weights), a cached prefix written by a first prefill and read by
+a second, one-shot against chunked prefixes, a Hugging Face model directory written here and
+loaded with load_mla_weights, the weights' lifetime, and the errors for bad inputs."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import numpy as np
+import pytest
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+import fp8mla  # noqa: E402
+
+BF16 = ml_dtypes.bfloat16
+E4M3 = ml_dtypes.float8_e4m3fn
+PAGE = 16
+
+# A DeepSeek-V3-like config.json, small: 2 heads, hidden 256, V3's YaRN.
+V3_CONFIG = {
+    "model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
+    "hidden_size": 256, "num_attention_heads": 2, "num_hidden_layers": 2, "q_lora_rank": 128,
+    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "rope_theta": 10000,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                     "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
+
+
+def cosine(a, b) -> float:
+    a = np.asarray(a, dtype=np.float64).ravel()
+    b = np.asarray(b, dtype=np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def hidden_states(tokens, width, seed):
+    return np.random.default_rng(seed).standard_normal((tokens, width)).astype(BF16)
+
+
+def random_cache(pages, seed):
+    """A latent cache of small random e4m3 values (|x| < 2), as the prefix rows a previous step
+    wrote."""
+    bits = np.random.default_rng(seed).integers(0, 0x40, size=(pages, PAGE, 576), dtype=np.uint8)
+    sign = np.random.default_rng(seed + 1).integers(0, 2, size=bits.shape, dtype=np.uint8) << 7
+    return (bits | sign).view(E4M3)
+
+
+def batch_of(lengths, pages, seed=0):
+    """[(prefix, extend, slots)] with distinct random slots of a cache of `pages` pages."""
+    slots = np.random.default_rng(seed).permutation(pages * PAGE)
+    batch, used = [], 0
+    for prefix, extend in lengths:
+        batch.append(fp8mla.MlaSequence(prefix, extend, slots[used:used + prefix + extend]))
+        used += prefix + extend
+    return batch
+
+
+LENGTHS = [(0, 37), (130, 20), (5, 0), (17, 9)]
+BOUND = {("bf16", "cpu"): 0.999, ("bf16", "cpu-bf16"): 0.999, ("fp8", "cpu"): 0.998,
+         ("fp8", "cpu-bf16"): 0.999}
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_both_paths_match_the_reference(fmt):
+    weights = fp8mla.generate_mla_weights("tiny", fmt, seed=3)
+    config = weights.config
+    tokens = sum(e for _, e in LENGTHS)
+    hidden = hidden_states(tokens, config.hidden, 1)
+    cache_before = random_cache(32, 2)
+    batch = batch_of(LENGTHS, 32)
+    ref = fp8mla.mla_prefill_reference(weights, hidden, batch, cache_before)
+    assert ref.shape == (tokens, config.hidden) and ref.dtype == np.float64
+    outputs = {}
+    for backend in ("cpu", "cpu-bf16"):
+        layer = fp8mla.MlaLayer(config, weights, backend=backend)
+        assert layer.backend.name == backend
+        for capacity in (8192, 64):  # one-shot, and chunks of 64 prefix keys
+            cache = cache_before.copy()
+            out = layer.prefill(hidden, batch, cache, one_shot_max_prefix=capacity,
+                                chunk_capacity=capacity)
+            assert out.shape == (tokens, config.hidden) and out.dtype == BF16
+            assert cosine(out, ref) >= BOUND[fmt, backend], (backend, capacity)
+            outputs[backend, capacity] = out.astype(np.float32)
+    assert cosine(outputs["cpu", 8192], outputs["cpu-bf16", 8192]) >= 0.998
+
+
+def test_written_cache_serves_the_next_prefill():
+    """A sequence prefilled in two steps (the second reading the prefix the first wrote) matches
+    the reference of the second step on that cache, and the two steps together match one
+    prefill of the whole sequence."""
+    weights = fp8mla.generate_mla_weights("tiny", "bf16", seed=5)
+    layer = fp8mla.MlaLayer(None, weights)
+    hidden = hidden_states(48, weights.config.hidden, 7)
+    slots = np.arange(48) + 3
+    cache = np.zeros((4, PAGE, 576), dtype=E4M3)
+    first = layer.prefill(hidden[:32], [(0, 32, slots[:32])], cache)
+    assert np.any(cache.view(np.uint8)[0, 3] != 0)  # the first step's rows are written
+    second_batch = [(32, 16, slots)]
+    ref = fp8mla.mla_prefill_reference(weights, hidden[32:], second_batch, cache)
+    second = layer.prefill(hidden[32:], second_batch, cache)
+    assert cosine(second, ref) >= 0.999
+    whole = layer.prefill(hidden, [(0, 48, slots)], np.zeros_like(cache))
+    assert cosine(np.concatenate([first, second]).astype(np.float32), whole) >= 0.999
+
+
+def test_out_is_written_in_place():
+    weights = fp8mla.generate_mla_weights("tiny", "bf16", seed=1)
+    layer = fp8mla.MlaLayer("tiny", weights)
+    hidden = hidden_states(4, 512, 0)
+    out = np.full((4, 512), np.nan, dtype=BF16)
+    assert layer.prefill(hidden, [(0, 4, [0, 1, 2, 3])], np.zeros((1, PAGE, 576), E4M3),
+                         out=out) is out
+    assert not np.isnan(out.astype(np.float32)).any()
+
+
+def test_config_sources_and_fields(tmp_path):
+    tiny = fp8mla.mla_config("tiny")
+    assert (tiny.hidden, tiny.heads, tiny.kv_lora_rank) == (512, 4, 512)
+    assert "deepseek-v3" in fp8mla.MlaConfig.preset_names()
+    v3 = fp8mla.mla_config("deepseek-v3")
+    assert v3.hidden == 7168 and v3.heads == 128 and v3.yarn["factor"] == 40
+    from_dict = fp8mla.mla_config(V3_CONFIG)
+    assert (from_dict.hidden, from_dict.heads, from_dict.q_lora_rank) == (256, 2, 128)
+    assert from_dict.yarn["original_max_position"] == 4096
+    assert from_dict.softmax_scale == pytest.approx(v3.softmax_scale)
+    (tmp_path / "config.json").write_text(json.dumps(V3_CONFIG))
+    for source in (tmp_path, tmp_path / "config.json", str(tmp_path / "config.json")):
+        assert fp8mla.mla_config(source).hidden == 256
+    with pytest.raises(fp8mla.InvalidArgumentError, match="deepseek-v3"):
+        fp8mla.mla_config("no-such-preset")
+    with pytest.raises(fp8mla.UnsupportedError, match="llama"):
+        fp8mla.mla_config({**V3_CONFIG, "model_type": "llama"})
+
+
+def tensor_names(path) -> list:
+    """The tensor names of a safetensors file, from its header (8-byte length, then JSON)."""
+    with open(path, "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    return [name for name in header if name != "__metadata__"]
+
+
+def write_model_dir(path, fmt) -> list:
+    """A Hugging Face model directory: config.json, and two layers in two shards listed by
+    model.safetensors.index.json, written by MlaWeights.save. Returns the layers' weights."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(V3_CONFIG))
+    config = fp8mla.mla_config(V3_CONFIG)
+    weight_map, layers = {}, []
+    for layer in range(2):
+        layers.append(fp8mla.generate_mla_weights(config, fmt, seed=100 + layer))
+        shard = f"model-{layer + 1:05d}-of-00002.safetensors"
+        layers[-1].save(str(path / shard), layer)
+        weight_map.update({name: shard for name in tensor_names(path / shard)})
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return layers
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_model_directory_loads_and_runs(tmp_path, fmt):
+    """Layer 1 loaded from the directory runs as the weights it was written from."""
+    written = write_model_dir(tmp_path / "model", fmt)
+    assert "model.layers.1.self_attn.kv_b_proj.weight" in tensor_names(
+        tmp_path / "model" / "model-00002-of-00002.safetensors")
+    loaded = fp8mla.load_mla_weights(tmp_path / "model", 1)
+    assert loaded.format == fmt and loaded.config.hidden == 256 and loaded.config.yarn
+    hidden = hidden_states(14, 256, 3)
+    batch = batch_of([(10, 14)], 4)
+    cache = random_cache(4, 9)
+    out = fp8mla.MlaLayer(None, loaded).prefill(hidden, batch, cache.copy())
+    expected = fp8mla.MlaLayer(None, written[1]).prefill(hidden, batch, cache.copy())
+    np.testing.assert_array_equal(out.view(np.uint16), expected.view(np.uint16))
+    ref = fp8mla.mla_prefill_reference(loaded, hidden, batch, cache)
+    assert cosine(out, ref) >= BOUND[fmt, "cpu"]
+
+
+def test_loaded_weights_outlive_their_python_names(tmp_path):
+    """The layer keeps the weights, and they the mapped shards, alive."""
+    write_model_dir(tmp_path / "model", "bf16")
+    layer = fp8mla.MlaLayer(None, fp8mla.load_mla_weights(tmp_path / "model", 0))
+    gc.collect()
+    out = layer.prefill(hidden_states(3, 256, 0), [(0, 3, [0, 1, 2])],
+                        np.zeros((1, PAGE, 576), E4M3))
+    assert np.isfinite(out.astype(np.float32)).all()
+
+
+def test_model_directory_errors(tmp_path):
+    write_model_dir(tmp_path / "model", "bf16")
+    with pytest.raises(fp8mla.InvalidArgumentError, match="layer"):
+        fp8mla.load_mla_weights(tmp_path / "model", 2)  # num_hidden_layers is 2
+    (tmp_path / "model" / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(fp8mla.Error, match="model-00002-of-00002"):
+        fp8mla.load_mla_weights(tmp_path / "model", 1)
+    with pytest.raises(fp8mla.Error, match="config.json"):
+        fp8mla.load_mla_weights(tmp_path, 0)
+
+
+# ---- bad inputs --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_layer():
+    return fp8mla.MlaLayer(None, fp8mla.generate_mla_weights("tiny", "bf16", seed=0))
+
+
+def test_wrong_hidden_width(tiny_layer):
+    with pytest.raises(fp8mla.InvalidArgumentError, match="hidden"):
+        tiny_layer.prefill(hidden_states(4, 256, 0), [(0, 4, range(4))],
+                           np.zeros((1, PAGE, 576), E4M3))
+
+
+def test_slot_out_of_range(tiny_layer):
+    with pytest.raises(fp8mla.InvalidArgumentError, match="slot"):
+        tiny_layer.prefill(hidden_states(4, 512, 0), [(0, 4, [0, 1, 2, PAGE])],
+                           np.zeros((1, PAGE, 576), E4M3))
+
+
+def test_token_count_not_matching_hidden_rows(tiny_layer):
+    with pytest.raises(fp8mla.InvalidArgumentError, match="5"):
+        tiny_layer.prefill(hidden_states(4, 512, 0), [(0, 5, range(5))],
+                           np.zeros((1, PAGE, 576), E4M3))
+
+
+def test_slots_not_prefix_plus_extend(tiny_layer):
+    with pytest.raises(fp8mla.InvalidArgumentError, match="slots"):
+        tiny_layer.prefill(hidden_states(4, 512, 0), [(0, 4, range(3))],
+                           np.zeros((1, PAGE, 576), E4M3))
+
+
+def test_bad_layer_arguments():
+    weights = fp8mla.generate_mla_weights("tiny", "bf16", seed=0)
+    with pytest.raises(fp8mla.InvalidArgumentError, match="format"):
+        fp8mla.generate_mla_weights("tiny", "int4", seed=0)
+    with pytest.raises(fp8mla.InvalidArgumentError, match="not the one the weights"):
+        fp8mla.MlaLayer("deepseek-v3", weights)
+    with pytest.raises(fp8mla.InvalidArgumentError, match="cpu-bf16"):
+        fp8mla.MlaLayer(None, weights, backend="no-such-backend")
+    if not fp8mla.info()["cuda"]:
+        with pytest.raises(fp8mla.UnsupportedError, match="no CUDA"):
+            fp8mla.MlaLayer(None, weights, device="cuda")
