@@ -3,6 +3,7 @@
     MlaConfig.preset(name) / mla_config(source) -> MlaConfig   (read-only fields)
     generate_mla_weights(config, format="bf16", seed=0) -> MlaWeights
     load_mla_weights(model_dir, layer) -> MlaWeights   (a Hugging Face model directory)
+    weights.save(path, layer=0)   (a safetensors file under that layer's tensor names)
     MlaLayer(config, weights, device="cpu", backend=None)
     layer.prefill(hidden, batch, cache, *, out=None, ...) -> out
     mla_prefill_reference(weights, hidden, batch, cache, *, cache_scale_inv=1.0) -> f64 numpy

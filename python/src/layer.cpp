@@ -40,7 +40,9 @@ struct MlaConfig {
   fp8mla::MlaConfig c;
 };
 
-MlaConfig wrap(fp8mla::MlaConfig c) { return {std::move(c)}; }
+MlaConfig wrap(fp8mla::MlaConfig c) {
+  return {std::move(c)};
+}
 
 template <>
 struct Names<fp8mla::WeightFormat> {
@@ -79,8 +81,9 @@ fp8mla::MlaPrefillOptions to_options(const PyOptions& py) {
 
 [[noreturn]] void no_model_library(const char* what) {
   throw Error(ErrorCategory::kUnsupported,
-              fp8mla::concat(what, ": this build of fp8mla has no model-file support (it was "
-                                   "built without nlohmann_json)"));
+              fp8mla::concat(what,
+                             ": this build of fp8mla has no model-file support (it was "
+                             "built without nlohmann_json)"));
 }
 
 // The YaRN parameters as make_cos_sin_cache's `yarn` dict, or None.
@@ -183,7 +186,8 @@ void def_weights(nb::module_& m) {
         return generate(config, choice<fp8mla::WeightFormat>("format").convert(args, format), seed);
       },
       "config"_a, "format"_a, "seed"_a);
-  m.def("load_mla_weights", &load, "model_dir"_a, "layer"_a, nb::call_guard<nb::gil_scoped_release>());
+  m.def("load_mla_weights", &load, "model_dir"_a, "layer"_a,
+        nb::call_guard<nb::gil_scoped_release>());
 }
 
 // The layer; the Python object keeps the Weights it was made from alive (keep_alive).
@@ -193,8 +197,8 @@ struct Layer {
   fp8mla::MlaLayer layer;
 };
 
-std::size_t workspace_bytes(const Layer& self, const std::tuple<std::int64_t, std::int64_t,
-                                                                std::int64_t>& limits,
+std::size_t workspace_bytes(const Layer& self,
+                            const std::tuple<std::int64_t, std::int64_t, std::int64_t>& limits,
                             const PyOptions& options, const std::string& backend) {
   const auto [max_tokens, max_sequences, max_prefix_tokens] = limits;
   return self.layer.workspace_bytes({max_tokens, max_sequences, max_prefix_tokens},
@@ -242,7 +246,8 @@ void def_layer(nb::module_& m) {
   nb::class_<Layer>(m, "MlaLayer")
       .def(
           "__init__",
-          [](Layer* self, const MlaConfig& config, const Weights& w, const std::string& device_type, int device_index) {
+          [](Layer* self, const MlaConfig& config, const Weights& w, const std::string& device_type,
+             int device_index) {
             Args args("MlaLayer");
             const fp8mla::Device device{
                 choice<fp8mla::DeviceType>("device").convert(args, device_type), device_index};
@@ -253,8 +258,8 @@ void def_layer(nb::module_& m) {
       .def_prop_ro("projection_notes",
                    [](const Layer& self) { return self.layer.projection_notes(); })
       .def("workspace_bytes", &workspace_bytes, "limits"_a, "options"_a, "backend"_a)
-      .def("prefill", &prefill, "hidden"_a, "batch"_a, "cache"_a, "backend"_a, "options"_a,
-           "out"_a, "workspace"_a.none(), "stream"_a = 0);
+      .def("prefill", &prefill, "hidden"_a, "batch"_a, "cache"_a, "backend"_a, "options"_a, "out"_a,
+           "workspace"_a.none(), "stream"_a = 0);
   m.def("mla_prefill_reference", &reference, "weights"_a, "hidden"_a, "batch"_a, "cache"_a,
         "cache_scale_inv"_a = 1.0f);
 }
