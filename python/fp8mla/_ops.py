@@ -116,6 +116,41 @@ def _fp8_out(arrays, x, dtype):
 
 # ---- the ops -------------------------------------------------------------------------------------
 
+# q_out and k_out of the RoPE + e4m3 ops and the packs: [.., 192] like their no-RoPE inputs. (An allocation
+# rule names the arguments it reads, so each query name has its own.)
+_QK_OUT = {
+    "q_nope": lambda arrays, q_nope: arrays.empty(
+        out_shape(tuple(q_nope.shape), MLA["qk"]), "e4m3", q_nope),
+    "q": lambda arrays, q: arrays.empty(out_shape(tuple(q.shape), MLA["qk"]), "e4m3", q),
+    "k_nope": lambda arrays, k_nope: arrays.empty(
+        out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope),
+}
+
+
+def _rope_quantize_args(query: str, latent: str) -> list:
+    """mla_rope_quantize_fp8's arguments, which the backends' prepare hook takes too, with the
+    query's no-RoPE part named `query` and the latent written to the cache `latent`."""
+    return [
+        Arg(query, TENSOR),
+        Arg("q_pe", TENSOR),
+        Arg("k_nope", TENSOR),
+        Arg("k_pe", TENSOR),
+        Arg("positions", TENSOR),
+        Arg("cos_sin", TENSOR),
+        Arg("style", STR, "interleaved"),
+        Arg("q_scale_inv", FLOAT, 1.0),
+        Arg("k_scale_inv", FLOAT, 1.0),
+        Arg("q_out", OUT, dtype="e4m3", alloc=_QK_OUT[query]),
+        Arg("k_out", OUT, dtype="e4m3", alloc=_QK_OUT["k_nope"]),
+        # LatentCacheWrite: the cache, its slots, scale and error flag; then the latent.
+        Arg("cache", OPT_INOUT, None, dtype="e4m3"),
+        Arg("slot_mapping", OPT_TENSOR, None),
+        Arg("cache_scale_inv", FLOAT, 1.0),
+        Arg("error_flag", OPT_INOUT, None),
+        Arg(latent, OPT_TENSOR, None),
+    ]
+
+
 OPS = (
     Op("quantize_fp8", """Per-tensor FP8: out = fp8(x * scale_inv), nearest-even, saturating.
 
@@ -204,25 +239,7 @@ OPS = (
     or a slot outside the cache raises on the CPU (nothing written); on CUDA that token's q/k rows
     are zeros, its cache row is skipped and `error_flag` (one i32 on the device, set to 1, never
     cleared) is set when given. kv_c, slot_mapping and error_flag need `cache`.""", [
-        Arg("q_nope", TENSOR),
-        Arg("q_pe", TENSOR),
-        Arg("k_nope", TENSOR),
-        Arg("k_pe", TENSOR),
-        Arg("positions", TENSOR),
-        Arg("cos_sin", TENSOR),
-        Arg("style", STR, "interleaved"),
-        Arg("q_scale_inv", FLOAT, 1.0),
-        Arg("k_scale_inv", FLOAT, 1.0),
-        Arg("q_out", OUT, dtype="e4m3", alloc=lambda arrays, q_nope: arrays.empty(
-            out_shape(tuple(q_nope.shape), MLA["qk"]), "e4m3", q_nope)),
-        Arg("k_out", OUT, dtype="e4m3", alloc=lambda arrays, k_nope: arrays.empty(
-            out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope)),
-        # LatentCacheWrite: the cache, its slots, scale and error flag; then kv_c.
-        Arg("cache", OPT_INOUT, None, dtype="e4m3"),
-        Arg("slot_mapping", OPT_TENSOR, None),
-        Arg("cache_scale_inv", FLOAT, 1.0),
-        Arg("error_flag", OPT_INOUT, None),
-        Arg("kv_c", OPT_TENSOR, None),
+        *_rope_quantize_args(query="q_nope", latent="kv_c"),
     ], result=lambda q_out, k_out: (q_out, k_out)),
     Op("mla_kv_cache_write", """Writes the latent rows [e4m3(kv_c[t] * scale_inv) |
     e4m3(k_pe[t] * scale_inv)] into the paged cache in place: slot s is row s % page_size of page
@@ -265,8 +282,7 @@ OPS = (
         Arg("v", TENSOR),
         Arg("k_scale_inv", FLOAT, 1.0),
         Arg("v_scale_inv", FLOAT, 1.0),
-        Arg("k_out", OUT, dtype="e4m3", alloc=lambda arrays, k_nope: arrays.empty(
-            out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope)),
+        Arg("k_out", OUT, dtype="e4m3", alloc=_QK_OUT["k_nope"]),
         Arg("v_out", OUT, dtype="e4m3", alloc=_v_out),
         Arg("v_layout", STR, "token_major"),
     ], result=lambda k_out, v_out: (k_out, v_out)),
@@ -378,24 +394,7 @@ BACKEND_OPS = (
     normalized latent. Arithmetic, checks and errors as for mla_rope_quantize_fp8 and
     mla_v_quantize_fp8. A backend without the hook raises fp8mla.UnsupportedError.""", [
         Arg("backend", STR),
-        Arg("q", TENSOR),
-        Arg("q_pe", TENSOR),
-        Arg("k_nope", TENSOR),
-        Arg("k_pe", TENSOR),
-        Arg("positions", TENSOR),
-        Arg("cos_sin", TENSOR),
-        Arg("style", STR, "interleaved"),
-        Arg("q_scale_inv", FLOAT, 1.0),
-        Arg("k_scale_inv", FLOAT, 1.0),
-        Arg("q_out", OUT, dtype="e4m3", alloc=lambda arrays, q: arrays.empty(
-            out_shape(tuple(q.shape), MLA["qk"]), "e4m3", q)),
-        Arg("k_out", OUT, dtype="e4m3", alloc=lambda arrays, k_nope: arrays.empty(
-            out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope)),
-        Arg("cache", OPT_INOUT, None, dtype="e4m3"),
-        Arg("slot_mapping", OPT_TENSOR, None),
-        Arg("cache_scale_inv", FLOAT, 1.0),
-        Arg("error_flag", OPT_INOUT, None),
-        Arg("kv_a", OPT_TENSOR, None),
+        *_rope_quantize_args(query="q", latent="kv_a"),
         Arg("v", TENSOR, keyword=False),
         Arg("v_scale_inv", FLOAT, 1.0),
         Arg("v_out", OUT, dtype="e4m3", alloc=_backend_v_out),
@@ -410,8 +409,7 @@ BACKEND_OPS = (
         Arg("v", TENSOR),
         Arg("k_scale_inv", FLOAT, 1.0),
         Arg("v_scale_inv", FLOAT, 1.0),
-        Arg("k_out", OUT, dtype="e4m3", alloc=lambda arrays, k_nope: arrays.empty(
-            out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope)),
+        Arg("k_out", OUT, dtype="e4m3", alloc=_QK_OUT["k_nope"]),
         Arg("v_out", OUT, dtype="e4m3", alloc=_backend_v_out),
     ], result=lambda k_out, v_out: (k_out, v_out)),
 )
