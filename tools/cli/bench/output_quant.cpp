@@ -108,6 +108,10 @@ class QuantOutput {
     cuda::check(cudaMemcpy(scalar_.data(), &value, 4, cudaMemcpyHostToDevice), "cudaMemcpy");
     out_view_ = fp4 ? on_gpu(out_.data(), DType::kE2M1x2, {tokens, width / 2})
                     : on_gpu(out_.data(), DType::kE4M3, {tokens, width});
+    if (detect_output_quant_key(out_view_, output_scale(), block_, width) != k.key) {
+      throw Error(ErrorCategory::kInternal,
+                  concat("output-quant: the tensors of ", k.name, " are not detected as that key"));
+    }
   }
 
   const TensorView& out() const { return out_view_; }
@@ -439,9 +443,9 @@ void add_bench_output_quant_command(CLI::App& bench) {
       "output-quant",
       "prefill attention (and the chunked-prefix merge) with fused output quantization vs "
       "attention + the quantization op");
-  std::string key_help = "Keys, comma-separated (all:";
-  for (const KeyInfo& k : kKeys) key_help += concat(" ", k.name);
-  cmd->add_option("--key", options->keys, key_help + ")")->delimiter(',');
+  std::string key_help = "Keys, comma-separated (default all):";
+  for (const KeyInfo& k : kKeys) key_help += concat("\n  ", k.name, ": ", k.what);
+  cmd->add_option("--key", options->keys, key_help)->delimiter(',');
   cmd->add_option("--tokens", options->tokens, "Token counts T, comma-separated")->delimiter(',');
   cmd->add_option("--heads", options->heads, "Head counts H, comma-separated")->delimiter(',');
   cmd->add_flag("--no-chunked", options->no_chunked, "Skip the chunked-prefix path");
