@@ -71,7 +71,7 @@ def model_weights(weights: fp8mla.MlaWeights) -> dict:
 class NumpyArrays:
     """The engine's own math on numpy arrays: projections in f32, results in bf16."""
 
-    device, backend = "cpu", "cpu"
+    backend = "cpu"
 
     def put(self, a):
         return a
