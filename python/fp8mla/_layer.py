@@ -126,7 +126,7 @@ class MlaLayer:
                 stream = torch.cuda.current_stream(hidden.device).cuda_stream
         self._layer.prefill(arrays.tensor(hidden, "bf16"), rows, arrays.tensor(cache, "e4m3"),
                             self.backend.name, options, arrays.tensor(out, "bf16"),
-                            None if workspace is None else arrays.tensor(workspace),
+                            None if workspace is None else _workspace_bytes(workspace),
                             int(stream or 0))
         return out
 
@@ -145,6 +145,12 @@ class MlaLayer:
     def __repr__(self) -> str:
         return (f"fp8mla.MlaLayer({self.config.name!r}, device={str(self.device)!r}, "
                 f"backend={self.backend.name!r})")
+
+
+def _workspace_bytes(workspace):
+    """The workspace as _C takes it: any dtype; uint8 (how engines and _cuda_workspace hold raw
+    bytes) is named as e4m3, the 1-byte type _C reads uint8 arrays as."""
+    return (workspace, "e4m3") if str(workspace.dtype) in ("uint8", "torch.uint8") else workspace
 
 
 def _fields(c: MlaConfig) -> tuple:
