@@ -62,8 +62,7 @@ struct PrefillAttentionArgs {
   //     multiple of 128 (the tiles of the first Tq rows written, padding as zeros), else linear
   //     (the first Tq rows).
   // So fused and unfused give the same bytes. Scale rows past those are not written. The CPU path
-  // fuses every key; the CUDA kernels none yet: a valid key on CUDA is ErrorCategory::kUnsupported
-  // naming it. Leave both empty for the bf16 `out`.
+  // and the CUDA kernels' epilogue fuse every key. Leave both empty for the bf16 `out`.
   TensorView output_scale;
   TensorView output_block_scale;
 };
@@ -100,8 +99,8 @@ void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, cons
 // says (T tokens of H * D values): the merged o, rounded to bf16 (f32 states: their merged value
 // rounded once), quantized by the key's standalone op; out_lse as without scales. Empty scales
 // give the call above. With chunked prefixes only the last merge, whose `out` is the o_proj
-// input, asks for the quantization (the earlier ones keep bf16 or f32 states). The CPU path fuses
-// every key; on CUDA a valid key is ErrorCategory::kUnsupported (not fused there yet).
+// input, asks for the quantization (the earlier ones keep bf16 or f32 states). The CPU path and
+// the CUDA kernel fuse every key.
 void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
                             const TensorView& lse_b, const TensorView& out,
                             const TensorView& out_lse, const TensorView& output_scale,
