@@ -27,9 +27,10 @@ struct BackendCapabilities {
   int min_page_size = 1;
   int max_page_size = 128;
   // The output quantization keys its prefill_attention fuses, spelled as to_string(OutputQuantKey)
-  // spells them (fp8mla/output_quant.hpp): every key for the CPU backends, none for the Hopper
-  // ones, whose kernels do not fuse it yet (asking gives a "Missing: fused output quantization"
-  // error).
+  // spells them (fp8mla/output_quant.hpp): every key for the shipped backends (the Hopper ones in
+  // a build with their kernels). The MLA layer asks for fp8_group128 when it fuses o_proj's input
+  // (asking a backend without it gives a "Missing: fused output quantization" error); without it
+  // the layer quantizes separately.
   std::vector<std::string> output_quant;
   std::vector<std::string> architectures;  // "cpu", "sm_90a", ...
   bool prepare_prefill_qkv = false;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fp8mla/attention_backend.hpp"
@@ -56,6 +57,25 @@ struct MlaPrefillOptions {
   std::int64_t chunk_capacity = 8192;
   float cache_scale_inv = 1.0f;  // the latent cache holds e4m3(x * cache_scale_inv)
   MlaFp8Scales fp8;
+  // On the FP8 path with an FP8 o_proj, the last writer of the attention output (the attention
+  // call, or the last merge with chunked prefixes) writes o_proj's e4m3 input and its scales
+  // itself, when the backend fuses fp8_group128. false: a separate quantization, for A/B runs.
+  bool fuse_output_quant = true;
+};
+
+// How o_proj gets its input (docs/design.md section 5).
+enum class MlaOutputQuant : std::uint8_t {
+  kNone,      // o_proj is a bf16 GEMM: it reads the attention's bf16 output
+  kSeparate,  // quantize_fp8_per_token_group of the attention's bf16 output, then the FP8 GEMM
+  kFused,     // the last attention call or merge writes the FP8 GEMM's input and scales
+};
+// "none", "separate", "fused".
+std::string_view to_string(MlaOutputQuant mode);
+
+// What a prefill with a backend and options will do for o_proj's input, and a line saying why.
+struct MlaOutputQuantPlan {
+  MlaOutputQuant mode = MlaOutputQuant::kNone;
+  std::string note;
 };
 
 // What a CUDA layer's workspace must hold: the largest batch it will be given.
@@ -73,7 +93,8 @@ struct MlaStageTimes {
   double prefix = 0;       // gather, kv_b and packing of the prefix keys
   double attention = 0;
   double merge = 0;
-  double output = 0;  // o_proj
+  double output = 0;                                    // o_proj
+  MlaOutputQuant output_quant = MlaOutputQuant::kNone;  // how o_proj's input was made
   double total() const { return projections + prep + prefix + attention + merge + output; }
 };
 
@@ -92,6 +113,11 @@ class MlaLayer {
   // One line per projection: how it runs ("q_a_proj [1536, 7168]: fp8 block-scaled GEMM", or
   // "...: bf16 GEMM, dequantized at load because ...").
   const std::vector<std::string>& projection_notes() const;
+  // How prefill with `backend` and `options` makes o_proj's input: fused into the attention's
+  // output, a separate quantization (and why: the BF16 path, the option, or a backend that does
+  // not fuse fp8_group128), or none (a bf16 o_proj). MlaStageTimes::output_quant says what ran.
+  MlaOutputQuantPlan output_quant_plan(const AttentionBackend& backend,
+                                       const MlaPrefillOptions& options) const;
 
   // Bytes of device workspace prefill needs for batches within `limits` with `backend` (which
   // decides the path) and `options`; 0 on the CPU.

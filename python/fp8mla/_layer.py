@@ -96,6 +96,11 @@ class MlaLayer:
         """How each projection runs ("q_a_proj [1536, 7168]: fp8 block-scaled GEMM", ...)."""
         return list(self._layer.projection_notes)
 
+    def output_quant_plan(self, **options) -> tuple:
+        """How prefill with these options makes o_proj's input: ("fused" | "separate" | "none",
+        the line saying why)."""
+        return tuple(self._layer.output_quant_plan(_options(**options), self.backend.name))
+
     def workspace_bytes(self, max_tokens, max_sequences, max_prefix_tokens, **options) -> int:
         """Bytes of device workspace prefill needs for batches within these limits (0 on the
         CPU); `options` as prefill's."""
@@ -104,18 +109,20 @@ class MlaLayer:
 
     def prefill(self, hidden, batch, cache, *, out=None, one_shot_max_prefix=8192,
                 chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0, k_scale_inv=1.0,
-                v_scale_inv=1.0, workspace=None, stream=None):
+                v_scale_inv=1.0, fuse_output_quant=True, workspace=None, stream=None):
         """hidden: bf16 [T, hidden], T the batch's extend tokens, rows in sequence order; cache:
         e4m3 [pages, page_size, 576], its prefix rows read and its extend rows written; returns
         out, bf16 [T, hidden]. numpy arrays (ml_dtypes) or torch tensors on the layer's device.
         Prefix keys up to one_shot_max_prefix are attended with the new ones in one pass, more
-        in chunks of chunk_capacity merged by LSE; the scales are the FP8 path's static ones. On
+        in chunks of chunk_capacity merged by LSE; the scales are the FP8 path's static ones.
+        fuse_output_quant: on the FP8 path the attention writes o_proj's FP8 input itself (the
+        same bytes as a separate quantization; output_quant_plan says which runs). On
         CUDA the workspace is allocated (and kept) when not given, and `stream` defaults to
         torch's current stream."""
         arrays = adapter_for(hidden)
         rows = _batch(batch)
         options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,
-                           k_scale_inv, v_scale_inv)
+                           k_scale_inv, v_scale_inv, fuse_output_quant)
         if out is None:
             out = arrays.empty((sum(r[1] for r in rows), self.config.hidden), "bf16", hidden)
         if _device(self.device)[0] == "cuda":
@@ -126,7 +133,7 @@ class MlaLayer:
                 stream = torch.cuda.current_stream(hidden.device).cuda_stream
         self._layer.prefill(arrays.tensor(hidden, "bf16"), rows, arrays.tensor(cache, "e4m3"),
                             self.backend.name, options, arrays.tensor(out, "bf16"),
-                            None if workspace is None else arrays.tensor(workspace),
+                            None if workspace is None else _workspace_bytes(workspace),
                             int(stream or 0))
         return out
 
@@ -147,15 +154,21 @@ class MlaLayer:
                 f"backend={self.backend.name!r})")
 
 
+def _workspace_bytes(workspace):
+    """The workspace as _C takes it: any dtype; uint8 (how engines and _cuda_workspace hold raw
+    bytes) is named as e4m3, the 1-byte type _C reads uint8 arrays as."""
+    return (workspace, "e4m3") if str(workspace.dtype) in ("uint8", "torch.uint8") else workspace
+
+
 def _fields(c: MlaConfig) -> tuple:
     return (c.hidden, c.heads, c.q_lora_rank, c.kv_lora_rank, c.max_position, c.rms_norm_eps,
             c.rope_theta, c.yarn)
 
 
 def _options(one_shot_max_prefix=8192, chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0,
-             k_scale_inv=1.0, v_scale_inv=1.0) -> tuple:
+             k_scale_inv=1.0, v_scale_inv=1.0, fuse_output_quant=True) -> tuple:
     return (int(one_shot_max_prefix), int(chunk_capacity), float(cache_scale_inv),
-            float(q_scale_inv), float(k_scale_inv), float(v_scale_inv))
+            float(q_scale_inv), float(k_scale_inv), float(v_scale_inv), bool(fuse_output_quant))
 
 
 def mla_prefill_reference(weights: MlaWeights, hidden, batch, cache, *,

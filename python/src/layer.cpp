@@ -69,13 +69,14 @@ fp8mla::MlaBatch to_batch(const PyBatch& py) {
   return batch;
 }
 
-// (one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv)
-using PyOptions = std::tuple<std::int64_t, std::int64_t, float, float, float, float>;
+// (one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv,
+// fuse_output_quant)
+using PyOptions = std::tuple<std::int64_t, std::int64_t, float, float, float, float, bool>;
 
 fp8mla::MlaPrefillOptions to_options(const PyOptions& py) {
   fp8mla::MlaPrefillOptions o;
   std::tie(o.one_shot_max_prefix, o.chunk_capacity, o.cache_scale_inv, o.fp8.q_scale_inv,
-           o.fp8.k_scale_inv, o.fp8.v_scale_inv) = py;
+           o.fp8.k_scale_inv, o.fp8.v_scale_inv, o.fuse_output_quant) = py;
   return o;
 }
 
@@ -205,6 +206,14 @@ std::size_t workspace_bytes(const Layer& self,
                                     to_options(options), backend_named(backend));
 }
 
+// (mode, note): "fused", "separate" or "none", and the line saying why.
+std::tuple<std::string, std::string> output_quant_plan(const Layer& self, const PyOptions& options,
+                                                       const std::string& backend) {
+  const fp8mla::MlaOutputQuantPlan plan =
+      self.layer.output_quant_plan(backend_named(backend), to_options(options));
+  return {std::string(fp8mla::to_string(plan.mode)), plan.note};
+}
+
 void prefill(Layer& self, nb::handle hidden, const PyBatch& batch, nb::handle cache,
              const std::string& backend, const PyOptions& options, nb::handle out,
              nb::handle workspace, std::uintptr_t stream) {
@@ -258,6 +267,7 @@ void def_layer(nb::module_& m) {
       .def_prop_ro("projection_notes",
                    [](const Layer& self) { return self.layer.projection_notes(); })
       .def("workspace_bytes", &workspace_bytes, "limits"_a, "options"_a, "backend"_a)
+      .def("output_quant_plan", &output_quant_plan, "options"_a, "backend"_a)
       .def("prefill", &prefill, "hidden"_a, "batch"_a, "cache"_a, "backend"_a, "options"_a, "out"_a,
            "workspace"_a.none(), "stream"_a = 0);
   m.def("mla_prefill_reference", &reference, "weights"_a, "hidden"_a, "batch"_a, "cache"_a,

@@ -27,36 +27,57 @@ std::vector<float> dequantize(const MlaProjection& projection) {
   return f;
 }
 
-void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
-            std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y,
-            bool fp8_input) {
-  // An FP8 GEMM's input: e4m3 per token and group of 128 (the op the CUDA layer runs), used here
-  // dequantized.
-  std::vector<std::uint8_t> xq;
-  std::vector<float> xs;
-  const std::int64_t groups = in / kWeightBlock;
-  if (fp8_input && rows > 0) {
-    xq.resize(std::size_t(rows * in));
-    xs.resize(std::size_t(rows * groups));
-    quantize_fp8_per_token_group(
-        TensorView(const_cast<std::uint16_t*>(x.data()), DType::kBF16, {rows, in}),
-        TensorView(xq.data(), DType::kE4M3, {rows, in}),
-        TensorView(xs.data(), DType::kF32, {rows, groups}), GroupQuantOptions{.group_size = 128});
-  }
+namespace {
+
+// y[t, o] = bf16(sum_i x[t, i] * w[o, i]), row t of x given in f32 by load(t, row).
+template <typename LoadRow>
+void linear_rows(std::int64_t rows, std::int64_t in, std::span<const float> w, std::int64_t out,
+                 std::span<std::uint16_t> y, const LoadRow& load) {
   cpu::parallel_for(rows, 4, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> xf(static_cast<std::size_t>(in));
     for (std::int64_t t = begin; t < end; ++t) {
-      for (std::int64_t i = 0; i < in; ++i) {
-        const std::size_t at = std::size_t(t * in + i);
-        xf[std::size_t(i)] = fp8_input ? decode_e4m3(xq[at]) * xs[std::size_t(t * groups + i / 128)]
-                                       : decode_bf16(x[at]);
-      }
+      load(t, xf.data());
       for (std::int64_t o = 0; o < out; ++o) {
         const float* wr = w.data() + o * in;
         float acc = 0.0f;
         for (std::int64_t i = 0; i < in; ++i) acc += xf[std::size_t(i)] * wr[i];
         y[std::size_t(t * out + o)] = encode_bf16(acc);
       }
+    }
+  });
+}
+
+}  // namespace
+
+void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
+            std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y,
+            bool fp8_input) {
+  if (!fp8_input) {
+    linear_rows(rows, in, w, out, y, [&](std::int64_t t, float* xf) {
+      for (std::int64_t i = 0; i < in; ++i) xf[i] = decode_bf16(x[std::size_t(t * in + i)]);
+    });
+    return;
+  }
+  if (rows == 0) return;
+  // An FP8 GEMM's input: e4m3 per token and group of 128 (the op the CUDA layer runs).
+  std::vector<std::uint8_t> xq(std::size_t(rows * in));
+  std::vector<float> xs(std::size_t(rows * (in / kWeightBlock)));
+  quantize_fp8_per_token_group(
+      TensorView(const_cast<std::uint16_t*>(x.data()), DType::kBF16, {rows, in}),
+      TensorView(xq.data(), DType::kE4M3, {rows, in}),
+      TensorView(xs.data(), DType::kF32, {rows, in / kWeightBlock}),
+      GroupQuantOptions{.group_size = int(kWeightBlock)});
+  linear_fp8(xq, xs, rows, in, w, out, y);
+}
+
+void linear_fp8(std::span<const std::uint8_t> xq, std::span<const float> xs, std::int64_t rows,
+                std::int64_t in, std::span<const float> w, std::int64_t out,
+                std::span<std::uint16_t> y) {
+  const std::int64_t groups = in / kWeightBlock;
+  linear_rows(rows, in, w, out, y, [&](std::int64_t t, float* xf) {
+    for (std::int64_t i = 0; i < in; ++i) {
+      xf[i] =
+          decode_e4m3(xq[std::size_t(t * in + i)]) * xs[std::size_t(t * groups + i / kWeightBlock)];
     }
   });
 }

@@ -21,6 +21,12 @@ void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in
             std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y,
             bool fp8_input = false);
 
+// The same on an input quantized already: x = e4m3 xq [rows, in] times its group-128 scales
+// xs f32 [rows, in / 128] (row-major), as linear(fp8_input) uses its own quantization.
+void linear_fp8(std::span<const std::uint8_t> xq, std::span<const float> xs, std::int64_t rows,
+                std::int64_t in, std::span<const float> w, std::int64_t out,
+                std::span<std::uint16_t> y);
+
 // y = bf16(x / sqrt(mean(x^2) + eps) * w) per row of `width` elements, rows `stride` apart in x.
 void rms_norm(const std::uint16_t* x, std::int64_t rows, std::int64_t width, std::int64_t stride,
               const TensorView& weight, double eps, std::uint16_t* y);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fp8mla/mla_layer.hpp"
+#include "fp8mla/output_quant.hpp"
 #include "model/prefix_chunks.hpp"
 
 namespace fp8mla {
@@ -45,12 +46,19 @@ struct MlaBatchPlan {
 void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
                     const MlaPrefillOptions& options, MlaBatchPlan& plan);
 
-// The path a backend runs: its prepare_prefill_qkv hook decides.
+// The path a backend runs: its prepare_prefill_qkv hook decides; and how o_proj gets its input
+// (fused: the last writer of the attention output writes it, the FP8 path only).
 struct MlaPath {
   bool fp8 = false;
   DType attention_dtype = DType::kBF16;
+  MlaOutputQuant output_quant = MlaOutputQuant::kNone;
 };
-MlaPath mla_path(const AttentionBackend& backend);
+// The output quantization key the fused path asks the backend for.
+inline constexpr OutputQuantKey kMlaOutputQuantKey = OutputQuantKey::kFp8Group128;
+MlaOutputQuantPlan mla_output_quant_plan(const BackendCapabilities& caps,
+                                         const MlaPrefillOptions& options, bool fp8_o_proj);
+MlaPath mla_path(const AttentionBackend& backend, const MlaPrefillOptions& options,
+                 bool fp8_o_proj);
 
 // Everything prefill gets, checked by MlaLayer::prefill before the driver sees it.
 struct MlaPrefillCall {
@@ -77,17 +85,22 @@ struct MlaAttendStep {
   std::int32_t max_seqlen_k = 0;
   bool causal = true;
   bool lse = false;  // kExtend: the layer's output with its LSE, for the chunks to merge into
+  // The last writer of the attention output (no chunks): on a fused path it writes o_proj's
+  // FP8 input and scales instead of bf16.
+  bool o_proj_input = false;
 };
 
 // The tensors of one attention call as an executor lays them out: q, k, v views; cu_q, cu_k,
-// descales (q, k, v; read on the FP8 path), out bf16 [T, H, 128] and lse f32 [T, H] (or null)
-// in the executor's memory.
+// descales (q, k, v; read on the FP8 path), out and lse f32 [T, H] (or null) in the executor's
+// memory. out is bf16 [T, H, 128], or with out_scales (f32 [T, H], the group-128 scales in the
+// layout the executor's o_proj reads; a default view: none) o_proj's e4m3 input [T, H * 128].
 struct MlaAttentionTensors {
   TensorView q, k, v;
   const std::int32_t *cu_q, *cu_k;
   const float* descales;
-  std::uint16_t* out;
+  void* out;
   float* lse;
+  TensorView out_scales;
 };
 // The attention call's arguments: the tensors above on `device`, the plan's sizes, the step's.
 PrefillAttentionArgs mla_attention_args(const MlaConfig& config, const MlaBatchPlan& plan,
@@ -112,6 +125,7 @@ class MlaExecutor {
   virtual std::size_t workspace_bytes(const MlaWorkspaceLimits& limits,
                                       const MlaPrefillOptions& options, MlaPath path) const = 0;
   virtual MlaVLayoutNeed fp8_v_layout() const = 0;
+  virtual bool fp8_o_proj() const = 0;  // o_proj runs as an FP8 GEMM on e4m3 input
 
   // What the executor checks on the host before anything runs (also for a batch with no extend
   // tokens, which then ends here).
@@ -127,7 +141,9 @@ class MlaExecutor {
   // Each sequence's prefix keys (from prefix_keys over all of them), then its extend keys.
   virtual void assemble_one_shot() = 0;
   virtual void attend(const MlaAttendStep& step) = 0;
-  virtual void merge() = 0;   // the last chunk's output into the layer's, by LSE
+  // The last chunk's output into the layer's, by LSE; with o_proj_input (the last merge) on a
+  // fused path, into o_proj's FP8 input and scales.
+  virtual void merge(bool o_proj_input) = 0;
   virtual void output() = 0;  // o_proj into the call's `out`
   virtual void finish() = 0;  // the stage times are in place after it
 };

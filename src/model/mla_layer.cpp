@@ -61,10 +61,44 @@ void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
   }
 }
 
-MlaPath mla_path(const AttentionBackend& backend) {
+std::string_view to_string(MlaOutputQuant mode) {
+  switch (mode) {
+    case MlaOutputQuant::kNone:
+      return "none";
+    case MlaOutputQuant::kSeparate:
+      return "separate";
+    case MlaOutputQuant::kFused:
+      return "fused";
+  }
+  return "unknown";
+}
+
+MlaOutputQuantPlan mla_output_quant_plan(const BackendCapabilities& caps,
+                                         const MlaPrefillOptions& options, bool fp8_o_proj) {
+  if (!fp8_o_proj) return {MlaOutputQuant::kNone, "o_proj input: bf16 (o_proj is a bf16 GEMM)"};
+  const std::string_view key = to_string(kMlaOutputQuantKey);
+  const auto separate = [&](auto&&... why) {
+    return MlaOutputQuantPlan{
+        MlaOutputQuant::kSeparate,
+        concat("o_proj input: quantize_fp8_per_token_group after the attention (", why..., ")")};
+  };
+  if (!caps.prepare_prefill_qkv) return separate("the BF16 path does not fuse it");
+  if (!options.fuse_output_quant) return separate("fuse_output_quant is off");
+  const auto& keys = caps.output_quant;
+  if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+    return separate("attention backend '", caps.name, "' does not fuse ", key);
+  }
+  return {MlaOutputQuant::kFused,
+          concat("o_proj input: fused ", key, ", written by the last attention call or merge")};
+}
+
+MlaPath mla_path(const AttentionBackend& backend, const MlaPrefillOptions& options,
+                 bool fp8_o_proj) {
+  const BackendCapabilities& caps = backend.capabilities();
   MlaPath path;
-  path.fp8 = backend.capabilities().prepare_prefill_qkv;
+  path.fp8 = caps.prepare_prefill_qkv;
   path.attention_dtype = path.fp8 ? DType::kE4M3 : DType::kBF16;
+  path.output_quant = mla_output_quant_plan(caps, options, fp8_o_proj).mode;
   return path;
 }
 
@@ -88,7 +122,12 @@ PrefillAttentionArgs mla_attention_args(const MlaConfig& config, const MlaBatchP
     a.k_descale = TensorView(descales + 1, DType::kF32, {1}, d);
     a.v_descale = TensorView(descales + 2, DType::kF32, {1}, d);
   }
-  a.out = TensorView(t.out, DType::kBF16, {T, H, kMlaVDim}, d);
+  if (t.out_scales.ndim() == 0) {  // not given
+    a.out = TensorView(t.out, DType::kBF16, {T, H, kMlaVDim}, d);
+  } else {
+    a.out = TensorView(t.out, DType::kE4M3, {T, H * kMlaVDim}, d);
+    a.output_block_scale = t.out_scales;
+  }
   if (t.lse != nullptr) a.lse = TensorView(t.lse, DType::kF32, {T, H}, d);
   return a;
 }
@@ -105,6 +144,8 @@ void check_mla_backend(const AttentionBackend& backend, MlaPath path, const Tens
   required.page_size = int(cache.ndim() == 3 ? cache.size(1) : 0);
   required.prepare_prefill_qkv = path.fp8;
   required.pack_prefix_chunk_kv = path.fp8;
+  if (path.output_quant == MlaOutputQuant::kFused)
+    required.output_quant = std::string(to_string(kMlaOutputQuantKey));
   check_backend(caps, required, device);
   if (path.fp8 && caps.v_layout != v.layout) {
     throw Error(ErrorCategory::kUnsupported,
@@ -127,7 +168,7 @@ void timed(MlaExecutor& x, double* stage, Step&& step) {
 void attend_batch(MlaExecutor& x, const MlaBatchPlan& p, MlaStageTimes& t) {
   switch (p.prefix_attention) {
     case PrefixAttention::kNone:
-      timed(x, &t.attention, [&] { x.attend({MlaKeys::kExtend, 0, p.max_q, true, false}); });
+      timed(x, &t.attention, [&] { x.attend({MlaKeys::kExtend, 0, p.max_q, true, false, true}); });
       return;
     case PrefixAttention::kOneShot:
       timed(x, &t.prefix, [&] {
@@ -135,7 +176,7 @@ void attend_batch(MlaExecutor& x, const MlaBatchPlan& p, MlaStageTimes& t) {
         x.assemble_one_shot();
       });
       timed(x, &t.attention, [&] {
-        x.attend({MlaKeys::kOneShot, 0, p.max_k_one_shot, true, false});
+        x.attend({MlaKeys::kOneShot, 0, p.max_k_one_shot, true, false, true});
       });
       return;
     case PrefixAttention::kChunked:
@@ -146,7 +187,7 @@ void attend_batch(MlaExecutor& x, const MlaBatchPlan& p, MlaStageTimes& t) {
         timed(x, &t.attention, [&] {
           x.attend({MlaKeys::kPrefix, i, chunk.max_seqlen_k, false, false});
         });
-        timed(x, &t.merge, [&] { x.merge(); });
+        timed(x, &t.merge, [&] { x.merge(i + 1 == p.chunks.size()); });
       }
       return;
   }
@@ -158,11 +199,12 @@ void run_mla_prefill(MlaExecutor& x, const MlaPrefillCall& call) {
   x.check_batch(call);
   // No extend token: no query to attend and no cache row to write.
   if (call.plan.tokens == 0) {
-    if (call.times != nullptr) *call.times = {};
+    if (call.times != nullptr) *call.times = {.output_quant = call.path.output_quant};
     return;
   }
   x.begin(call);
   MlaStageTimes t{};
+  t.output_quant = call.path.output_quant;
   timed(x, &t.projections, [&] { x.project(); });
   timed(x, &t.prep, [&] { x.prep(); });
   attend_batch(x, call.plan, t);
@@ -204,7 +246,13 @@ std::size_t MlaLayer::workspace_bytes(const MlaWorkspaceLimits& limits,
                        limits.max_tokens, ", max_sequences ", limits.max_sequences,
                        ", max_prefix_tokens ", limits.max_prefix_tokens));
   }
-  return impl_->executor->workspace_bytes(limits, options, mla_path(backend));
+  return impl_->executor->workspace_bytes(
+      limits, options, mla_path(backend, options, impl_->executor->fp8_o_proj()));
+}
+
+MlaOutputQuantPlan MlaLayer::output_quant_plan(const AttentionBackend& backend,
+                                               const MlaPrefillOptions& options) const {
+  return mla_output_quant_plan(backend.capabilities(), options, impl_->executor->fp8_o_proj());
 }
 
 void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,
@@ -252,7 +300,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
                           cache.describe());
           });
   plan_mla_batch(c, batch, options, impl_->plan);
-  const MlaPath path = mla_path(backend);
+  const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
   check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
   run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, backend, options, out, workspace,
                                      path, times, stream});

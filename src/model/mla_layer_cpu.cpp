@@ -61,6 +61,10 @@ struct CpuWork {
   KeysValues extend, prefix, one_shot;
   Bits attn, chunk_out;  // [T, H, 128]
   std::vector<float> lse, chunk_lse;
+  // The fused path's o_proj input, written by the last attention call or merge: e4m3 [T, H * 128]
+  // and its group-128 scales, f32 [T, H] row-major (what linear_fp8 reads).
+  std::vector<std::uint8_t> o_proj_x;
+  std::vector<float> o_proj_scales;
 };
 
 class CpuMlaExecutor final : public MlaExecutor {
@@ -95,6 +99,7 @@ class CpuMlaExecutor final : public MlaExecutor {
   MlaVLayoutNeed fp8_v_layout() const override {
     return {VLayout::kTokenMajor, "the CPU layer concatenates token-major V"};
   }
+  bool fp8_o_proj() const override { return o_.fp8_input; }
 
   void check_batch(const MlaPrefillCall&) override {}  // the CPU ops check every slot themselves
   void begin(const MlaPrefillCall& call) override {
@@ -107,6 +112,10 @@ class CpuMlaExecutor final : public MlaExecutor {
       w_.chunk_out.resize(w_.attn.size());
       w_.chunk_lse.resize(w_.lse.size());
     }
+    if (fused()) {
+      w_.o_proj_x.resize(w_.attn.size());
+      w_.o_proj_scales.resize(w_.lse.size());
+    }
     const MlaFp8Scales& scales = call.options.fp8;
     descales_[0] = 1.0f / scales.q_scale_inv;
     descales_[1] = 1.0f / scales.k_scale_inv;
@@ -117,17 +126,28 @@ class CpuMlaExecutor final : public MlaExecutor {
   void prefix_keys(std::int64_t first_row, std::int64_t rows) override;
   void assemble_one_shot() override;
   void attend(const MlaAttendStep& step) override;
-  void merge() override {
+  void merge(bool o_proj_input) override {
     const std::int64_t T = call_->plan.tokens, H = c_.heads;
-    merge_attention_states_inplace(TensorView(w_.attn.data(), DType::kBF16, {T, H, kMlaVDim}),
-                                   TensorView(w_.lse.data(), DType::kF32, {T, H}),
-                                   TensorView(w_.chunk_out.data(), DType::kBF16, {T, H, kMlaVDim}),
-                                   TensorView(w_.chunk_lse.data(), DType::kF32, {T, H}));
+    const TensorView attn(w_.attn.data(), DType::kBF16, {T, H, kMlaVDim});
+    const TensorView lse(w_.lse.data(), DType::kF32, {T, H});
+    const TensorView chunk_out(w_.chunk_out.data(), DType::kBF16, {T, H, kMlaVDim});
+    const TensorView chunk_lse(w_.chunk_lse.data(), DType::kF32, {T, H});
+    if (o_proj_input && fused()) {
+      merge_attention_states(attn, lse, chunk_out, chunk_lse, o_proj_x_view(), lse, {},
+                             o_proj_scales_view());
+      return;
+    }
+    merge_attention_states_inplace(attn, lse, chunk_out, chunk_lse);
   }
   void output() override {
     const std::int64_t T = call_->plan.tokens;
-    o_(w_.attn, T,
-       std::span<std::uint16_t>(call_->out.data_as<std::uint16_t>(), std::size_t(T * c_.hidden)));
+    const std::span<std::uint16_t> y(call_->out.data_as<std::uint16_t>(),
+                                     std::size_t(T * c_.hidden));
+    if (fused()) {
+      model::linear_fp8(w_.o_proj_x, w_.o_proj_scales, T, o_.in, o_.w, o_.out, y);
+      return;
+    }
+    o_(w_.attn, T, y);
   }
   void finish() override { w_ = {}; }  // the buffers live for one prefill
   // Wall time.
@@ -139,6 +159,13 @@ class CpuMlaExecutor final : public MlaExecutor {
 
  private:
   int element_bytes() const { return call_->path.fp8 ? 1 : 2; }
+  bool fused() const { return call_->path.output_quant == MlaOutputQuant::kFused; }
+  TensorView o_proj_x_view() {
+    return TensorView(w_.o_proj_x.data(), DType::kE4M3, {call_->plan.tokens, c_.heads * kMlaVDim});
+  }
+  TensorView o_proj_scales_view() {
+    return TensorView(w_.o_proj_scales.data(), DType::kF32, {call_->plan.tokens, c_.heads});
+  }
   // Views of the [n, H, 128] k_nope and v inside a [n, H, 256] kv_b output.
   TensorView k_nope_of(Bits& kvb, std::int64_t n) const {
     return TensorView(kvb.data(), DType::kBF16, {n, c_.heads, kMlaNopeDim},
@@ -350,6 +377,10 @@ void CpuMlaExecutor::attend(const MlaAttendStep& step) {
   t.descales = descales_;
   t.out = chunk ? w_.chunk_out.data() : w_.attn.data();
   t.lse = chunk ? w_.chunk_lse.data() : step.lse ? w_.lse.data() : nullptr;
+  if (step.o_proj_input && fused()) {
+    t.out = w_.o_proj_x.data();
+    t.out_scales = o_proj_scales_view();
+  }
   call_->backend.prefill_attention(
       mla_attention_args(c_, plan, call_->path, step, t, Device::cpu()));
 }

@@ -118,11 +118,12 @@ class CudaMlaExecutor final : public MlaExecutor {
   const std::vector<std::string>& projection_notes() const override { return notes_; }
   std::size_t workspace_bytes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& options,
                               MlaPath path) const override {
-    return mla_workspace_bytes(c_, work_sizes(limits, options, path.fp8));
+    return mla_workspace_bytes(c_, work_sizes(limits, options, path));
   }
   MlaVLayoutNeed fp8_v_layout() const override {
     return {VLayout::kTransposed, "FP8 attention on Hopper reads it transposed"};
   }
+  bool fp8_o_proj() const override { return o_->fp8; }
 
   void check_batch(const MlaPrefillCall& call) override;
   void begin(const MlaPrefillCall& call) override;
@@ -133,7 +134,7 @@ class CudaMlaExecutor final : public MlaExecutor {
   void prefix_keys(std::int64_t first_row, std::int64_t rows) override;
   void assemble_one_shot() override;
   void attend(const MlaAttendStep& step) override;
-  void merge() override;
+  void merge(bool o_proj_input) override;
   void output() override;
   void finish() override { timer_.finish(); }
 
@@ -145,14 +146,18 @@ class CudaMlaExecutor final : public MlaExecutor {
       p.gemm->run(x, nullptr, rows, y, b_.cublas, b_.cublas_bytes, stream_);
       return;
     }
-    const Device d = device_;
     quantize_fp8_per_token_group(
-        TensorView(const_cast<std::uint16_t*>(x), DType::kBF16, {rows, p.in}, d),
-        TensorView(b_.gemm_x, DType::kE4M3, {rows, p.in}, d),
-        TensorView(b_.gemm_x_scales, DType::kF32, {rows, p.in / kWeightBlock}, {1, rows}, d),
+        TensorView(const_cast<std::uint16_t*>(x), DType::kBF16, {rows, p.in}, device_),
+        TensorView(b_.gemm_x, DType::kE4M3, {rows, p.in}, device_), gemm_x_scales(rows, p.in),
         GroupQuantOptions{.group_size = int(kWeightBlock)}, stream_);
     p.gemm->run(b_.gemm_x, b_.gemm_x_scales, rows, y, b_.cublas, b_.cublas_bytes, stream_);
   }
+  // The FP8 GEMM input's scales as the GEMM reads them: f32, column-major.
+  TensorView gemm_x_scales(std::int64_t rows, std::int64_t in) const {
+    return TensorView(b_.gemm_x_scales, DType::kF32, {rows, in / kWeightBlock}, {1, rows}, device_);
+  }
+  // The fused path: the last attention call or merge writes o_proj's input into the GEMM's.
+  bool fused() const { return call_->path.output_quant == MlaOutputQuant::kFused; }
 
   void rms_norm(const std::uint16_t* x, std::int64_t x_stride, const DeviceBuffer& weight,
                 int width, std::int64_t rows, std::uint16_t* y) const {
@@ -233,7 +238,7 @@ void CudaMlaExecutor::begin(const MlaPrefillCall& call) {
   const Device d = device_;
   call_ = &call;
   stream_ = reinterpret_cast<cudaStream_t>(call.stream);
-  const WorkSizes s = work_sizes(plan, call.path.fp8);
+  const WorkSizes s = work_sizes(plan, call.path);
   const TensorView& ws = call.workspace;
   const std::size_t needed = mla_workspace_bytes(c_, s);
   const std::size_t ws_bytes = std::size_t(ws.numel()) * std::size_t(dtype_size(ws.dtype()));
@@ -438,20 +443,38 @@ void CudaMlaExecutor::attend(const MlaAttendStep& step) {
   t.descales = b_.descales;
   t.out = chunk ? b_.chunk_out : b_.attn;
   t.lse = chunk ? b_.chunk_lse : step.lse ? b_.lse : nullptr;
+  if (step.o_proj_input && fused()) {
+    t.out = b_.gemm_x;
+    t.out_scales = gemm_x_scales(T, o_->in);
+  }
   call_->backend.prefill_attention(mla_attention_args(c_, plan, call_->path, step, t, device_),
                                    call_->stream);
 }
 
-void CudaMlaExecutor::merge() {
+void CudaMlaExecutor::merge(bool o_proj_input) {
   const std::int64_t T = call_->plan.tokens, H = c_.heads;
-  merge_attention_states_inplace(
-      rows_of(b_.attn, DType::kBF16, T, kMlaVDim), TensorView(b_.lse, DType::kF32, {T, H}, device_),
-      rows_of(b_.chunk_out, DType::kBF16, T, kMlaVDim),
-      TensorView(b_.chunk_lse, DType::kF32, {T, H}, device_), call_->stream);
+  const TensorView attn = rows_of(b_.attn, DType::kBF16, T, kMlaVDim);
+  const TensorView lse(b_.lse, DType::kF32, {T, H}, device_);
+  const TensorView chunk_out = rows_of(b_.chunk_out, DType::kBF16, T, kMlaVDim);
+  const TensorView chunk_lse(b_.chunk_lse, DType::kF32, {T, H}, device_);
+  if (o_proj_input && fused()) {
+    merge_attention_states(attn, lse, chunk_out, chunk_lse,
+                           TensorView(b_.gemm_x, DType::kE4M3, {T, o_->in}, device_), lse, {},
+                           gemm_x_scales(T, o_->in), {}, call_->stream);
+    return;
+  }
+  merge_attention_states_inplace(attn, lse, chunk_out, chunk_lse, call_->stream);
 }
 
+// With the fused path the input is in the GEMM's buffers already: no quantization here.
 void CudaMlaExecutor::output() {
-  project(*o_, b_.attn, call_->plan.tokens, call_->out.data_as<std::uint16_t>());
+  const std::int64_t T = call_->plan.tokens;
+  auto* y = call_->out.data_as<std::uint16_t>();
+  if (fused()) {
+    o_->gemm->run(b_.gemm_x, b_.gemm_x_scales, T, y, b_.cublas, b_.cublas_bytes, stream_);
+    return;
+  }
+  project(*o_, b_.attn, T, y);
 }
 
 }  // namespace

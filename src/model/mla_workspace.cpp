@@ -78,7 +78,9 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
     b.one_shot_k = w.take<std::uint8_t>(one_shot * H * kMlaQkDim * eb);
     b.one_shot_v = w.take<std::uint8_t>(one_shot * H * kMlaVDim * eb);
   }
-  b.attn = w.take<std::uint16_t>(T * H * kMlaVDim);
+  // A fused path writes the o_proj input into gemm_x: the bf16 output is only the chunks' merge
+  // target.
+  b.attn = w.take<std::uint16_t>(s.fused_output_quant && s.chunks == 0 ? 0 : T * H * kMlaVDim);
   b.lse = w.take<float>(T * H);
   b.chunk_out = w.take<std::uint16_t>(s.chunks > 0 ? T * H * kMlaVDim : 0);
   b.chunk_lse = w.take<float>(s.chunks > 0 ? T * H : 0);
@@ -105,7 +107,8 @@ std::int64_t v_pitch(std::int64_t n) {
   return round_up(std::max<std::int64_t>(n, 1), 16);
 }
 
-WorkSizes work_sizes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& options, bool fp8) {
+WorkSizes work_sizes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& options,
+                     MlaPath path) {
   WorkSizes s;
   s.tokens = limits.max_tokens;
   s.sequences = limits.max_sequences;
@@ -115,11 +118,12 @@ WorkSizes work_sizes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& 
     s.chunk_keys = std::min(limits.max_prefix_tokens, options.chunk_capacity);
     s.chunks = (limits.max_prefix_tokens + options.chunk_capacity - 1) / options.chunk_capacity;
   }
-  s.fp8 = fp8;
+  s.fp8 = path.fp8;
+  s.fused_output_quant = path.output_quant == MlaOutputQuant::kFused;
   return s;
 }
 
-WorkSizes work_sizes(const MlaBatchPlan& plan, bool fp8) {
+WorkSizes work_sizes(const MlaBatchPlan& plan, MlaPath path) {
   WorkSizes s;
   s.tokens = plan.tokens;
   s.sequences = plan.sequences;
@@ -127,7 +131,8 @@ WorkSizes work_sizes(const MlaBatchPlan& plan, bool fp8) {
   s.one_shot_prefix = plan.prefix_attention == PrefixAttention::kChunked ? 0 : s.prefix_rows;
   for (const PrefixChunk& chunk : plan.chunks) s.chunk_keys = std::max(s.chunk_keys, chunk.keys());
   s.chunks = std::int64_t(plan.chunks.size());
-  s.fp8 = fp8;
+  s.fp8 = path.fp8;
+  s.fused_output_quant = path.output_quant == MlaOutputQuant::kFused;
   return s;
 }
 

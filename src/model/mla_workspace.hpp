@@ -26,12 +26,16 @@ struct WorkSizes {
   std::int64_t chunk_keys = 0;       // keys of the largest prefix chunk
   std::int64_t chunks = 0;
   bool fp8 = false;
+  // The attention writes o_proj's FP8 input (fused output quantization): without chunks, no
+  // bf16 attention output is kept.
+  bool fused_output_quant = false;
   std::int64_t prefix_keys() const { return std::max(one_shot_prefix, chunk_keys); }
 };
 
 // The largest sizes a batch within `limits` can have, and a planned batch's own.
-WorkSizes work_sizes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& options, bool fp8);
-WorkSizes work_sizes(const MlaBatchPlan& plan, bool fp8);
+WorkSizes work_sizes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& options,
+                     MlaPath path);
+WorkSizes work_sizes(const MlaBatchPlan& plan, MlaPath path);
 
 // The workspace's pieces. Names say what each holds; u8 ones hold e4m3.
 struct MlaBuffers {
@@ -50,7 +54,7 @@ struct MlaBuffers {
   std::uint8_t *prefix_k8, *prefix_v8;
   std::uint16_t* prefix_k16;
   std::uint8_t *one_shot_k, *one_shot_v;  // each sequence's prefix then extend keys
-  std::uint16_t* attn;                    // [T, H, 128]
+  std::uint16_t* attn;                    // [T, H, 128] bf16 (not on a fused path without chunks)
   float* lse;
   std::uint16_t* chunk_out;
   float* chunk_lse;

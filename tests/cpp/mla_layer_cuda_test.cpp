@@ -3,10 +3,12 @@
 // DeepSeek-V3, DeepSeek-V2-Lite (no query LoRA) and the tiny preset: the same accuracy bounds as
 // the CPU layer; the extend rows of the cache written and nothing else; a NaN-poisoned output
 // fully written. A shape cuBLASLt's FP8 block scaling declines runs dequantized, and says so.
+// The fused output quantization gives the separate one's bytes.
 // Workspace, device and slot errors.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -23,7 +25,8 @@ namespace {
 
 using test::expect_error;
 
-// Device copies of a fixture's tensors, and a workspace for the batch under both backends.
+// Device copies of a fixture's tensors, and a workspace for the batch under both backends (the
+// FP8 path with and without fused output quantization).
 struct DeviceBatch {
   void *hidden = nullptr, *cache = nullptr, *out = nullptr, *workspace = nullptr;
   std::size_t workspace_bytes = 0;
@@ -34,8 +37,11 @@ struct DeviceBatch {
     const std::unique_ptr<AttentionBackend> bf16 = make_attention_backend("bf16-hopper");
     MlaWorkspaceLimits limits{f.tokens, std::int64_t(f.batch.sequences.size()), 0};
     for (const MlaSequence& s : f.batch.sequences) limits.max_prefix_tokens += s.prefix;
-    workspace_bytes =
-        std::max(layer.workspace_bytes(limits, o, *fp8), layer.workspace_bytes(limits, o, *bf16));
+    MlaPrefillOptions unfused = o;
+    unfused.fuse_output_quant = false;
+    workspace_bytes = std::max({layer.workspace_bytes(limits, o, *fp8),
+                                layer.workspace_bytes(limits, unfused, *fp8),
+                                layer.workspace_bytes(limits, o, *bf16)});
     EXPECT_EQ(cudaMalloc(&hidden, f.hidden.size() * 2), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&cache, f.cache.size()), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&out, f.hidden.size() * 2), cudaSuccess);
@@ -62,12 +68,12 @@ struct DeviceBatch {
   // One prefill with the cache reset to the fixture's and the output poisoned with NaN; returns
   // the output and leaves the device cache in f.cache.
   std::vector<std::uint16_t> run(MlaLayer& layer, const AttentionBackend& backend,
-                                 const MlaPrefillOptions& o) {
+                                 const MlaPrefillOptions& o, MlaStageTimes* times = nullptr) {
     EXPECT_EQ(cudaMemcpy(cache, f.cache.data(), f.cache.size(), cudaMemcpyHostToDevice),
               cudaSuccess);
     EXPECT_EQ(cudaMemset(out, 0xFF, f.hidden.size() * 2), cudaSuccess);
     layer.prefill(hidden_view(), f.batch, cache_view(), backend, o, out_view(),
-                  workspace_view(workspace_bytes));
+                  workspace_view(workspace_bytes), times);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<std::uint16_t> result(f.hidden.size());
     EXPECT_EQ(cudaMemcpy(result.data(), out, result.size() * 2, cudaMemcpyDeviceToHost),
@@ -130,6 +136,72 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(name.begin(), name.end(), '-', '_');
       return name + (std::get<1>(info.param) == WeightFormat::kBf16 ? "_bf16" : "_fp8_block");
     });
+
+// The fused output quantization on the GPU: the attention kernel's epilogue (the one call) or the
+// last merge (chunks) writes o_proj's e4m3 input and column-major scales, the bytes the standalone
+// kernel makes of the bf16 output it would write (docs/design.md section 6), so the layer output
+// equals the separate quantization's bit for bit, with a backend that fuses (option off) and one
+// that cannot. The plan and the stage times say which ran; with chunks no attention call gets the
+// key (the merge does it).
+class MlaLayerCudaOutputQuant : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MlaLayerCudaOutputQuant, FusedEqualsSeparateBitForBit) {
+  FP8MLA_REQUIRE_HOPPER();
+  const MlaConfig config = mla_preset(GetParam());
+  MlaLayer layer(config, generate_mla_weights(config, WeightFormat::kFp8Block, 7), Device::cuda(0));
+  // The comparison means something only with an FP8 o_proj.
+  ASSERT_NE(layer.projection_notes().back().find("o_proj"), std::string::npos);
+  ASSERT_NE(layer.projection_notes().back().find("fp8 block-scaled GEMM"), std::string::npos)
+      << layer.projection_notes().back();
+  const OutputQuantProbe fusing("fp8-hopper", true), plain("fp8-hopper", false);
+  std::printf("[ layer    ] %s\n", layer.output_quant_plan(fusing, {}).note.c_str());
+  std::printf("[ layer    ] %s\n", layer.output_quant_plan(plain, {}).note.c_str());
+  for (const auto& lens : output_quant_batches()) {
+    Fixture f(lens, 5, GetParam());
+    MlaPrefillOptions sizing;
+    sizing.chunk_capacity = 64;
+    DeviceBatch d(f, layer, sizing);
+    const std::vector<std::uint8_t> cache_before = f.cache;
+    const bool prefixes = std::any_of(lens.begin(), lens.end(), [](auto l) { return l.first > 0; });
+    for (std::int64_t capacity : {0, 64, 1000}) {
+      SCOPED_TRACE(::testing::Message()
+                   << GetParam() << ", batch of " << lens.size() << ", capacity " << capacity);
+      const bool chunked = prefixes && capacity > 0;
+      MlaPrefillOptions fused = prefix_mode(capacity), separate = fused;
+      separate.fuse_output_quant = false;
+      const auto run_timed = [&](const OutputQuantProbe& backend, const MlaPrefillOptions& o,
+                                 MlaOutputQuant expected) {
+        f.cache = cache_before;
+        backend.keyed_calls = 0;
+        MlaStageTimes times;
+        std::vector<std::uint16_t> out = d.run(layer, backend, o, &times);
+        EXPECT_EQ(times.output_quant, expected) << to_string(times.output_quant);
+        EXPECT_EQ(layer.output_quant_plan(backend, o).mode, expected);
+        EXPECT_EQ(backend.keyed_calls, expected == MlaOutputQuant::kFused && !chunked ? 1 : 0);
+        return out;
+      };
+      const std::vector<std::uint16_t> s1 = run_timed(fusing, separate, MlaOutputQuant::kSeparate);
+      const std::vector<std::uint16_t> s2 = run_timed(fusing, separate, MlaOutputQuant::kSeparate);
+      ASSERT_EQ(s1, s2) << "the separate path is not deterministic: no bit-exact comparison";
+      const std::vector<std::uint8_t> cache_separate = f.cache;
+      const std::vector<std::uint16_t> a = run_timed(fusing, fused, MlaOutputQuant::kFused);
+      EXPECT_EQ(f.cache, cache_separate);
+      const std::vector<std::uint16_t> c = run_timed(plain, fused, MlaOutputQuant::kSeparate);
+      std::int64_t differ = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) differ += a[i] != s1[i];
+      EXPECT_EQ(differ, 0) << "of " << a.size() << " output elements differ, fused vs separate";
+      EXPECT_EQ(c, s1);
+      EXPECT_NE(std::count(a.begin(), a.end(), std::uint16_t(0)), std::ptrdiff_t(a.size()));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, MlaLayerCudaOutputQuant, ::testing::Values("deepseek-v3", "tiny"),
+                         [](const auto& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // q_b with in = 256 (not a multiple of 512): cuBLASLt's block scaling cannot read DeepSeek's
 // unpadded scales there, so that weight is dequantized once and runs as a bf16 GEMM on bf16

@@ -3,7 +3,8 @@
 // some sequences have no keys), bf16 and FP8-block weights. Cosine >= 0.999 against the reference
 // (0.998 for the FP8 path with FP8-block weights, see LayerAccuracy);
 // chunked within 2x the one-shot error; the extend tokens' latent rows written to their slots and
-// nothing else; every output element written; clear errors for a bad batch.
+// nothing else; every output element written; clear errors for a bad batch. The fused output
+// quantization gives the separate one's bytes.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -125,6 +126,91 @@ TEST(MlaLayerCpuArgs, WeightsFromSafetensorsGiveTheSameOutput) {
   }
   std::filesystem::remove(path);
   EXPECT_EQ(a, b);
+}
+
+// The FP8 path's fused output quantization (docs/design.md section 5): the last writer of the
+// attention output (the one attention call, or the last merge with chunks) writes o_proj's e4m3
+// input and scales. On the CPU both are the standalone quantization of the bf16 output it would
+// write (section 6), so the layer output is bit-identical to the separate quantization's, with a
+// backend that fuses (option off) and one that cannot. The plan and the stage times say which
+// ran; with chunks no attention call gets the key (the merge does it).
+TEST(MlaLayerCpuOutputQuant, FusedEqualsSeparateBitForBit) {
+  for (const auto& lens : output_quant_batches()) {
+    Fixture f(lens, 5);
+    const MlaWeights w = generate_mla_weights(f.config, WeightFormat::kFp8Block, 7);
+    MlaLayer layer(f.config, w);
+    const std::vector<std::uint8_t> cache_before = f.cache;
+    const bool prefixes = std::any_of(lens.begin(), lens.end(), [](auto l) { return l.first > 0; });
+    const OutputQuantProbe fusing("cpu", true), plain("cpu", false);
+    for (std::int64_t capacity : {0, 64, 100}) {
+      SCOPED_TRACE(::testing::Message() << "batch of " << lens.size() << ", capacity " << capacity);
+      const bool chunked = prefixes && capacity > 0;
+      MlaPrefillOptions fused = prefix_mode(capacity), separate = fused;
+      separate.fuse_output_quant = false;
+      const auto run_timed = [&](const OutputQuantProbe& backend, const MlaPrefillOptions& o,
+                                 MlaOutputQuant expected) {
+        f.cache = cache_before;
+        backend.keyed_calls = 0;
+        std::vector<std::uint16_t> out(f.hidden.size(), 0xFFFF);
+        MlaStageTimes times;
+        layer.prefill(f.hidden_view(), f.batch, f.cache_view(), backend, o,
+                      TensorView(out.data(), DType::kBF16, {f.tokens, f.config.hidden}), {},
+                      &times);
+        EXPECT_EQ(times.output_quant, expected) << to_string(times.output_quant);
+        EXPECT_EQ(layer.output_quant_plan(backend, o).mode, expected);
+        EXPECT_EQ(backend.keyed_calls, expected == MlaOutputQuant::kFused && !chunked ? 1 : 0);
+        return out;
+      };
+      const std::vector<std::uint16_t> a = run_timed(fusing, fused, MlaOutputQuant::kFused);
+      const std::vector<std::uint8_t> cache_fused = f.cache;
+      const std::vector<std::uint16_t> b = run_timed(fusing, separate, MlaOutputQuant::kSeparate);
+      EXPECT_EQ(f.cache, cache_fused);
+      const std::vector<std::uint16_t> c = run_timed(plain, fused, MlaOutputQuant::kSeparate);
+      EXPECT_EQ(a, b);
+      EXPECT_EQ(a, c);
+      for (std::uint16_t v : a) ASSERT_FALSE(std::isnan(decode_bf16(v)));
+      EXPECT_NE(std::count(a.begin(), a.end(), std::uint16_t(0)), std::ptrdiff_t(a.size()));
+    }
+    EXPECT_NE(layer.output_quant_plan(fusing, {}).note.find("fused fp8_group128"),
+              std::string::npos);
+    MlaPrefillOptions off;
+    off.fuse_output_quant = false;
+    EXPECT_NE(layer.output_quant_plan(fusing, off).note.find("fuse_output_quant is off"),
+              std::string::npos);
+    EXPECT_NE(layer.output_quant_plan(plain, {}).note.find(
+                  "attention backend 'cpu (no output quantization)' does not fuse fp8_group128"),
+              std::string::npos)
+        << layer.output_quant_plan(plain, {}).note;
+  }
+}
+
+// Only the FP8 path with an FP8 o_proj fuses; a missing key is the capability error.
+TEST(MlaLayerCpuOutputQuant, OtherPathsAndTheCapabilityError) {
+  Fixture f({{0, 3}}, 2);
+  const std::unique_ptr<AttentionBackend> bf16 = make_attention_backend("cpu-bf16");
+  const MlaLayer fp8_weights(f.config, generate_mla_weights(f.config, WeightFormat::kFp8Block, 1));
+  const MlaOutputQuantPlan bf16_path = fp8_weights.output_quant_plan(*bf16, {});
+  EXPECT_EQ(bf16_path.mode, MlaOutputQuant::kSeparate);
+  EXPECT_NE(bf16_path.note.find("the BF16 path does not fuse it"), std::string::npos)
+      << bf16_path.note;
+  const MlaLayer bf16_weights(f.config, generate_mla_weights(f.config, WeightFormat::kBf16, 1));
+  const MlaOutputQuantPlan none =
+      bf16_weights.output_quant_plan(*make_attention_backend("cpu"), {});
+  EXPECT_EQ(none.mode, MlaOutputQuant::kNone);
+  EXPECT_NE(none.note.find("o_proj is a bf16 GEMM"), std::string::npos) << none.note;
+  BackendCapabilities caps = make_attention_backend("cpu")->capabilities();
+  caps.output_quant = {"fp8_static"};
+  BackendRequirements required;
+  required.output_quant = "fp8_group128";
+  try {
+    check_backend(caps, required, Device::cpu());
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kUnsupported);
+    EXPECT_NE(e.message().find("Missing: fused output quantization fp8_group128."),
+              std::string::npos)
+        << e.message();
+  }
 }
 
 // A backend that lacks what the layer needs: an error listing required, supported and missing.

@@ -9,12 +9,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fp8mla/attention_backend.hpp"
 #include "fp8mla/mla_layer.hpp"
 #include "fp8mla/mla_weights.hpp"
 #include "fp8mla/numerics.hpp"
@@ -173,5 +175,44 @@ class LayerAccuracy {
   std::vector<std::uint16_t> one_shot_[2];
   double one_shot_error_[2] = {0, 0};
 };
+
+// A shipped backend that counts the attention calls asked for a quantized output; with
+// `fuses` false it declares no fused output quantization (a backend that cannot fuse).
+class OutputQuantProbe final : public AttentionBackend {
+ public:
+  OutputQuantProbe(const char* name, bool fuses)
+      : base_(make_attention_backend(name)), caps_(base_->capabilities()) {
+    if (!fuses) {
+      caps_.name += " (no output quantization)";
+      caps_.output_quant.clear();
+    }
+  }
+  const BackendCapabilities& capabilities() const override { return caps_; }
+  void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) const override {
+    const auto given = [](const TensorView& t) { return t.data() != nullptr || t.ndim() > 0; };
+    keyed_calls += given(args.output_block_scale) || given(args.output_scale);
+    base_->prefill_attention(args, stream);
+  }
+  void prepare_prefill_qkv(const PrepareQkvArgs& args, CudaStream stream) const override {
+    base_->prepare_prefill_qkv(args, stream);
+  }
+  void pack_prefix_chunk_kv(const MlaKvPackArgs& args, CudaStream stream) const override {
+    base_->pack_prefix_chunk_kv(args, stream);
+  }
+  mutable int keyed_calls = 0;
+
+ private:
+  std::unique_ptr<AttentionBackend> base_;
+  BackendCapabilities caps_;
+};
+
+// The batches of the fused output quantization tests: no prefix (one attention call writes
+// o_proj's input), and prefixes (one-shot: the one call; chunked: the last merge).
+inline const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>&
+output_quant_batches() {
+  static const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> batches = {
+      {{0, 37}, {0, 5}, {0, 130}}, {{0, 37}, {130, 20}, {300, 1}, {5, 0}, {17, 9}}};
+  return batches;
+}
 
 }  // namespace fp8mla

@@ -1,7 +1,9 @@
 // The CUDA layer's workspace contract, checked on the host (no GPU needed): a workspace sized by
 // MlaLayer::workspace_bytes for some limits holds every batch within them (the prefill carves it
-// for the batch's own sizes), for both paths, one-shot and chunked prefixes, on the presets; and
-// the cuBLASLt space comes last and inside the workspace, every piece aligned.
+// for the batch's own sizes), for both paths (the FP8 one with and without fused output
+// quantization), one-shot and chunked prefixes, on the presets; and the cuBLASLt space comes last
+// and inside the workspace, every piece aligned; the fused path needs no bf16 attention output
+// without chunks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +15,15 @@
 
 namespace fp8mla {
 namespace {
+
+// The FP8 path with the o_proj input fused or quantized separately, and the BF16 path.
+const MlaPath kPaths[] = {{true, DType::kE4M3, MlaOutputQuant::kFused},
+                          {true, DType::kE4M3, MlaOutputQuant::kSeparate},
+                          {false, DType::kBF16, MlaOutputQuant::kSeparate}};
+
+const char* path_name(const MlaPath& path) {
+  return !path.fp8 ? " bf16" : path.output_quant == MlaOutputQuant::kFused ? " fp8 fused" : " fp8";
+}
 
 MlaBatch random_batch(std::mt19937& rng, const MlaWorkspaceLimits& limits) {
   std::uniform_int_distribution<std::int64_t> sequences(1, limits.max_sequences);
@@ -36,19 +47,19 @@ TEST(MlaWorkspace, LimitsHoldEveryBatchWithinThem) {
   for (const char* preset : {"deepseek-v3", "deepseek-v2-lite", "tiny"}) {
     MlaConfig config = mla_preset(preset);
     config.max_position = 1 << 20;  // the random batches need no RoPE table here
-    for (bool fp8 : {true, false}) {
+    for (const MlaPath& path : kPaths) {
       for (std::int64_t capacity : {64, 1000, 8192}) {
         MlaPrefillOptions options;
         options.one_shot_max_prefix = 3000;
         options.chunk_capacity = capacity;
         const MlaWorkspaceLimits limits{4097, 9, 20000};
-        const std::size_t sized = mla_workspace_bytes(config, work_sizes(limits, options, fp8));
+        const std::size_t sized = mla_workspace_bytes(config, work_sizes(limits, options, path));
         for (int trial = 0; trial < 40; ++trial) {
-          SCOPED_TRACE(::testing::Message() << preset << (fp8 ? " fp8" : " bf16") << " capacity "
-                                            << capacity << " trial " << trial);
+          SCOPED_TRACE(::testing::Message() << preset << path_name(path) << " capacity " << capacity
+                                            << " trial " << trial);
           MlaBatchPlan plan;
           plan_mla_batch(config, random_batch(rng, limits), options, plan);
-          EXPECT_LE(mla_workspace_bytes(config, work_sizes(plan, fp8)), sized);
+          EXPECT_LE(mla_workspace_bytes(config, work_sizes(plan, path)), sized);
         }
       }
     }
@@ -58,8 +69,9 @@ TEST(MlaWorkspace, LimitsHoldEveryBatchWithinThem) {
 TEST(MlaWorkspace, PiecesAreAlignedAndInside) {
   const MlaConfig config = mla_preset("deepseek-v3");
   MlaPrefillOptions options;
-  for (bool fp8 : {true, false}) {
-    const WorkSizes sizes = work_sizes(MlaWorkspaceLimits{1001, 3, 9000}, options, fp8);
+  for (const MlaPath& path : kPaths) {
+    const bool fp8 = path.fp8;
+    const WorkSizes sizes = work_sizes(MlaWorkspaceLimits{1001, 3, 9000}, options, path);
     const std::size_t bytes = mla_workspace_bytes(config, sizes);
     std::byte* const base = reinterpret_cast<std::byte*>(std::uintptr_t(1) << 20);
     const MlaBuffers b = carve_mla_workspace(base, config, sizes);
@@ -73,6 +85,28 @@ TEST(MlaWorkspace, PiecesAreAlignedAndInside) {
     EXPECT_EQ(b.cublas + b.cublas_bytes, base + bytes);  // the last piece ends the workspace
     EXPECT_EQ(fp8, b.q8 != nullptr);
     EXPECT_EQ(!fp8, b.k16 != nullptr);
+  }
+}
+
+// The fused path writes o_proj's input into the GEMM input buffer: without chunks it keeps no
+// bf16 attention output, with chunks it keeps the one the merges accumulate in.
+TEST(MlaWorkspace, FusedPathDropsTheBf16OutputWithoutChunks) {
+  const MlaConfig config = mla_preset("deepseek-v3");
+  const std::int64_t T = 1001, bf16_output = T * config.heads * kMlaVDim * 2;
+  MlaPrefillOptions options;
+  for (std::int64_t prefix : {0, 5000, 20000}) {  // none, one-shot, chunked
+    SCOPED_TRACE(::testing::Message() << "prefix " << prefix);
+    const MlaWorkspaceLimits limits{T, 3, prefix};
+    const std::int64_t fused =
+        std::int64_t(mla_workspace_bytes(config, work_sizes(limits, options, kPaths[0])));
+    const std::int64_t separate =
+        std::int64_t(mla_workspace_bytes(config, work_sizes(limits, options, kPaths[1])));
+    if (prefix > options.one_shot_max_prefix) {
+      EXPECT_EQ(fused, separate);
+    } else {
+      EXPECT_GE(separate - fused, bf16_output);
+      EXPECT_LT(separate - fused, bf16_output + std::int64_t(kMlaWorkspaceAlign));
+    }
   }
 }
 

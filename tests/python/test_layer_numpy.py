@@ -86,6 +86,30 @@ def test_both_paths_match_the_reference(fmt):
     assert cosine(outputs["cpu", 8192], outputs["cpu-bf16", 8192]) >= 0.998
 
 
+def test_fused_output_quant_gives_the_separate_bytes():
+    """On the FP8 path with FP8 weights the attention (or the last merge, with chunks) writes
+    o_proj's FP8 input itself: the bytes a separate quantization makes, so the same output."""
+    weights = fp8mla.generate_mla_weights("tiny", "fp8", seed=3)
+    tokens = sum(e for _, e in LENGTHS)
+    hidden = hidden_states(tokens, weights.config.hidden, 1)
+    cache_before = random_cache(32, 2)
+    batch = batch_of(LENGTHS, 32)
+    layer = fp8mla.MlaLayer(None, weights, backend="cpu")
+    mode, note = layer.output_quant_plan()
+    assert mode == "fused" and "fused fp8_group128" in note, note
+    assert layer.output_quant_plan(fuse_output_quant=False)[0] == "separate"
+    for capacity in (8192, 64):
+        outs = [layer.prefill(hidden, batch, cache_before.copy(), one_shot_max_prefix=capacity,
+                              chunk_capacity=capacity, fuse_output_quant=fuse)
+                for fuse in (True, False)]
+        assert np.array_equal(outs[0].view(np.uint16), outs[1].view(np.uint16)), capacity
+        assert np.any(outs[0].view(np.uint16) != 0)
+    bf16_path = fp8mla.MlaLayer(None, weights, backend="cpu-bf16").output_quant_plan()
+    assert bf16_path[0] == "separate" and "BF16 path" in bf16_path[1], bf16_path
+    bf16_weights = fp8mla.generate_mla_weights("tiny", "bf16", seed=3)
+    assert fp8mla.MlaLayer(None, bf16_weights).output_quant_plan()[0] == "none"
+
+
 def test_written_cache_serves_the_next_prefill():
     """A sequence prefilled in two steps (the second reading the prefix the first wrote) matches
     the reference of the second step on that cache, and the two steps together match one

@@ -140,7 +140,7 @@ std::string describe(const BatchInputs& in, std::int64_t chunk_capacity) {
 
 struct Report {
   std::string device, preset, weights;
-  std::vector<std::string> notes;  // how each projection runs
+  std::vector<std::string> notes;  // how each projection runs, and o_proj's input
   std::string accuracy_batch, timing_batch;
   std::vector<PathResult> paths;  // FP8 path, BF16 path
   PathResult between{"fp8 vs bf16"};
@@ -241,6 +241,9 @@ void run_on_cpu(const MlaConfig& config, const MlaWeights& weights, const RunOpt
   progress.step("preparing the layer");
   MlaLayer layer(config, weights);
   r.notes = layer.projection_notes();
+  r.notes.push_back(
+      "FP8 path, " +
+      layer.output_quant_plan(*make_attention_backend("cpu"), prefill_options(opt)).note);
   std::vector<std::vector<std::uint16_t>> outputs;
   for (const char* name : {"cpu", "cpu-bf16"}) {
     const std::unique_ptr<AttentionBackend> backend = make_attention_backend(name);
@@ -290,6 +293,7 @@ void run_on_gpu(const MlaConfig& config, const MlaWeights& weights, const RunOpt
     GpuLayerHarness h(config, weights, small.batch, small.hidden, small.pages, kPageSize, options,
                       backends);
     r.notes = h.layer().projection_notes();
+    r.notes.push_back("FP8 path, " + h.layer().output_quant_plan(*fp8, options).note);
     for (const AttentionBackend* b : backends) {
       h.set_cache(small.cache);
       h.prefill(*b);

@@ -3,7 +3,8 @@
 // calls issued back to back (no synchronization between them: on CUDA they queue, the queue far
 // from full), timed on the host clock, then one synchronization; the median over --reps of the
 // time per call. On the CPU (a CPU-only build, or --device cpu) an op computes as it is called,
-// so its time includes the work; --tokens 0 leaves the checks alone. Available in every build.
+// so its time includes the work; --tokens 0 leaves the checks alone. On CUDA the table ends with
+// the launch floor: an empty kernel launched the same way. Available in every build.
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -24,6 +25,7 @@
 #include "fp8mla/version.hpp"
 
 #if defined(FP8MLA_WITH_CUDA)
+#include "bench/launch_floor.hpp"
 #include "cuda/common/device_buffer.hpp"
 #endif
 
@@ -190,14 +192,24 @@ void run_host(const HostOptions& o) {
   std::printf("fp8mla %s bench host: %s, T = %lld, H = %lld, %d calls x %d reps, median\n",
               kVersionString, to_string(device).c_str(), static_cast<long long>(o.tokens),
               static_cast<long long>(o.heads), o.calls, o.reps);
-  std::printf("%-30s %10s\n", "op", "us/call");
+  std::printf("%-36s %10s\n", "op", "us/call");
   std::string rows;
   for (const Case& c : cases) {
     const double us = host_us(c, memory, o.calls, o.reps);
-    std::printf("%-30s %10.2f\n", c.op.c_str(), us);
+    std::printf("%-36s %10.2f\n", c.op.c_str(), us);
     rows += concat(rows.empty() ? "" : ",\n", "    {\"op\": \"", c.op, "\", \"us_per_call\": ", us,
                    "}");
   }
+#if defined(FP8MLA_WITH_CUDA)
+  if (device.is_cuda()) {
+    for (const LaunchFloorCase& f : launch_floor_cases()) {
+      const double us = host_us({f.name, f.launch}, memory, o.calls, o.reps);
+      std::printf("%-36s %10.2f\n", f.name.c_str(), us);
+      rows +=
+          concat(",\n    {\"op\": \"", f.name, "\", \"us_per_call\": ", us, ", \"floor\": true}");
+    }
+  }
+#endif
   if (o.json.empty()) return;
   std::ofstream f(o.json);
   f << "{\n  \"benchmark\": \"host\",\n  \"device\": \"" << to_string(device)

@@ -1,7 +1,9 @@
 // `fp8mla bench layer`: one DeepSeek-V3 MLA layer prefill on cuda:0, a single sequence of T new
 // tokens (2k, 8k, 32k) with no prefix or a cached prefix of T tokens (one-shot up to 8192 prefix
 // keys, chunks of 8192 above), through
-//   fp8:  FP8 block-scaled weights, the "fp8-hopper" backend (the FP8 path);
+//   fp8:  FP8 block-scaled weights, the "fp8-hopper" backend (the FP8 path, o_proj's input
+//         written by the attention: fused output quantization);
+//   fp8-sq: the same with o_proj's input quantized separately (--output-quant separate or both);
 //   bf16: the same weights, the "bf16-hopper" backend (the BF16 path);
 //   bf16w: bf16 weights, "bf16-hopper" (the BF16 path of a BF16 checkpoint).
 // Time: CUDA events around prefill (metadata upload included), warm-up, median; then one run
@@ -26,6 +28,22 @@ namespace {
 
 constexpr std::int64_t kPageSize = 64;
 
+// A row kind of the table: weights, backend and whether o_proj's input is fused.
+struct PathSpec {
+  const char* name;
+  bool fp8_weights, fp8_backend, fuse_output_quant;
+};
+
+// The paths to time, the FP8 path with, without or both ways of making o_proj's input.
+std::vector<PathSpec> paths_for(const std::string& output_quant) {
+  std::vector<PathSpec> paths;
+  if (output_quant != "separate") paths.push_back({"fp8", true, true, true});
+  if (output_quant != "fused") paths.push_back({"fp8-sq", true, true, false});
+  paths.push_back({"bf16", true, false, true});
+  paths.push_back({"bf16w", false, false, true});
+  return paths;
+}
+
 struct Row {
   std::string path;
   std::int64_t tokens = 0, prefix = 0;
@@ -41,6 +59,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const std
       .add("preset", json_string("deepseek-v3"));
   std::vector<std::string> objects;
   for (const Row& r : rows) {
+    const std::string output_quant(to_string(r.stages.output_quant));
     objects.push_back(JsonFields()
                           .add("path", json_string(r.path))
                           .add("tokens", r.tokens)
@@ -53,6 +72,7 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const std
                           .add("attention_ms", json_number(r.stages.attention))
                           .add("merge_ms", json_number(r.stages.merge))
                           .add("output_ms", json_number(r.stages.output))
+                          .add("output_quant", json_string(output_quant))
                           .object());
   }
   write_json_document(path, header, "rows", objects);
@@ -66,6 +86,7 @@ void add_bench_layer_command(CLI::App& bench) {
     int warmup = 2;
     int iters = 5;
     std::string json;
+    std::string output_quant = "fused";
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand(
@@ -74,6 +95,11 @@ void add_bench_layer_command(CLI::App& bench) {
   cmd->add_option("--warmup", options->warmup, "Untimed runs")->check(CLI::Range(0, 100));
   cmd->add_option("--iters", options->iters, "Timed runs")->check(CLI::Range(1, 1000));
   cmd->add_option("--json", options->json, "Write the results as JSON to this file");
+  cmd->add_option("--output-quant", options->output_quant,
+                  "FP8 path's o_proj input: fused into the attention (row fp8), quantized "
+                  "separately (row fp8-sq), or both rows")
+      ->check(CLI::IsMember({"fused", "separate", "both"}))
+      ->capture_default_str();
   cmd->callback([options] {
     const MlaConfig config = mla_preset("deepseek-v3");
     const MlaWeights fp8_weights = generate_mla_weights(config, WeightFormat::kFp8Block, 1);
@@ -82,6 +108,7 @@ void add_bench_layer_command(CLI::App& bench) {
     const std::unique_ptr<AttentionBackend> bf16 = make_attention_backend("bf16-hopper");
     const std::vector<const AttentionBackend*> backends = {fp8.get(), bf16.get()};
     const std::string device = cuda::current_device_props().name;
+    const std::vector<PathSpec> paths = paths_for(options->output_quant);
     std::printf("fp8mla bench layer: deepseek-v3 on %s\n", device.c_str());
     std::printf("%-6s %7s %7s %10s %8s %8s %8s %8s %8s %8s\n", "path", "tokens", "prefix", "ms",
                 "proj", "prep", "prefix", "attn", "merge", "o_proj");
@@ -101,17 +128,22 @@ void add_bench_layer_command(CLI::App& bench) {
         std::vector<std::uint8_t> cache(std::size_t(pages * kPageSize * kMlaLatentDim));
         for (auto& b : cache) b = encode_e4m3(normal(rng));
         const double pairs = double(T) * double(prefix) + 0.5 * double(T) * double(T + 1);
-        for (const char* path : {"fp8", "bf16", "bf16w"}) {
-          const bool bf16w = std::string(path) == "bf16w";
-          GpuLayerHarness h(config, bf16w ? bf16_weights : fp8_weights, batch, hidden, pages,
-                            kPageSize, {}, backends);
+        for (const PathSpec& path : paths) {
+          MlaPrefillOptions prefill_options;
+          prefill_options.fuse_output_quant = path.fuse_output_quant;
+          GpuLayerHarness h(config, path.fp8_weights ? fp8_weights : bf16_weights, batch, hidden,
+                            pages, kPageSize, prefill_options, backends);
           h.set_cache(cache);
-          const AttentionBackend& backend = std::string(path) == "fp8" ? *fp8 : *bf16;
-          Row r{path, T, prefix};
+          const AttentionBackend& backend = path.fp8_backend ? *fp8 : *bf16;
+          if (T == options->tokens.front() && prefix == 0) {
+            std::printf("# %s: %s\n", path.name,
+                        h.layer().output_quant_plan(backend, prefill_options).note.c_str());
+          }
+          Row r{path.name, T, prefix};
           r.attention_tflop = 2.0 * double(config.heads) * pairs * (kMlaQkDim + kMlaVDim) / 1e12;
           r.ms = timer.median_us([&](int) { h.prefill(backend); }, options->warmup) / 1e3;
           h.prefill(backend, &r.stages);
-          std::printf("%-6s %7lld %7lld %10.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f\n", path,
+          std::printf("%-6s %7lld %7lld %10.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f\n", path.name,
                       static_cast<long long>(T), static_cast<long long>(prefix), r.ms,
                       r.stages.projections, r.stages.prep, r.stages.prefix, r.stages.attention,
                       r.stages.merge, r.stages.output);
