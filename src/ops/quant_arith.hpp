@@ -1,6 +1,7 @@
 // Cheaper exact forms of the quantization arithmetic of docs/design.md section 2, for host and
 // device: the CUDA kernels run them, the CPU ops keep the plain forms (x / s, encode_e2m1), and
-// tests/cpp/quant_arith_test.cpp proves both give the same bits on every input the ops admit.
+// tests/cpp/quant_arith_test.cpp and quant_arith_exhaustive_test.cpp prove both give the same
+// bits on every input the ops admit.
 #pragma once
 
 #include <cstdint>
@@ -125,6 +126,44 @@ FP8MLA_HOST_DEVICE float scale_value(const GroupScale& g, float x) {
 #else
   return x / g.s;
 #endif
+}
+
+// ---- NVFP4
+
+// amax / 6 of an NVFP4 block (amax >= 0), as in its block scale: by the reciprocal of 6 where the
+// quotient is at least 2^-90 and amax finite, else by IEEE division.
+FP8MLA_HOST_DEVICE float nvfp4_block_quotient(float amax) {
+  constexpr float kInvE2M1Max = 1.0f / kE2M1Max;  // RN(1 / 6)
+  if (amax >= kReciprocalDivisionMin * kE2M1Max && amax <= kFloatMax) {
+    return divide_by_reciprocal(amax, kE2M1Max, kInvE2M1Max);
+  }
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(amax, kE2M1Max);
+#else
+  return amax / kE2M1Max;
+#endif
+}
+
+// ---- e2m1 by one fp32 addition
+//
+// For a = min(|p|, 6) the e2m1 step is half the power of two 2^e <= max(a, 1): 0.5 in [0, 2), 1 in
+// [2, 4), 2 in [4, 6]. m = 2^(e + 22) + 2e steps has that step as its ulp, so a + m rounds a to a
+// multiple of it with fp32's nearest-even rounding, and the sum's low mantissa bits are 2e + the
+// steps of a: the code. Its parity is that of the steps, so ties go to the same even code as
+// encode_e2m1. The sign comes from min(p, 6), which keeps -0 and is +6 for NaN (NaN -> +6).
+// Equal to encode_e2m1 on every fp32 input (tests/cpp/quant_arith_exhaustive_test.cpp).
+FP8MLA_HOST_DEVICE std::uint32_t e2m1_code(float p) {
+#if defined(__CUDA_ARCH__)
+  const float a = fminf(fabsf(p), kE2M1Max), signed_p = fminf(p, kE2M1Max);
+#else  // std::fmin gives NaN for a signalling NaN, min.f32 the other operand
+  const float a = std::fabs(p) < kE2M1Max ? std::fabs(p) : kE2M1Max;
+  const float signed_p = p < kE2M1Max ? p : kE2M1Max;
+#endif
+  const std::uint32_t bits = float_bits(a);
+  const std::uint32_t e = (bits < 0x3F800000u ? 0x3F800000u : bits) & 0x7F800000u;  // 2^e
+  const std::uint32_t m = e + (e >> 22) + ((22u << 23) - 254u);  // (e >> 22) is 254 + 2e
+  const std::uint32_t sum = float_bits(a + float_from_bits(m));
+  return (sum & 0x7u) | ((float_bits(signed_p) >> 28) & 0x8u);
 }
 
 }  // namespace fp8mla

@@ -154,5 +154,53 @@ TEST(QuantArith, DivisionOfDegenerateScales) {
   EXPECT_GT(check.fallback(), 0);
 }
 
+TEST(QuantArith, Nvfp4BlockQuotientEqualsIeee) {
+  std::mt19937 rng(17);
+  std::vector<float> amaxes = {0.0f, 0x1p-149f, kReciprocalDivisionMin * kE2M1Max, kFloatMax, kInf};
+  amaxes.push_back(std::nextafter(amaxes[2], 0.0f));
+  for (int i = 0; i < 1'000'000; ++i) amaxes.push_back(float_from_bits(rng() % 0x7F800001u));
+  int mismatches = 0;
+  for (float amax : amaxes) {
+    if (float_bits(nvfp4_block_quotient(amax)) != float_bits(amax / kE2M1Max) &&
+        ++mismatches <= 5) {
+      ADD_FAILURE() << std::hexfloat << amax << ": " << nvfp4_block_quotient(amax);
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
+// e2m1_code on every bf16 and f16 value, on every fp32 within 4 ulps of each e2m1 midpoint and
+// binade edge, and on the special values (the full fp32 sweep is in the exhaustive test).
+TEST(QuantArith, E2m1CodeEqualsEncodeE2m1) {
+  std::vector<float> inputs = {0.0f,
+                               -0.0f,
+                               kInf,
+                               -kInf,
+                               std::numeric_limits<float>::quiet_NaN(),
+                               -std::numeric_limits<float>::quiet_NaN(),
+                               std::numeric_limits<float>::signaling_NaN(),
+                               0x1p-149f,
+                               kFloatMax};
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    inputs.push_back(decode_bf16(std::uint16_t(b)));
+    inputs.push_back(decode_f16(std::uint16_t(b)));
+  }
+  for (float edge : {0.25f, 0.75f, 1.0f, 1.25f, 1.75f, 2.0f, 2.5f, 3.5f, 4.0f, 5.0f, 6.0f, 7.0f}) {
+    for (int d = -4; d <= 4; ++d) {
+      const float x = float_from_bits(float_bits(edge) + std::uint32_t(d));
+      inputs.push_back(x);
+      inputs.push_back(-x);
+    }
+  }
+  int mismatches = 0;
+  for (float x : inputs) {
+    if (e2m1_code(x) != encode_e2m1(x) && ++mismatches <= 5) {
+      ADD_FAILURE() << std::hexfloat << x << ": 0x" << std::hex << e2m1_code(x) << ", expected 0x"
+                    << int(encode_e2m1(x));
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 }  // namespace
 }  // namespace fp8mla::test

@@ -74,7 +74,7 @@ __device__ __forceinline__ void write_group_scale(const GroupScales& a, std::int
 // before their e2m1 encoding (0 for a zero scale).
 __device__ __forceinline__ std::uint8_t nvfp4_block_scale(float amax, float global_scale,
                                                           float inv_global_scale, float& inv) {
-  const std::uint8_t sf = std::uint8_t(cvt_e4m3x2(global_scale * (amax / kE2M1Max), 0.0f));
+  const std::uint8_t sf = std::uint8_t(cvt_e4m3x2(global_scale * nvfp4_block_quotient(amax), 0.0f));
   const float sf_value = cvt_e4m3x2_to_f32x2(sf).x;
   inv = sf_value == 0.0f ? 0.0f : __frcp_rn(sf_value * inv_global_scale);
   return sf;
