@@ -48,20 +48,21 @@ __global__ void __launch_bounds__(kThreads) group_quant_vector_kernel(GroupArgs 
   constexpr int kLanes = kGroup / kVec;  // lanes per group: 4 or 8
   constexpr int kGroupsPerWarp = 32 / kLanes;
   constexpr int kWarps = kThreads / 32;
-  constexpr int kSteps = kUnroll<In>;
+  constexpr int kGroupsPerThread = kUnroll<In>;
   pdl_wait();
   const std::uint32_t lane = threadIdx.x % kLanes;
   const std::uint32_t sub = (threadIdx.x % 32) / kLanes;  // which of the warp's groups
-  // A warp takes kSteps * kGroupsPerWarp consecutive groups per step. The loop bound is uniform
-  // across the warp, so every lane reaches the shuffles.
-  const std::uint32_t step = gridDim.x * kWarps * kGroupsPerWarp * kSteps;
-  for (std::uint32_t warp_base = (blockIdx.x * kWarps + threadIdx.x / 32) * kGroupsPerWarp * kSteps;
+  // A warp takes kGroupsPerThread * kGroupsPerWarp consecutive groups per step. The loop bound is
+  // uniform across the warp, so every lane reaches the shuffles.
+  const std::uint32_t step = gridDim.x * kWarps * kGroupsPerWarp * kGroupsPerThread;
+  for (std::uint32_t warp_base =
+           (blockIdx.x * kWarps + threadIdx.x / 32) * kGroupsPerWarp * kGroupsPerThread;
        warp_base < a.groups; warp_base += step) {
-    float x[kSteps][kVec];
-    std::int64_t rows[kSteps];
-    std::uint32_t cols[kSteps];
+    float x[kGroupsPerThread][kVec];
+    std::int64_t rows[kGroupsPerThread];
+    std::uint32_t cols[kGroupsPerThread];
 #pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
+    for (int u = 0; u < kGroupsPerThread; ++u) {
       const std::uint32_t group = warp_base + u * kGroupsPerWarp + sub;
       if (group < a.groups) {
         std::uint32_t row, g;
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) group_quant_vector_kernel(GroupArgs 
       }
     }
 #pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
+    for (int u = 0; u < kGroupsPerThread; ++u) {
       const bool valid = warp_base + u * kGroupsPerWarp + sub < a.groups;
       float amax = a.eps;
       if (valid) {
