@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -170,6 +171,24 @@ TEST(QuantizeCuda, PerTokenGroupStridedAndManyRows) {
   for (const GroupCase& c :
        strided_cases(test::kAllScaleLayouts, {{7, 3, 128}, {65537, 192}}, 2000, make)) {
     expect_cuda_equals_cpu(c);
+  }
+}
+
+// The kernels divide by f32 scales through one reciprocal a group where s >= 2^-90 and by IEEE
+// division below (and for infinite s): eps at, just above and just below 448 * 2^-90 (groups of
+// zeros and subnormals then take s = eps / 448) and far below, every layout and input dtype.
+TEST(QuantizeCuda, PerTokenGroupTinyEpsTakesTheDivisionFallback) {
+  FP8MLA_REQUIRE_HOPPER();
+  const float boundary = 448.0f * 0x1p-90f;
+  std::uint64_t seed = 5000;
+  for (float eps : {boundary, std::nextafter(boundary, 1.0f), std::nextafter(boundary, 0.0f),
+                    1e-30f, 1e-40f, 0x1p-149f}) {
+    for (ScaleLayout layout : test::kAllScaleLayouts) {
+      GroupCase c = test::group_sweep_case(layout, 67, 896, seed % 2 ? 64 : 128, ++seed);
+      c.eps = eps;
+      c.data = Data::kAdversarial;
+      expect_cuda_equals_cpu(c);
+    }
   }
 }
 

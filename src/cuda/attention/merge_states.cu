@@ -323,12 +323,11 @@ __device__ __forceinline__ void quantize_group(const OutputQuantTarget& q, std::
     amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, offset, kLanes));
   }
   if (!valid) return;
-  float s;
-  std::uint8_t exponent;
-  scale_group(y, group_scale(amax, q.group.format, s, exponent), s, exponent);
+  const GroupScale scale = group_scale(amax, q.group.format);
+  scale_group(y, scale);
   store_e4m3<kVector>(q.out + t * q.out_row_stride + col, y, kChunk);
   if (threadIdx.x % kLanes == 0) {
-    write_group_scale(q.group, t, std::uint32_t(col / (kLanes * kChunk)), s, exponent);
+    write_group_scale(q.group, t, std::uint32_t(col / (kLanes * kChunk)), scale);
   }
 }
 

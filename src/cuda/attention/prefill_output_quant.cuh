@@ -94,16 +94,15 @@ __device__ __forceinline__ void store_group_row(const OutputQuantTarget& q, bool
                                                 std::int64_t token, int head, float (&y)[32],
                                                 bool valid) {
   constexpr int kPer = 32 / kGroups;  // a lane's values of one group
-  float s[kGroups];
-  std::uint8_t exponent[kGroups];
+  GroupScale scale[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     float(&part)[kPer] = *reinterpret_cast<float(*)[kPer]>(&y[g * kPer]);
     float amax = q.eps;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) amax = fmaxf(amax, fabsf(part[i]));
-    scale_group(part, group_scale(quad_max(amax), q.group.format, s[g], exponent[g]), s[g],
-                exponent[g]);
+    scale[g] = group_scale(quad_max(amax), q.group.format);
+    scale_group(part, scale[g]);
   }
   std::uint16_t e[16];
   e4m3_pairs(y, e);
@@ -111,7 +110,7 @@ __device__ __forceinline__ void store_group_row(const OutputQuantTarget& q, bool
   const int c = threadIdx.x % 4;
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
-    if (valid && c == g) write_group_scale(q.group, token, head * kGroups + g, s[g], exponent[g]);
+    if (valid && c == g) write_group_scale(q.group, token, head * kGroups + g, scale[g]);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fp8mla/numerics.hpp"
+#include "ops/quant_arith.hpp"
 
 namespace fp8mla::cuda {
 
@@ -95,17 +96,11 @@ __device__ __forceinline__ std::uint16_t cvt_f16(float x) {
   return out;
 }
 
-// fp4 e2m1 (4-bit code), nearest-even, saturating, NaN -> +6; sm_90 has no e2m1 cvt. From 1 up,
-// the fp32 bits are rounded to one mantissa bit (the exponent carries); below 1 the codes 0, 1, 2
-// are two comparisons. Equal to encode_e2m1 on every input (tests/cpp/numerics_cuda_test.cu).
+// fp4 e2m1 (4-bit code), nearest-even, saturating, NaN -> +6; sm_90 has no e2m1 cvt, so this is
+// fp8mla::e2m1_code (one fp32 addition does the rounding). Equal to encode_e2m1 on every input
+// (tests/cpp/numerics_cuda_test.cu).
 __device__ __forceinline__ std::uint32_t cvt_e2m1(float x) {
-  const float a = fminf(fabsf(x), kE2M1Max);  // NaN -> 6
-  const std::uint32_t u = float_bits(a);
-  // (u >> 22) is exponent:mantissa-bit; add just under half, plus the kept bit for ties to even.
-  const std::uint32_t large = ((u + 0x1FFFFFu + ((u >> 22) & 1u)) >> 22) - (126u << 1);
-  const std::uint32_t small = (a > 0.25f) + (a >= 0.75f);
-  const std::uint32_t magnitude = a < 1.0f ? small : large;
-  return x != x ? 0x7u : magnitude | ((float_bits(x) >> 28) & 0x8u);
+  return e2m1_code(x);
 }
 
 }  // namespace fp8mla::cuda

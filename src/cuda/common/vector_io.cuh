@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/common/convert.cuh"
 #include "fp8mla/dtype.hpp"
@@ -72,9 +73,18 @@ __device__ __forceinline__ void load_f32(const typename In::Storage* p, float (&
     uint4 words[kN / kPerWord];
 #pragma unroll
     for (int w = 0; w < kN / kPerWord; ++w) words[w] = __ldg(reinterpret_cast<const uint4*>(p) + w);
-    const S* s = reinterpret_cast<const S*>(words);
+    if constexpr (std::is_same_v<In, Bf16In>) {  // bf16 pairs widen by a shift and a mask
+      const std::uint32_t* w = reinterpret_cast<const std::uint32_t*>(words);
 #pragma unroll
-    for (int i = 0; i < kN; ++i) out[i] = In::to_f32(s[i]);
+      for (int i = 0; i < kN / 2; ++i) {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+      }
+    } else {
+      const S* s = reinterpret_cast<const S*>(words);
+#pragma unroll
+      for (int i = 0; i < kN; ++i) out[i] = In::to_f32(s[i]);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < kN; ++i) out[i] = In::to_f32(__ldg(p + i));

@@ -1,7 +1,7 @@
 // NVFP4 quantization: one e4m3 scale per block of 16 elements, two e2m1 values per byte.
 //
 // One thread per block of 16: two 16-byte loads, the block max, the e4m3 scale, 16 e2m1 encodes
-// (cuda::cvt_e2m1, bit arithmetic) and one 8-byte store. Threads walk the scale tensor in its own
+// (cuda::cvt_e2m1: the rounding is one fp32 addition, ops/quant_arith.hpp) and one 8-byte store. Threads walk the scale tensor in its own
 // byte order, so scale writes are coalesced; with the 128x4 swizzled layout that order also covers
 // the padding, which the same pass writes as zero. One block per kThreads positions (measured
 // faster than a grid-stride loop). Misaligned inputs take the scalar-load variant.

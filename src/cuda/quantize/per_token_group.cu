@@ -1,11 +1,14 @@
 // Per-token-group FP8 quantization: one scale per group of 64 or 128 contiguous elements.
 //
-// Vector variant: kLanes lanes share a group, each with one 16-byte load; the group max is a
-// shuffle reduction inside those lanes, then each lane scales and stores its 8 (or 4) bytes and the
-// group's first lane writes the scale. Every thread handles kUnroll groups per step so enough
-// loads are in flight. Scales go wherever the scale tensor's strides say; packed UE8M0 words are
-// written one exponent byte at a time, so no group waits for its three neighbours. Inputs that do
-// not allow 16-byte vectors take the scalar variant (one thread per group, two passes).
+// Vector variant: kGroup / 16 lanes share a group, each holding 16 of its elements (16-byte
+// loads); the group max is a shuffle reduction inside those lanes, then each lane scales its
+// values and stores their 16 e4m3 bytes with one 16-byte store, and the group's first lane writes
+// the scale. f32 scales divide through one reciprocal per group (ops/quant_arith.hpp: RN(x / s)
+// in a multiply and two fmas, IEEE division only for scales below 2^-90). Every thread takes
+// kUnroll groups per step, 64 input bytes in flight. Scales go wherever the scale tensor's strides
+// say; packed UE8M0 words are written one exponent byte at a time, so no group waits for its three
+// neighbours. Inputs that do not allow 16-byte vectors take the scalar variant (one thread per
+// group, two passes).
 #include <algorithm>
 
 #include "cuda/common/launch.cuh"
@@ -18,7 +21,6 @@ namespace fp8mla::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;
 
 struct GroupArgs {
   const void* input;
@@ -32,27 +34,35 @@ struct GroupArgs {
   FastDivmod row_of_group;
 };
 
+// Elements a lane of the vector variant holds: one 16-byte store of e4m3 bytes.
+constexpr int kLaneElements = 16;
+
+// Groups a thread of the vector variant takes per step: 64 input bytes in flight.
+template <typename In>
+constexpr int kUnroll = 64 / (kLaneElements * int(sizeof(typename In::Storage)));
+
 template <typename In, int kGroup>
 __global__ void __launch_bounds__(kThreads) group_quant_vector_kernel(GroupArgs a) {
   using Storage = typename In::Storage;
-  constexpr int kVec = 16 / sizeof(Storage);
-  constexpr int kLanes = kGroup / kVec;  // lanes per group: 8, 16 or 32
+  constexpr int kVec = kLaneElements;
+  constexpr int kLanes = kGroup / kVec;  // lanes per group: 4 or 8
   constexpr int kGroupsPerWarp = 32 / kLanes;
   constexpr int kWarps = kThreads / 32;
+  constexpr int kGroupsPerThread = kUnroll<In>;
   pdl_wait();
   const std::uint32_t lane = threadIdx.x % kLanes;
   const std::uint32_t sub = (threadIdx.x % 32) / kLanes;  // which of the warp's groups
-  // A warp takes kUnroll * kGroupsPerWarp consecutive groups per step. The loop bound is uniform
-  // across the warp, so every lane reaches the shuffles.
-  const std::uint32_t step = gridDim.x * kWarps * kGroupsPerWarp * kUnroll;
+  // A warp takes kGroupsPerThread * kGroupsPerWarp consecutive groups per step. The loop bound is
+  // uniform across the warp, so every lane reaches the shuffles.
+  const std::uint32_t step = gridDim.x * kWarps * kGroupsPerWarp * kGroupsPerThread;
   for (std::uint32_t warp_base =
-           (blockIdx.x * kWarps + threadIdx.x / 32) * kGroupsPerWarp * kUnroll;
+           (blockIdx.x * kWarps + threadIdx.x / 32) * kGroupsPerWarp * kGroupsPerThread;
        warp_base < a.groups; warp_base += step) {
-    float x[kUnroll][kVec];
-    std::int64_t rows[kUnroll];
-    std::uint32_t cols[kUnroll];
+    float x[kGroupsPerThread][kVec];
+    std::int64_t rows[kGroupsPerThread];
+    std::uint32_t cols[kGroupsPerThread];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kGroupsPerThread; ++u) {
       const std::uint32_t group = warp_base + u * kGroupsPerWarp + sub;
       if (group < a.groups) {
         std::uint32_t row, g;
@@ -65,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) group_quant_vector_kernel(GroupArgs 
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < kGroupsPerThread; ++u) {
       const bool valid = warp_base + u * kGroupsPerWarp + sub < a.groups;
       float amax = a.eps;
       if (valid) {
@@ -77,20 +87,12 @@ __global__ void __launch_bounds__(kThreads) group_quant_vector_kernel(GroupArgs 
         amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, offset, kLanes));
       }
       if (!valid) continue;
-      float s;
-      std::uint8_t exponent;
-      if (group_scale(amax, a.scales.format, s, exponent)) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) x[u][i] = __fdiv_rn(x[u][i], s);
-      } else {
-        const float inv = group_inverse(exponent);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) x[u][i] *= inv;
-      }
+      const GroupScale scale = group_scale(amax, a.scales.format);
+      scale_group(x[u], scale);
       store_fp8<kVec>(
           a.out + rows[u] * a.out_row_stride + std::int64_t(cols[u]) * kGroup + lane * kVec, x[u],
           false);
-      if (lane == 0) write_group_scale(a.scales, rows[u], cols[u], s, exponent);
+      if (lane == 0) write_group_scale(a.scales, rows[u], cols[u], scale);
     }
   }
   pdl_launch_dependents();
@@ -109,16 +111,12 @@ __global__ void __launch_bounds__(kThreads) group_quant_scalar_kernel(GroupArgs 
         static_cast<const Storage*>(a.input) + r * a.input_row_stride + std::int64_t(g) * kGroup;
     float amax = a.eps;
     for (int i = 0; i < kGroup; ++i) amax = fmaxf(amax, fabsf(In::to_f32(in[i])));
-    float s;
-    std::uint8_t exponent;
-    const bool divide = group_scale(amax, a.scales.format, s, exponent);
-    const float inv = group_inverse(exponent);
+    const GroupScale scale = group_scale(amax, a.scales.format);
     std::uint8_t* out = a.out + r * a.out_row_stride + std::int64_t(g) * kGroup;
     for (int i = 0; i < kGroup; ++i) {
-      const float x = In::to_f32(in[i]);
-      out[i] = std::uint8_t(cvt_e4m3x2(divide ? __fdiv_rn(x, s) : x * inv, 0.0f));
+      out[i] = std::uint8_t(cvt_e4m3x2(scale_value(scale, In::to_f32(in[i])), 0.0f));
     }
-    write_group_scale(a.scales, r, g, s, exponent);
+    write_group_scale(a.scales, r, g, scale);
   }
   pdl_launch_dependents();
 }
@@ -126,11 +124,10 @@ __global__ void __launch_bounds__(kThreads) group_quant_scalar_kernel(GroupArgs 
 template <typename In, int kGroup>
 void run(const QuantizeGroupParams& p, CudaStream stream) {
   using Storage = typename In::Storage;
-  constexpr int kVec = 16 / sizeof(Storage);
   const bool vector = reinterpret_cast<std::uintptr_t>(p.input.data) % 16 == 0 &&
                       (p.input.row_stride * sizeof(Storage)) % 16 == 0 &&
-                      reinterpret_cast<std::uintptr_t>(p.out.data) % kVec == 0 &&
-                      p.out.row_stride % kVec == 0;
+                      reinterpret_cast<std::uintptr_t>(p.out.data) % 16 == 0 &&
+                      p.out.row_stride % 16 == 0;
   const std::int64_t groups_per_row = p.input.cols / kGroup;
   const auto* kernel = vector
                            ? reinterpret_cast<const void*>(group_quant_vector_kernel<In, kGroup>)
@@ -148,7 +145,7 @@ void run(const QuantizeGroupParams& p, CudaStream stream) {
                       std::uint32_t(rows * groups_per_row),
                       FastDivmod(std::uint32_t(groups_per_row))};
     const std::int64_t groups_per_block =
-        vector ? std::int64_t(kThreads / (kGroup / kVec)) * kUnroll : kThreads;  // per step
+        vector ? std::int64_t(kThreads / (kGroup / kLaneElements)) * kUnroll<In> : kThreads;
     const LaunchConfig config{grid_for(a.groups, groups_per_block, max_blocks), dim3(kThreads), 0,
                               stream, true};
     if (vector) {

@@ -9,48 +9,43 @@
 #include "cuda/common/convert.cuh"
 #include "cuda/quantize/output_quant_target.hpp"
 #include "fp8mla/numerics.hpp"
+#include "ops/quant_arith.hpp"
 #include "ops/quantize_params.hpp"
 
 namespace fp8mla::cuda {
 
 // ---- per-token-group FP8
 
-// The group scale s of a group max (eps included) and its UE8M0 exponent byte. Returns whether
-// the elements are divided by s (f32 scales); otherwise they are multiplied by
-// group_inverse(exponent), exactly 1 / s (s is then a power of two). See scale_group.
-__device__ __forceinline__ bool group_scale(float amax, QuantizeGroupParams::ScaleFormat format,
-                                            float& s, std::uint8_t& exponent) {
-  s = __fdiv_rn(amax, kE4M3Max);
-  exponent = encode_ue8m0(s);
-  if (format == QuantizeGroupParams::ScaleFormat::kF32) return true;
-  s = decode_ue8m0(exponent);
-  return false;
+// The scale of a group of max `amax` (eps included) in `format` (ops/quant_arith.hpp).
+__device__ __forceinline__ GroupScale group_scale(float amax,
+                                                  QuantizeGroupParams::ScaleFormat format) {
+  return fp8mla::group_scale(amax, format != QuantizeGroupParams::ScaleFormat::kF32);
 }
 
-__device__ __forceinline__ float group_inverse(std::uint8_t exponent) {
-  return decode_ue8m0(std::uint8_t(254 - exponent));
-}
-
-// x / s for the kN values of a group (or a part of one), the values encoded to e4m3: an IEEE
-// division for f32 scales, else the exact product with 1 / s.
+// x / s for the kN values of a group (or a part of one), the values then encoded to e4m3: RN(x / s)
+// through the reciprocal of s (f32 scales), IEEE division (f32 scales below 2^-90), or the exact
+// product with 1 / s (power-of-two scales). The choice is made once for the kN values.
 template <int kN>
-__device__ __forceinline__ void scale_group(float (&x)[kN], bool divide, float s,
-                                            std::uint8_t exponent) {
-  if (divide) {
+__device__ __forceinline__ void scale_group(float (&x)[kN], const GroupScale& g) {
+  if (g.apply == GroupScale::Apply::kReciprocal) {
 #pragma unroll
-    for (int i = 0; i < kN; ++i) x[i] = __fdiv_rn(x[i], s);
+    for (int i = 0; i < kN; ++i) x[i] = divide_by_reciprocal(x[i], g.s, g.factor);
+  } else if (g.apply == GroupScale::Apply::kMultiply) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) x[i] *= g.factor;
   } else {
-    const float inv = group_inverse(exponent);
 #pragma unroll
-    for (int i = 0; i < kN; ++i) x[i] *= inv;
+    for (int i = 0; i < kN; ++i) x[i] = __fdiv_rn(x[i], g.s);
   }
 }
 
-// Scale s (exponent byte `exponent`) of group g of `row`. Packed UE8M0 words are written one byte
+// The scale of group g of `row`. Packed UE8M0 words are written one byte
 // at a time, so no group waits for its three neighbours; the row's last group also zeroes the
 // bytes of its word past it.
 __device__ __forceinline__ void write_group_scale(const GroupScales& a, std::int64_t row,
-                                                  std::uint32_t g, float s, std::uint8_t exponent) {
+                                                  std::uint32_t g, const GroupScale& scale) {
+  const float s = scale.s;
+  const std::uint8_t exponent = scale.exponent;
   using Format = QuantizeGroupParams::ScaleFormat;
   const std::int64_t at = row * a.row_stride;
   switch (a.format) {
@@ -79,7 +74,7 @@ __device__ __forceinline__ void write_group_scale(const GroupScales& a, std::int
 // before their e2m1 encoding (0 for a zero scale).
 __device__ __forceinline__ std::uint8_t nvfp4_block_scale(float amax, float global_scale,
                                                           float inv_global_scale, float& inv) {
-  const std::uint8_t sf = std::uint8_t(cvt_e4m3x2(global_scale * (amax / kE2M1Max), 0.0f));
+  const std::uint8_t sf = std::uint8_t(cvt_e4m3x2(global_scale * nvfp4_block_quotient(amax), 0.0f));
   const float sf_value = cvt_e4m3x2_to_f32x2(sf).x;
   inv = sf_value == 0.0f ? 0.0f : __frcp_rn(sf_value * inv_global_scale);
   return sf;
