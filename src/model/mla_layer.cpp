@@ -302,7 +302,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
   plan_mla_batch(c, batch, options, impl_->plan);
   const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
   check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
-  run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, backend, options, out, workspace,
+  run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, &backend, options, out, workspace,
                                      path, times, stream});
 }
 
