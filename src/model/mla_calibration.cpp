@@ -65,7 +65,7 @@ MlaCalibration MlaLayer::calibrate(const TensorView& hidden, const MlaBatch& bat
   }
   const MlaPrefillOptions defaults;
   MlaBatchPlan plan;
-  plan_mla_batch(config_, batch, defaults, plan);
+  plan_mla_batch(config_, batch, defaults, plan, "MlaLayer::calibrate");
   // Only the extend tokens are measured: the plan keeps their positions and drops the prefix keys.
   plan.prefix_rows.clear();
   plan.prefix_attention = PrefixAttention::kNone;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fp8mla/mla_layer.hpp"
@@ -42,9 +43,10 @@ struct MlaBatchPlan {
 
 // Checks the batch against `config` (lengths, slot counts, positions) and plans it into `plan`,
 // whose vectors keep their capacity from one batch to the next; the prefix attention is chosen
-// here (chunked above options.one_shot_max_prefix prefix keys).
+// here (chunked above options.one_shot_max_prefix prefix keys). Errors name `caller`.
 void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
-                    const MlaPrefillOptions& options, MlaBatchPlan& plan);
+                    const MlaPrefillOptions& options, MlaBatchPlan& plan,
+                    std::string_view caller = "MlaLayer::prefill");
 
 // The path a backend runs: its prepare_prefill_qkv hook decides; and how o_proj gets its input
 // (fused: the last writer of the attention output writes it, the FP8 path only).

@@ -16,7 +16,7 @@ std::int64_t MlaBatch::extend_tokens() const {
 }
 
 void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
-                    const MlaPrefillOptions& options, MlaBatchPlan& p) {
+                    const MlaPrefillOptions& options, MlaBatchPlan& p, std::string_view caller) {
   p.sequences = std::int64_t(batch.sequences.size());
   for (auto* v : {&p.positions, &p.slots, &p.prefix_lens, &p.prefix_rows, &p.chunk_first_row})
     v->clear();
@@ -28,7 +28,7 @@ void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
     if (s.prefix < 0 || s.extend < 0 || std::int64_t(s.slots.size()) != s.prefix + s.extend ||
         s.prefix + s.extend > config.max_position) {
       throw Error(ErrorCategory::kInvalidArgument,
-                  concat("MlaLayer::prefill: sequence ", b,
+                  concat(caller, ": sequence ", b,
                          ": expected prefix, extend >= 0, prefix + extend <= ", config.max_position,
                          " and that many slots; got prefix ", s.prefix, ", extend ", s.extend, ", ",
                          s.slots.size(), " slots"));

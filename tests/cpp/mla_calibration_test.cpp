@@ -265,7 +265,8 @@ TEST(MlaCalibrationCpu, ZeroAmaxKeepsTheUnitScaleAndBadInputsAreClearErrors) {
   MlaBatch short_slots = f.batch;
   short_slots.sequences[0].slots.pop_back();
   expect_error([&] { layer.calibrate(f.hidden_view(), short_slots); },
-               ErrorCategory::kInvalidArgument, {"sequence 0: expected prefix, extend >= 0"});
+               ErrorCategory::kInvalidArgument,
+               {"MlaLayer::calibrate: sequence 0: expected prefix, extend >= 0"});
   f.hidden[7] = encode_bf16(nan);
   expect_error([&] { layer.calibrate(f.hidden_view(), f.batch); }, ErrorCategory::kInvalidArgument,
                {"non-finite"});
