@@ -61,8 +61,12 @@ struct PrefillAttentionArgs {
   //     output_block_scale is the 5-d view or a contiguous [R, round_up(H * Dv / 16, 4)] with R a
   //     multiple of 128 (the tiles of the first Tq rows written, padding as zeros), else linear
   //     (the first Tq rows).
-  // So fused and unfused give the same bytes. Scale rows past those are not written. The CPU path
-  // and the CUDA kernels' epilogue fuse every key. Leave both empty for the bf16 `out`.
+  // So fused and unfused give the same bytes. Scale rows past those are not written. Both paths
+  // fuse every key (on CUDA the kernel's epilogue). Leave both empty for the bf16 `out`.
+  // A padded batch (CUDA graphs: tensors sized for Tq tokens, cu_seqlens_q ending before Tq):
+  // only the rows of the sequences are written (out, lse, scale rows); the rows past the last
+  // token keep what they held, except the swizzled NVFP4 padding rows Tq .. round_up(Tq, 128),
+  // zeros as without padding (docs/design.md section 6).
   TensorView output_scale;
   TensorView output_block_scale;
 };
@@ -98,13 +102,20 @@ void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, cons
 // The same with output scales for a quantized `out`, read and applied as PrefillAttentionArgs
 // says (T tokens of H * D values): the merged o, rounded to bf16 (f32 states: their merged value
 // rounded once), quantized by the key's standalone op; out_lse as without scales. Empty scales
-// give the call above. With chunked prefixes only the last merge, whose `out` is the o_proj
-// input, asks for the quantization (the earlier ones keep bf16 or f32 states). The CPU path and
-// the CUDA kernel fuse every key.
+// give the unquantized merge. With chunked prefixes only the last merge, whose `out` is the o_proj
+// input, asks for the quantization (the earlier ones keep bf16 or f32 states).
+// `num_tokens` (optional, one i32 of shape [] or [1] on the states' device, e.g. the last element
+// of the batch's cu_seqlens_q) is the real token count of a batch padded to T (a CUDA graph
+// captured for T tokens, docs/design.md section 6): only tokens [0, num_tokens) are merged and
+// written, the rows past them (out, out_lse, scale rows) keep what they held; the swizzled NVFP4
+// padding rows are T .. round_up(T, 128) as without it. The CUDA kernels read it on the device
+// (a value outside [0, T] is clamped to it); the CPU path reads it on the host and rejects one
+// outside [0, T].
 void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
                             const TensorView& lse_b, const TensorView& out,
                             const TensorView& out_lse, const TensorView& output_scale,
-                            const TensorView& output_block_scale, CudaStream stream = nullptr);
+                            const TensorView& output_block_scale, const TensorView& num_tokens = {},
+                            CudaStream stream = nullptr);
 
 // (o, lse) <- (o, lse) (+) (o_b, lse_b), in place.
 void merge_attention_states_inplace(const TensorView& o, const TensorView& lse,

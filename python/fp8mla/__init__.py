@@ -40,7 +40,7 @@ Attention (docs/design.md section 3, ops 8-9; fp8mla/attention.hpp):
                       output_block_scale=None, return_lse=False)
         -> out, or (out, lse)
     merge_attention_states(o_a, lse_a, o_b, lse_b, *, out=None, out_lse=None, output_scale=None,
-                           output_block_scale=None) -> (out, out_lse)
+                           output_block_scale=None, num_tokens=None) -> (out, out_lse)
 
 Output quantization (docs/design.md section 6; fp8mla/output_quant.hpp):
 

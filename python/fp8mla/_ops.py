@@ -318,8 +318,8 @@ OPS = (
     result is `out` as above. Fused on both devices: the CUDA kernel's epilogue writes the
     quantized output and scales directly. Under torch.compile, fp8mla.enable_output_quant_fusion()
     rewrites this op with a bf16 `out` followed by a standalone quantization of it into this
-    form. On CUDA, cu_seqlens_q may end before Tq (a padded batch): the rows past its last token
-    are left as they are.""", [
+    form. cu_seqlens_q may end before Tq (a padded batch, as a CUDA graph captures it): the rows
+    past its last token (out, lse and scale rows) are left as they are, on both devices.""", [
         Arg("q", TENSOR),
         Arg("k", TENSOR),
         Arg("v", TENSOR),
@@ -345,7 +345,10 @@ OPS = (
     in-place merge. `output_scale` / `output_block_scale` quantize the merged output as for
     prefill_attention (T tokens of H * D values, f32 states rounded to bf16 first): give them on
     the last merge of a chunked prefix only. Fused on both devices; under torch.compile,
-    fp8mla.enable_output_quant_fusion() fuses a standalone quantization of the output here.""", [
+    fp8mla.enable_output_quant_fusion() fuses a standalone quantization of the output here.
+    `num_tokens` (one int32 on the states' device, e.g. cu_seqlens_q[-1:]) is the real token
+    count of a batch padded to T (a CUDA graph): only the first num_tokens rows are merged and
+    written, the others keep what they held.""", [
         Arg("o_a", TENSOR),
         Arg("lse_a", TENSOR),
         Arg("o_b", TENSOR),
@@ -356,6 +359,7 @@ OPS = (
             tuple(lse_a.shape), "f32", lse_a)),
         Arg("output_scale", OPT_TENSOR, None),
         Arg("output_block_scale", OPT_INOUT, None, dtype=_raw_block_scale),
+        Arg("num_tokens", OPT_TENSOR, None),
     ], result=lambda out, out_lse: (out, out_lse)),
     # ---- output quantization key (fp8mla/output_quant.hpp) ----
     Op("detect_output_quant_key", """The quantization an attention output asks for: None (bf16,

@@ -220,12 +220,13 @@ void def_attention_ops(nb::module_& m) {
       m, "merge_attention_states",
       [](const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
          const TensorView& lse_b, const TensorView& out, const TensorView& out_lse,
-         const TensorView& output_scale, const TensorView& output_block_scale, CudaStream stream) {
+         const TensorView& output_scale, const TensorView& output_block_scale,
+         const TensorView& num_tokens, CudaStream stream) {
         fp8mla::merge_attention_states(o_a, lse_a, o_b, lse_b, out, out_lse, output_scale,
-                                       output_block_scale, stream);
+                                       output_block_scale, num_tokens, stream);
       },
       in("o_a"), in("lse_a"), in("o_b"), in("lse_b"), out("out"), out("out_lse"),
-      optional_in("output_scale"), optional_out("output_block_scale"));
+      optional_in("output_scale"), optional_out("output_block_scale"), optional_in("num_tokens"));
 
   // The output quantization key: None or the key's name.
   def_query(

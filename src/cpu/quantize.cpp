@@ -102,7 +102,7 @@ void quantize_fp8_per_token_group(const QuantizeGroupParams& p) {
   });
 }
 
-void quantize_nvfp4(const QuantizeNvfp4Params& p) {
+void quantize_nvfp4_rows(const QuantizeNvfp4Params& p) {
   const std::int64_t k_blocks = p.input.cols / 16;
   const float global_scale = *p.global_scale;
   const float inv_global_scale = 1.0f / global_scale;
@@ -131,16 +131,27 @@ void quantize_nvfp4(const QuantizeNvfp4Params& p) {
       }
     }
   });
-  if (p.layout != Nvfp4ScaleLayout::kSwizzled128x4) return;
-  // Padding of the swizzled layout: rows past M in the last 128-row tile, blocks past K/16 in the
-  // last 4-block tile.
-  const std::int64_t padded_rows = (p.input.rows + 127) / 128 * 128;
+}
+
+void quantize_nvfp4(const QuantizeNvfp4Params& p) {
+  quantize_nvfp4_rows(p);
+  if (p.layout == Nvfp4ScaleLayout::kSwizzled128x4) {
+    zero_swizzled_nvfp4_padding(p, p.input.rows, p.input.rows);
+  }
+}
+
+void zero_swizzled_nvfp4_padding(const QuantizeNvfp4Params& p, std::int64_t rows,
+                                 std::int64_t written) {
+  const std::int64_t k_blocks = p.input.cols / 16;
+  const std::int64_t padded_rows = (rows + 127) / 128 * 128;
   const std::int64_t padded_blocks = (k_blocks + 3) / 4 * 4;
-  for (std::int64_t r = 0; r < padded_rows; ++r) {
-    for (std::int64_t kb = r < p.input.rows ? k_blocks : 0; kb < padded_blocks; ++kb) {
+  const auto zero = [&](std::int64_t r, std::int64_t from_block) {
+    for (std::int64_t kb = from_block; kb < padded_blocks; ++kb) {
       p.block_scales[swizzled_scale_offset(r, kb, k_blocks)] = 0;
     }
-  }
+  };
+  for (std::int64_t r = 0; r < written; ++r) zero(r, k_blocks);
+  for (std::int64_t r = rows; r < padded_rows; ++r) zero(r, 0);
 }
 
 }  // namespace fp8mla::cpu

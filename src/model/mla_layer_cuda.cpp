@@ -506,7 +506,7 @@ void CudaMlaExecutor::merge(bool o_proj_input) {
   if (o_proj_input && fused()) {
     merge_attention_states(attn, lse, chunk_out, chunk_lse,
                            TensorView(b_.gemm_x, DType::kE4M3, {T, o_->in}, device_), lse, {},
-                           gemm_x_scales(T, o_->in), call_->stream);
+                           gemm_x_scales(T, o_->in), {}, call_->stream);
     return;
   }
   merge_attention_states_inplace(attn, lse, chunk_out, chunk_lse, call_->stream);

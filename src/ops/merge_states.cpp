@@ -56,9 +56,29 @@ void check_alias(const ArgChecker& check, const TensorView& out, std::string_vie
   });
 }
 
+// `num_tokens`: one i32 on `device`, the real token count of a padded batch.
+const std::int32_t* num_tokens_of(const ArgChecker& check, const TensorView& t, Device device) {
+  if (t.data() == nullptr && t.ndim() == 0) return nullptr;
+  check.dtype(t, "num_tokens", {DType::kI32});
+  check.require(t.numel() == 1 && t.ndim() <= 1, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`num_tokens`: expected one i32 of shape [] or [1], got ", t.describe());
+  });
+  check.device(t, "num_tokens", device);
+  check.aligned(t, "num_tokens", 4);
+  return t.data_as<const std::int32_t>();
+}
+
 // The merge into `out`, or with a key into a buffer of the states' dtype, rounded to bf16 (the
-// unquantized attention output) and quantized by the key's standalone op.
-void run_cpu(MergeStatesParams p) {
+// unquantized attention output) and quantized by the key's standalone op. Only the first
+// num_tokens tokens, when given (a padded batch).
+void run_cpu(const ArgChecker& check, MergeStatesParams p) {
+  if (p.num_tokens != nullptr) {
+    const std::int64_t n = *p.num_tokens;
+    check.require(n >= 0 && n <= p.tokens, ErrorCategory::kInvalidArgument, [&] {
+      return concat("`num_tokens`: expected 0 to ", p.tokens, " (the tokens of `o_a`), got ", n);
+    });
+    p.tokens = n;
+  }
   if (p.quant.key == OutputQuantKey::kNone) {
     cpu::merge_attention_states(p);
     return;
@@ -75,7 +95,8 @@ void run_cpu(MergeStatesParams p) {
 void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView& lse_a,
                const TensorView& o_b, const TensorView& lse_b, const TensorView& out,
                const TensorView& out_lse, const TensorView& output_scale,
-               const TensorView& output_block_scale, CudaStream stream) {
+               const TensorView& output_block_scale, const TensorView& num_tokens,
+               CudaStream stream) {
   check.dtype(o_a, "o_a", {DType::kBF16, DType::kF32});
   check.ndim(o_a, "o_a", 3);
   MergeStatesParams p;
@@ -111,12 +132,14 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
   check_alias(check, out, "out", o_b, "o_b");
   check_alias(check, out_lse, "out_lse", lse_a, "lse_a");
   check_alias(check, out_lse, "out_lse", lse_b, "lse_b");
+  p.num_tokens = num_tokens_of(check, num_tokens, o_a.device());
   if (p.tokens == 0 || p.heads == 0) return;
   check.require(p.dim > 0, ErrorCategory::kInvalidArgument, [&] {
     return concat("`o_a`: expected a head dim of at least 1, got ", o_a.describe());
   });
   dispatch(
-      o_a.device(), [&] { run_cpu(p); }, [&](auto) { cuda::merge_attention_states(p, stream); });
+      o_a.device(), [&] { run_cpu(check, p); },
+      [&](auto) { cuda::merge_attention_states(p, stream); });
 }
 
 }  // namespace
@@ -124,22 +147,24 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
 void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
                             const TensorView& lse_b, const TensorView& out,
                             const TensorView& out_lse, CudaStream stream) {
-  merge_attention_states(o_a, lse_a, o_b, lse_b, out, out_lse, {}, {}, stream);
+  merge_attention_states(o_a, lse_a, o_b, lse_b, out, out_lse, {}, {}, {}, stream);
 }
 
 void merge_attention_states(const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,
                             const TensorView& lse_b, const TensorView& out,
                             const TensorView& out_lse, const TensorView& output_scale,
-                            const TensorView& output_block_scale, CudaStream stream) {
+                            const TensorView& output_block_scale, const TensorView& num_tokens,
+                            CudaStream stream) {
   const ArgChecker check("merge_attention_states");
-  run_merge(check, o_a, lse_a, o_b, lse_b, out, out_lse, output_scale, output_block_scale, stream);
+  run_merge(check, o_a, lse_a, o_b, lse_b, out, out_lse, output_scale, output_block_scale,
+            num_tokens, stream);
 }
 
 void merge_attention_states_inplace(const TensorView& o, const TensorView& lse,
                                     const TensorView& o_b, const TensorView& lse_b,
                                     CudaStream stream) {
   const ArgChecker check("merge_attention_states_inplace");
-  run_merge(check, o, lse, o_b, lse_b, o, lse, {}, {}, stream);
+  run_merge(check, o, lse, o_b, lse_b, o, lse, {}, {}, {}, stream);
 }
 
 }  // namespace fp8mla

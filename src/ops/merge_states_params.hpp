@@ -33,6 +33,9 @@ struct MergeStatesParams {
   // A quantized `out` (then `out` above is unset): the CUDA kernel writes it directly; the CPU
   // path merges into a buffer and quantizes that (ops/merge_states.cpp).
   OutputQuantParams quant;
+  // Optional i32 on the op's device: the real tokens of a batch padded to `tokens`; only rows
+  // [0, *num_tokens) are merged (docs/design.md section 6). nullptr: all of them.
+  const std::int32_t* num_tokens = nullptr;
 };
 
 namespace cpu {

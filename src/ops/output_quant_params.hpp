@@ -17,8 +17,10 @@ struct OutputQuantParams {
 };
 
 namespace cpu {
-// The key's standalone quantization of `input` (bf16 [T, W] rows, as `out` has them): the same
-// code as quantize_fp8, quantize_fp8_per_token_group and quantize_nvfp4 run. Nothing for kNone.
+// The key's standalone quantization of `input` (bf16 [n, W] rows, the first n of `out`'s T): the
+// same code as quantize_fp8, quantize_fp8_per_token_group and quantize_nvfp4 run. With n < T (a
+// padded batch) rows n .. T of `out` and the scales are not written; the swizzled NVFP4 padding
+// rows are still T .. round_up(T, 128). Nothing for kNone.
 void quantize_output(OutputQuantParams p, const Rows& input);
 }  // namespace cpu
 

@@ -193,7 +193,8 @@ void check_cu_seqlens(const ArgChecker& check, const TensorView& t, std::string_
   check.aligned(t, name, 4);
 }
 
-// The CPU path reads the offsets: 0 first, non-decreasing, `total` last, lengths <= max_seqlen.
+// The CPU path reads the offsets: 0 first, non-decreasing, at most `total` last (fewer: a batch
+// padded past its tokens, docs/design.md section 6), lengths <= max_seqlen.
 void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, std::int64_t batch,
                              std::int64_t total, int max_seqlen, std::string_view name,
                              std::string_view max_name, std::string_view tokens_of) {
@@ -205,9 +206,9 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
                     cu[b + 1], " at index ", b + 1);
     });
   }
-  check.require(cu[batch] == total, ErrorCategory::kInvalidArgument, [&] {
-    return concat("`", name, "`: expected ", total, " (the tokens of `", tokens_of, "`) last, got ",
-                  cu[batch]);
+  check.require(cu[batch] <= total, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected at most ", total, " (the tokens of `", tokens_of,
+                  "`) last, got ", cu[batch]);
   });
   for (std::int64_t b = 0; b < batch; ++b) {
     const std::int64_t len = std::int64_t(cu[b + 1]) - cu[b];
@@ -218,9 +219,11 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
   }
 }
 
-// The CPU path: the host can read the offsets and the descales. With an output quantization key
-// the attention writes its bf16 output into a buffer of its own, which the key's standalone
-// quantization then turns into `out` and its scales.
+// The CPU path: the host can read the offsets and the descales. Only the rows of the sequences
+// are computed: with cu_seqlens_q ending before Tq (a padded batch) the rows past its last token,
+// and their scales, keep what they held. With an output quantization key the attention writes
+// its bf16 output into a buffer of its own, which the key's standalone quantization then turns
+// into `out` and its scales.
 void run_cpu(const ArgChecker& check, PrefillAttentionParams& p) {
   check_cu_seqlens_values(check, p.cu_seqlens_q, p.batch, p.tq, p.max_seqlen_q, "cu_seqlens_q",
                           "max_seqlen_q", "q");
@@ -231,7 +234,8 @@ void run_cpu(const ArgChecker& check, PrefillAttentionParams& p) {
     p.k_descale_value = *p.k_descale;
     p.v_descale_value = *p.v_descale;
   }
-  if (p.tq == 0 || p.heads == 0) return;
+  p.tq = p.cu_seqlens_q[p.batch];  // the rows cpu::prefill_attention computes
+  if (p.heads == 0) return;
   if (p.quant.key == OutputQuantKey::kNone) {
     cpu::prefill_attention(p);
     return;

@@ -20,14 +20,14 @@ struct PrefillAttentionParams {
   std::int64_t k_token_stride = 0, k_head_stride = 0;
   std::int64_t v_token_stride = 0, v_head_stride = 0, v_dim_stride = 1;
 
-  std::int64_t tq = 0;
+  std::int64_t tq = 0;  // q's rows; the CPU path computes cu_seqlens_q's last (the real ones)
   std::int64_t tk = 0;
   std::int64_t heads = 0;
   int dqk = 0;
   int dv = 0;
 
-  // i32 [batch + 1], contiguous, on the op's device. On the CPU path the argument checks have
-  // validated the values (0 first, non-decreasing, tq/tk last, lengths within max_seqlen_*).
+  // i32 [batch + 1] on the op's device; CPU path: validated (0 first, non-decreasing, at most tq/tk
+  // last: a padded batch, docs/design.md section 6; lengths within max_seqlen_*).
   const std::int32_t* cu_seqlens_q = nullptr;
   const std::int32_t* cu_seqlens_k = nullptr;
   std::int64_t batch = 0;

@@ -68,6 +68,14 @@ namespace cpu {
 void quantize_fp8(const QuantizeFp8Params& p);
 void quantize_fp8_per_token_group(const QuantizeGroupParams& p);
 void quantize_nvfp4(const QuantizeNvfp4Params& p);
+// quantize_nvfp4's rows and their block scales, without the swizzled layout's padding.
+void quantize_nvfp4_rows(const QuantizeNvfp4Params& p);
+// The padding of the 128x4 swizzled layout of a [rows, K] matrix whose first `written` rows hold
+// data: blocks past K / 16 (to the 4-block tile) of those rows, and every block of rows
+// rows .. round_up(rows, 128). Rows written .. rows are not touched (a padded batch's rows,
+// docs/design.md section 6). quantize_nvfp4 calls it with written = rows.
+void zero_swizzled_nvfp4_padding(const QuantizeNvfp4Params& p, std::int64_t rows,
+                                 std::int64_t written);
 }  // namespace cpu
 
 namespace cuda {

@@ -43,21 +43,6 @@ DeviceBuffer upload(const HostBuffer& host) {
   return device;
 }
 
-// The standalone op's bytes where the fused op's differ by design: with a padded token count
-// (`real` rows of `rows`), the swizzled NVFP4 scales of rows real .. rows keep their poison and
-// rows .. round_up(rows, 128) are the padding zeros.
-void pad_swizzled(const QuantCase& c, QuantBuffers& want, std::int64_t real, std::int64_t rows,
-                  std::int64_t width, std::uint8_t poison) {
-  if (!c.swizzled) return;
-  const std::int64_t blocks = width / 16, padded = test::round_up(blocks, 4);
-  std::uint8_t* scales = want.scale.data() + c.scale.offset;
-  for (std::int64_t m = real; m < test::round_up(rows, 128); ++m) {
-    for (std::int64_t b = 0; b < padded; ++b) {
-      scales[swizzled_scale_offset(m, b, blocks)] = m < rows ? poison : 0;
-    }
-  }
-}
-
 // fused(out, output_scale, output_block_scale) on device views against the standalone op over
 // `bf16`, the unfused output's first real rows [real, W] (of `rows` the output holds).
 void expect_fused_matches(
@@ -77,7 +62,7 @@ void expect_fused_matches(
     }
     sync();
     test::run_standalone(c, bf16, want);
-    pad_swizzled(c, want, bf16.size(0), rows, width, poison);
+    test::pad_swizzled(c, want, bf16.size(0), rows, width, poison);
     EXPECT_TRUE(test::same_bytes(out.download(), want.out.payload(), "out"));
     EXPECT_TRUE(test::same_bytes(scale.download(), want.scale.payload(), "scales"));
     EXPECT_TRUE(test::same_bytes(global.download(), want.global.payload(), "output_scale"));

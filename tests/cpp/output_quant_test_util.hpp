@@ -13,6 +13,7 @@
 #include "buffer_test_util.hpp"
 #include "fp8mla/output_quant.hpp"
 #include "fp8mla/quantize.hpp"
+#include "ops/quantize_params.hpp"
 
 namespace fp8mla::test {
 
@@ -197,6 +198,21 @@ inline void run_standalone(const QuantCase& c, const TensorView& bf16, QuantBuff
   const TensorView out = as_rows(c.out.view(want.out.data())).narrow(0, 0, rows);
   const TensorView global(want.global.data(), DType::kF32, {1});
   c.standalone(bf16, out, c.used(c.scale.view(want.scale.data()), rows), global);
+}
+
+// The standalone op's bytes where a padded fused call's differ by design (`real` rows of the
+// `rows` the output holds, docs/design.md section 6): the swizzled NVFP4 scales of rows
+// real .. rows keep their poison and rows .. round_up(rows, 128) are the padding zeros.
+inline void pad_swizzled(const QuantCase& c, QuantBuffers& want, std::int64_t real,
+                         std::int64_t rows, std::int64_t width, std::uint8_t poison) {
+  if (!c.swizzled) return;
+  const std::int64_t blocks = width / 16, padded = round_up(blocks, 4);
+  std::uint8_t* scales = want.scale.data() + c.scale.offset;
+  for (std::int64_t m = real; m < round_up(rows, 128); ++m) {
+    for (std::int64_t b = 0; b < padded; ++b) {
+      scales[swizzled_scale_offset(m, b, blocks)] = m < rows ? poison : 0;
+    }
+  }
 }
 
 }  // namespace fp8mla::test

@@ -514,10 +514,10 @@ TEST(PrefillAttentionArgs, CuSeqlensValues) {
              {"`cu_seqlens_q`: expected 0 first, got 1"});
   expect_bad([](BadArgs& b) { b.cu_k[1] = 13; }, ErrorCategory::kInvalidArgument,
              {"`cu_seqlens_k`: expected non-decreasing offsets, got 13 then 12"});
-  expect_bad([](BadArgs& b) { b.cu_q[2] = 9; }, ErrorCategory::kInvalidArgument,
-             {"`cu_seqlens_q`: expected 10 (the tokens of `q`) last, got 9"});
+  expect_bad([](BadArgs& b) { b.cu_q[2] = 11; }, ErrorCategory::kInvalidArgument,
+             {"`cu_seqlens_q`: expected at most 10 (the tokens of `q`) last, got 11"});
   expect_bad([](BadArgs& b) { b.cu_k[2] = 13; }, ErrorCategory::kInvalidArgument,
-             {"`cu_seqlens_k`: expected 12 (the tokens of `k`) last, got 13"});
+             {"`cu_seqlens_k`: expected at most 12 (the tokens of `k`) last, got 13"});
 }
 
 TEST(PrefillAttentionArgs, MaxSeqlenTooSmall) {

@@ -149,7 +149,7 @@ def test_opcheck_quantized_out():
         lse = torch.zeros(T, 4)
         torch.library.opcheck(torch.ops.fp8mla.merge_attention_states.default,
                               (v, lse, v, lse, fp4, torch.empty(T, 4), torch.full((1,), 500.0),
-                               block, 0), test_utils=checks)
+                               block, None, 0), test_utils=checks)
 
 
 def test_compiled_fused_call_equals_eager():

@@ -8,7 +8,8 @@
 // std::exp/std::log. A side whose weight is exactly 0 is not read. Plain (coherent) loads, since
 // out may alias o_a (in place): each lane reads its elements before it writes them, and the lse
 // pair is read before lane 0 writes out_lse. With a quantized `out` (p.quant) the
-// merge_quant_kernel below writes it instead.
+// merge_quant_kernel below writes it instead. With num_tokens (a batch padded for a CUDA graph,
+// docs/design.md section 6) the grids still cover every row and the rows past it exit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -42,8 +43,16 @@ struct MergeArgs {
   std::int64_t lo_token, lo_head;
   std::int64_t rows;  // tokens * heads
   std::int64_t heads;
-  int vectors;  // per row
+  int vectors;                     // per row
+  const std::int32_t* num_tokens;  // optional: the real tokens of a padded batch
 };
+
+// The tokens to merge of `tokens`: the first *num_tokens when given (clamped to [0, tokens]).
+__device__ __forceinline__ std::int64_t real_tokens(const std::int32_t* num_tokens,
+                                                    std::int64_t tokens) {
+  if (num_tokens == nullptr) return tokens;
+  return min(max(std::int64_t(*num_tokens), std::int64_t(0)), tokens);
+}
 
 template <typename In, int kVec>
 __device__ __forceinline__ void load_vec(const typename In::Storage* p, float (&x)[kVec]) {
@@ -133,7 +142,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(MergeArgs<typename In::
   constexpr int kRowsPerBlock = kThreads / kLanes;
   const int lane = threadIdx.x % kLanes;
   const std::int64_t r = std::int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kLanes;
-  if (r < a.rows) {  // uniform over the kLanes threads of a row
+  const std::int64_t rows = real_tokens(a.num_tokens, a.rows / a.heads) * a.heads;
+  if (r < rows) {  // uniform over the kLanes threads of a row
     const std::int64_t t = r / a.heads, h = r % a.heads;
     const unsigned mask =
         kLanes == 32 ? ~0u : ((1u << kLanes) - 1u) << (threadIdx.x % 32 / kLanes * kLanes);
@@ -182,7 +192,8 @@ MergeArgs<S> merge_args(const MergeStatesParams& p, int vectors) {
           p.out_lse.head_stride,
           p.tokens * p.heads,
           p.heads,
-          vectors};
+          vectors,
+          p.num_tokens};
 }
 
 template <typename In>
@@ -355,8 +366,10 @@ __global__ void __launch_bounds__(kThreads)
   const float scale = q.scale != nullptr ? *q.scale : 1.0f;  // static scale_inv, NVFP4 global
   const float inv_global_scale = nvfp4_inv_global_scale(scale);
   const std::int64_t visit = q.swizzled ? (r.tokens + 127) / 128 * 128 : r.tokens;
+  const std::int64_t real = real_tokens(a.num_tokens, r.tokens);
   for (std::int64_t t = blockIdx.x; t < visit; t += gridDim.x) {
-    if (t >= r.tokens) {  // the swizzled layout's padding rows
+    if (t >= real && t < r.tokens) continue;  // a padded batch's rows: left as they are
+    if (t >= r.tokens) {                      // the swizzled layout's padding rows
       zero_nvfp4_padding(q, t, int(threadIdx.x), int(blockDim.x));
       continue;
     }

@@ -272,7 +272,8 @@ void check_timing_options(const CommonOptions& o) {
 }
 
 std::vector<std::size_t> select_ops(const std::vector<std::string>& requested,
-                                    const std::vector<std::string>& names) {
+                                    const std::vector<std::string>& names,
+                                    std::string_view option) {
   std::vector<std::size_t> ops;
   for (const std::string& name : requested) {
     bool found = false;
@@ -286,7 +287,7 @@ std::vector<std::size_t> select_ops(const std::vector<std::string>& requested,
       std::string known = "all";
       for (const std::string& n : names) known += concat(", ", n);
       throw Error(ErrorCategory::kInvalidArgument,
-                  concat("--op: expected one of ", known, "; got '", name, "'"));
+                  concat(option, ": expected one of ", known, "; got '", name, "'"));
     }
   }
   if (ops.empty()) {

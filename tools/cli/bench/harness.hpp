@@ -108,9 +108,10 @@ std::vector<std::string> names_of(const Info (&table)[N]) {
 }
 
 // The indices into `names` that `requested` selects, in order and without repeats; all of them
-// when `requested` is empty. Throws on an unknown name.
+// when `requested` is empty. Throws on an unknown name, naming `option` (the command-line option).
 std::vector<std::size_t> select_ops(const std::vector<std::string>& requested,
-                                    const std::vector<std::string>& names);
+                                    const std::vector<std::string>& names,
+                                    std::string_view option = "--op");
 
 // cudaSetDevice(0) and the programmatic-dependent-launch switch.
 void start_device(bool no_pdl);
