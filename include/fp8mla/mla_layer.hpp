@@ -78,6 +78,43 @@ struct MlaOutputQuantPlan {
   std::string note;
 };
 
+// Calibration of the static scales (docs/design.md section 5): the largest magnitude of each FP8
+// input over a sample batch, as the BF16 path computes it (projections, bf16 RoPE), and the
+// scales that map it to kE4M3Max / headroom.
+struct MlaActivationAmax {
+  float q = 0;      // the attention's Q, [T, H, 192] after RoPE
+  float k = 0;      // K = [k_nope | RoPE'd k_pe], [T, H, 192]
+  float v = 0;      // [T, H, 128]
+  float cache = 0;  // the latent cache rows [kv_c | RoPE'd k_pe], [T, 576]
+};
+
+// The default headroom: the sample's amax lands at 448 / 2 = 224, so that a later batch may
+// reach twice the sample's magnitude before it saturates; e4m3's relative precision is the same
+// in every binade, so the only cost is one binade less of range at the small end.
+inline constexpr float kMlaCalibrationHeadroom = 2.0f;
+
+struct MlaCalibrationOptions {
+  float headroom = kMlaCalibrationHeadroom;  // >= 1
+};
+
+struct MlaCalibration {
+  MlaActivationAmax amax;
+  float headroom = kMlaCalibrationHeadroom;
+  MlaFp8Scales fp8;
+  float cache_scale_inv = 1.0f;
+  // Sets options.fp8 and options.cache_scale_inv to these scales.
+  void apply_to(MlaPrefillOptions& options) const;
+};
+
+// The scale_inv of one tensor of magnitude `amax`: 1 / max(amax * headroom / 448,
+// kMinDynamicScale) (fp8mla/quantize.hpp), so e4m3 = x * scale_inv keeps amax at 448 / headroom;
+// 1 (the unit scale) for amax 0, which any scale represents. A NaN or infinite amax (a sample
+// with non-finite values), a negative one or headroom < 1 is an error naming `what`.
+float mla_scale_inv_from_amax(float amax, float headroom, std::string_view what);
+// The four scales of `amax`, each as above.
+MlaCalibration mla_calibration_from_amax(const MlaActivationAmax& amax,
+                                         float headroom = kMlaCalibrationHeadroom);
+
 // What a CUDA layer's workspace must hold: the largest batch it will be given.
 struct MlaWorkspaceLimits {
   std::int64_t max_tokens = 0;  // extend tokens
@@ -138,6 +175,17 @@ class MlaLayer {
                const AttentionBackend& backend, const MlaPrefillOptions& options,
                const TensorView& out, const TensorView& workspace = {},
                MlaStageTimes* times = nullptr, CudaStream stream = nullptr);
+
+  // The static scales for `batch` (docs/design.md section 5): the amax of each FP8 input over
+  // its extend tokens, computed with the layer's own steps as the BF16 path runs them (the
+  // projections, bf16 RoPE at each token's position; a sequence's prefix sets the positions,
+  // its cached keys are not read), and mla_calibration_from_amax of them. hidden: bf16
+  // [T, config.hidden] on the layer's device as for prefill, T = batch.extend_tokens() >= 1; the
+  // slots are not used beyond prefill's count check and no cache is written. Not a hot-path
+  // call: on a CUDA device it allocates its own workspace (kept for the next calibration) and
+  // waits for `stream` to return the host numbers.
+  MlaCalibration calibrate(const TensorView& hidden, const MlaBatch& batch,
+                           const MlaCalibrationOptions& options = {}, CudaStream stream = nullptr);
 
   class Impl;
 

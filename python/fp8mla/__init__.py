@@ -74,6 +74,8 @@ The MLA layer (docs/design.md section 5; fp8mla/mla_layer.hpp), see fp8mla._laye
     layer.prefill(hidden, batch, cache, *, out=None, one_shot_max_prefix=8192,
                   chunk_capacity=8192, cache_scale_inv=1.0, ...) -> out bf16 [T, hidden]
         batch: [MlaSequence(prefix, extend, slots) or (prefix, extend, slots), ...]
+    layer.calibrate(hidden, batch, *, headroom=2.0) -> MlaCalibration
+        (static FP8 scales: layer.prefill(..., **calibration.prefill_options()))
     mla_prefill_reference(weights, hidden, batch, cache, *, cache_scale_inv=1.0) -> f64 numpy
 
 The keyword-only arguments follow the order of the C++ API. Every op but
@@ -99,6 +101,8 @@ from ._backend import (
 from ._C import Error, InvalidArgumentError, UnsupportedError
 from ._common import yarn_list as _yarn_list
 from ._layer import (
+    MLA_CALIBRATION_HEADROOM,
+    MlaCalibration,
     MlaConfig,
     MlaLayer,
     MlaSequence,
@@ -142,7 +146,7 @@ def info() -> dict:
 
 
 __all__ = ["AttentionBackend", "BackendCapabilities", "Error", "InvalidArgumentError",
-           "MlaConfig", "MlaLayer", "MlaSequence", "MlaWeights", "UnsupportedError",
+           "MLA_CALIBRATION_HEADROOM", "MlaCalibration", "MlaConfig", "MlaLayer", "MlaSequence", "MlaWeights", "UnsupportedError",
            "attention_backend_names", "check_backend", "enable_output_quant_fusion",
            "generate_mla_weights", "info", "load_mla_weights", "make_attention_backend",
            "mla_config", "mla_prefill_reference", "softmax_mscale",

@@ -6,6 +6,8 @@
     weights.save(path, layer=0)   (a safetensors file under that layer's tensor names)
     MlaLayer(config, weights, device="cpu", backend=None)
     layer.prefill(hidden, batch, cache, *, out=None, ...) -> out
+    layer.calibrate(hidden, batch, *, headroom=2.0) -> MlaCalibration   (static FP8 scales)
+    layer.prefill(..., **calibration.prefill_options())
     mla_prefill_reference(weights, hidden, batch, cache, *, cache_scale_inv=1.0) -> f64 numpy
 
 A batch is a list of MlaSequence (or (prefix, extend, slots) tuples): per sequence the tokens
@@ -35,6 +37,28 @@ class MlaSequence:
     prefix: int  # tokens already in the cache
     extend: int  # new tokens, rows of `hidden`
     slots: Sequence[int]  # prefix + extend cache slots, prefix first
+
+
+# The default calibration headroom: a sample's amax maps to 448 / 2.
+MLA_CALIBRATION_HEADROOM = float(_C.MLA_CALIBRATION_HEADROOM)
+
+
+@dataclass(frozen=True)
+class MlaCalibration:
+    """The static FP8 scales MlaLayer.calibrate found (docs/design.md section 5): `amax` the
+    sample's largest magnitude of Q, K, V and the latent cache rows (a dict with those keys), and
+    each scale_inv = 1 / max(amax * headroom / 448, 1 / (448 * 512)), 1 where amax is 0."""
+    amax: dict
+    headroom: float
+    q_scale_inv: float
+    k_scale_inv: float
+    v_scale_inv: float
+    cache_scale_inv: float
+
+    def prefill_options(self) -> dict:
+        """The scales as MlaLayer.prefill's keyword arguments."""
+        return {"q_scale_inv": self.q_scale_inv, "k_scale_inv": self.k_scale_inv,
+                "v_scale_inv": self.v_scale_inv, "cache_scale_inv": self.cache_scale_inv}
 
 
 def mla_config(source) -> MlaConfig:
@@ -136,6 +160,24 @@ class MlaLayer:
                             None if workspace is None else _workspace_bytes(workspace),
                             int(stream or 0))
         return out
+
+    def calibrate(self, hidden, batch, *, headroom: float = MLA_CALIBRATION_HEADROOM,
+                  stream=None) -> MlaCalibration:
+        """The static FP8 scales for a sample batch (hidden and batch as prefill's; at least
+        one new token): the amax of Q after RoPE, K, V and the latent cache rows over its new
+        tokens, computed with the layer's own steps as the BF16 path runs them (the prefixes set
+        the positions; no cache is read or written), mapped to 448 / headroom. Not for the hot
+        path: on CUDA it allocates its workspace and waits for `stream` (default: torch's
+        current stream). Use the result with prefill(..., **calibration.prefill_options())."""
+        arrays = adapter_for(hidden)
+        if _device(self.device)[0] == "cuda" and stream is None:
+            import torch
+
+            stream = torch.cuda.current_stream(hidden.device).cuda_stream
+        q, k, v, cache, room, q_si, k_si, v_si, cache_si = self._layer.calibrate(
+            arrays.tensor(hidden, "bf16"), _batch(batch), float(headroom), int(stream or 0))
+        return MlaCalibration({"q": q, "k": k, "v": v, "cache": cache}, room, q_si, k_si, v_si,
+                              cache_si)
 
     def _cuda_workspace(self, workspace, rows, options, hidden):
         if workspace is not None:

@@ -231,6 +231,23 @@ void prefill(Layer& self, nb::handle hidden, const PyBatch& batch, nb::handle ca
                      to_stream(stream));
 }
 
+// (amax q, k, v, cache, headroom, q_scale_inv, k_scale_inv, v_scale_inv, cache_scale_inv)
+using PyCalibration = std::tuple<float, float, float, float, float, float, float, float, float>;
+
+PyCalibration calibrate(Layer& self, nb::handle hidden, const PyBatch& batch, float headroom,
+                        std::uintptr_t stream) {
+  Args args("MlaLayer.calibrate");
+  const TensorView hidden_view = args.input(hidden, "hidden");
+  const fp8mla::MlaBatch b = to_batch(batch);
+  fp8mla::MlaCalibration c;
+  {
+    nb::gil_scoped_release release;
+    c = self.layer.calibrate(hidden_view, b, {headroom}, to_stream(stream));
+  }
+  return {c.amax.q,          c.amax.k,          c.amax.v,          c.amax.cache,     c.headroom,
+          c.fp8.q_scale_inv, c.fp8.k_scale_inv, c.fp8.v_scale_inv, c.cache_scale_inv};
+}
+
 // The float64 reference on CPU inputs: a new f64 numpy array [T, hidden].
 nb::object reference(const Weights& w, nb::handle hidden, const PyBatch& batch, nb::handle cache,
                      float cache_scale_inv) {
@@ -269,7 +286,9 @@ void def_layer(nb::module_& m) {
       .def("workspace_bytes", &workspace_bytes, "limits"_a, "options"_a, "backend"_a)
       .def("output_quant_plan", &output_quant_plan, "options"_a, "backend"_a)
       .def("prefill", &prefill, "hidden"_a, "batch"_a, "cache"_a, "backend"_a, "options"_a, "out"_a,
-           "workspace"_a.none(), "stream"_a = 0);
+           "workspace"_a.none(), "stream"_a = 0)
+      .def("calibrate", &calibrate, "hidden"_a, "batch"_a, "headroom"_a, "stream"_a = 0);
+  m.attr("MLA_CALIBRATION_HEADROOM") = fp8mla::kMlaCalibrationHeadroom;
   m.def("mla_prefill_reference", &reference, "weights"_a, "hidden"_a, "batch"_a, "cache"_a,
         "cache_scale_inv"_a = 1.0f);
 }

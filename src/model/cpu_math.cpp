@@ -1,5 +1,6 @@
 #include "model/cpu_math.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cpu/parallel_for.hpp"
@@ -104,6 +105,15 @@ void rope_bf16(std::uint16_t* x, const float* cos_sin_row) {
     x[2 * i] = encode_bf16(std::fma(a, c, -(b * s)));
     x[2 * i + 1] = encode_bf16(std::fma(b, c, a * s));
   }
+}
+
+float amax_bf16(const std::uint16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t stride) {
+  std::uint16_t bits = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c)
+      bits = std::max(bits, std::uint16_t(x[r * stride + c] & 0x7fffu));
+  }
+  return decode_bf16(bits);
 }
 
 }  // namespace fp8mla::model

@@ -36,4 +36,9 @@ void rms_norm(const std::uint16_t* x, std::int64_t rows, std::int64_t width, std
 // rounded to bf16.
 void rope_bf16(std::uint16_t* x, const float* cos_sin_row);
 
+// max |x| over `rows` rows of `cols` bf16 elements, rows `stride` apart; NaN when one is NaN (the
+// magnitude bits order like the values and a NaN's lie above infinity's, so the max is taken on
+// the bits, as the CUDA layer's amax kernel does); 0 for no element.
+float amax_bf16(const std::uint16_t* x, std::int64_t rows, std::int64_t cols, std::int64_t stride);
+
 }  // namespace fp8mla::model

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fp8mla/mla_layer.hpp"
@@ -42,9 +43,10 @@ struct MlaBatchPlan {
 
 // Checks the batch against `config` (lengths, slot counts, positions) and plans it into `plan`,
 // whose vectors keep their capacity from one batch to the next; the prefix attention is chosen
-// here (chunked above options.one_shot_max_prefix prefix keys).
+// here (chunked above options.one_shot_max_prefix prefix keys). Errors name `caller`.
 void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
-                    const MlaPrefillOptions& options, MlaBatchPlan& plan);
+                    const MlaPrefillOptions& options, MlaBatchPlan& plan,
+                    std::string_view caller = "MlaLayer::prefill");
 
 // The path a backend runs: its prepare_prefill_qkv hook decides; and how o_proj gets its input
 // (fused: the last writer of the attention output writes it, the FP8 path only).
@@ -60,12 +62,13 @@ MlaOutputQuantPlan mla_output_quant_plan(const BackendCapabilities& caps,
 MlaPath mla_path(const AttentionBackend& backend, const MlaPrefillOptions& options,
                  bool fp8_o_proj);
 
-// Everything prefill gets, checked by MlaLayer::prefill before the driver sees it.
+// Everything prefill gets, checked by MlaLayer::prefill before the driver sees it. A calibration
+// call (run_mla_calibration) has the BF16 path, no backend and empty cache and out views.
 struct MlaPrefillCall {
   const TensorView& hidden;
   const MlaBatchPlan& plan;
   const TensorView& cache;
-  const AttentionBackend& backend;
+  const AttentionBackend* backend;
   const MlaPrefillOptions& options;
   const TensorView& out;
   const TensorView& workspace;
@@ -146,10 +149,20 @@ class MlaExecutor {
   virtual void merge(bool o_proj_input) = 0;
   virtual void output() = 0;  // o_proj into the call's `out`
   virtual void finish() = 0;  // the stage times are in place after it
+
+  // Calibration, called by run_mla_calibration: begin, project, activation_amax, finish.
+  // The workspace a calibration call of `plan` on `path` runs in (CUDA: the executor's own,
+  // allocated or grown here; CPU: none).
+  virtual TensorView calibration_workspace(const MlaBatchPlan& plan, MlaPath path) = 0;
+  // After project(), on the BF16 path: RoPE and K assembled as prep() does, without the cache
+  // write, and the amax of Q, K, V and the latent cache rows. CUDA waits for the stream here.
+  virtual MlaActivationAmax activation_amax() = 0;
 };
 
 // The layer's prefill: the executor's steps for the planned call; *call.times when given.
 void run_mla_prefill(MlaExecutor& executor, const MlaPrefillCall& call);
+// The amax of the FP8 inputs over a calibration call's extend tokens (at least one).
+MlaActivationAmax run_mla_calibration(MlaExecutor& executor, const MlaPrefillCall& call);
 
 std::unique_ptr<MlaExecutor> make_cpu_mla_executor(const MlaConfig& config,
                                                    const MlaWeights& weights);

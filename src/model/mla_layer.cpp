@@ -16,7 +16,7 @@ std::int64_t MlaBatch::extend_tokens() const {
 }
 
 void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
-                    const MlaPrefillOptions& options, MlaBatchPlan& p) {
+                    const MlaPrefillOptions& options, MlaBatchPlan& p, std::string_view caller) {
   p.sequences = std::int64_t(batch.sequences.size());
   for (auto* v : {&p.positions, &p.slots, &p.prefix_lens, &p.prefix_rows, &p.chunk_first_row})
     v->clear();
@@ -28,7 +28,7 @@ void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
     if (s.prefix < 0 || s.extend < 0 || std::int64_t(s.slots.size()) != s.prefix + s.extend ||
         s.prefix + s.extend > config.max_position) {
       throw Error(ErrorCategory::kInvalidArgument,
-                  concat("MlaLayer::prefill: sequence ", b,
+                  concat(caller, ": sequence ", b,
                          ": expected prefix, extend >= 0, prefix + extend <= ", config.max_position,
                          " and that many slots; got prefix ", s.prefix, ", extend ", s.extend, ", ",
                          s.slots.size(), " slots"));
@@ -302,7 +302,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
   plan_mla_batch(c, batch, options, impl_->plan);
   const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
   check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
-  run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, backend, options, out, workspace,
+  run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, &backend, options, out, workspace,
                                      path, times, stream});
 }
 

@@ -2,7 +2,9 @@
 // and the FP8 transition through the attention backend, the other MLA ops through fp8mla's public
 // ops (their CPU implementations), in the order and at the precision the CUDA executor uses. Each
 // prefill's buffers are host vectors, allocated by the step that fills them.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "fp8mla/attention.hpp"
@@ -57,6 +59,7 @@ std::string note(const char* name, const CpuProjection& p) {
 // The buffers of one prefill.
 struct CpuWork {
   Bits q, kv_a, kv_c, kv;            // projections of the extend tokens
+  Bits k_pe;                         // the BF16 path's RoPE'd k_pe, [T, 64]
   std::vector<std::uint8_t> q_attn;  // the attention's Q, [T, H, 192]
   KeysValues extend, prefix, one_shot;
   Bits attn, chunk_out;  // [T, H, 128]
@@ -150,6 +153,8 @@ class CpuMlaExecutor final : public MlaExecutor {
     o_(w_.attn, T, y);
   }
   void finish() override { w_ = {}; }  // the buffers live for one prefill
+  TensorView calibration_workspace(const MlaBatchPlan&, MlaPath) override { return {}; }
+  MlaActivationAmax activation_amax() override;
   // Wall time.
   void start_stage(double* stage) override {
     stage_ = stage;
@@ -175,8 +180,9 @@ class CpuMlaExecutor final : public MlaExecutor {
     return TensorView(kvb.data() + kMlaNopeDim, DType::kBF16, {n, c_.heads, kMlaVDim},
                       {c_.heads * 256, 256, 1});
   }
+  void size_extend_qkv();  // the attention's Q and the extend K/V in the path's dtype
   void prep_fp8(const LatentCacheWrite& write);
-  void prep_bf16(const LatentCacheWrite& write);
+  void assemble_bf16();
 
   MlaConfig c_;
   MlaWeights weights_;  // the norms are read from here
@@ -214,13 +220,18 @@ void CpuMlaExecutor::project() {
   kv_b_(w_.kv_c, T, w_.kv);
 }
 
-void CpuMlaExecutor::prep() {
+void CpuMlaExecutor::size_extend_qkv() {
   const std::int64_t T = call_->plan.tokens, H = c_.heads;
   const int eb = element_bytes();
   w_.q_attn.resize(std::size_t(T * H * kMlaQkDim * eb));
   w_.extend.tokens = T;
   w_.extend.k.resize(std::size_t(T * H * kMlaQkDim * eb));
   w_.extend.v.resize(std::size_t(T * H * kMlaVDim * eb));
+}
+
+void CpuMlaExecutor::prep() {
+  const std::int64_t T = call_->plan.tokens;
+  size_extend_qkv();
   LatentCacheWrite write;
   write.cache = call_->cache;
   write.slot_mapping =
@@ -228,9 +239,11 @@ void CpuMlaExecutor::prep() {
   write.scale_inv = call_->options.cache_scale_inv;
   if (call_->path.fp8) {
     prep_fp8(write);
-  } else {
-    prep_bf16(write);
+    return;
   }
+  assemble_bf16();
+  mla_kv_cache_write(TensorView(w_.kv_c.data(), DType::kBF16, {T, c_.kv_lora_rank}),
+                     TensorView(w_.k_pe.data(), DType::kBF16, {T, kMlaRopeDim}), write);
 }
 
 // RoPE and e4m3 Q/K, e4m3 V and the cache write: the backend's hook.
@@ -258,14 +271,15 @@ void CpuMlaExecutor::prep_fp8(const LatentCacheWrite& write) {
   hook.v = v_of(w_.kv, T);
   hook.v_scale_inv = scales.v_scale_inv;
   hook.v_out = TensorView(w_.extend.v.data(), DType::kE4M3, {T, H, kMlaVDim});
-  call_->backend.prepare_prefill_qkv(hook);
+  call_->backend->prepare_prefill_qkv(hook);
 }
 
-// bf16 RoPE of q_pe and k_pe, K = [k_nope | k_pe] and V per head, and the cache write.
-void CpuMlaExecutor::prep_bf16(const LatentCacheWrite& write) {
+// The BF16 path's bf16 RoPE of q_pe and k_pe (into w_.k_pe), K = [k_nope | k_pe] and V per head.
+void CpuMlaExecutor::assemble_bf16() {
   const MlaBatchPlan& plan = call_->plan;
   const std::int64_t T = plan.tokens, H = c_.heads, qw = c_.q_width(), latent = kMlaLatentDim;
-  Bits k_pe(std::size_t(T * kMlaRopeDim));
+  Bits& k_pe = w_.k_pe;
+  k_pe.resize(std::size_t(T * kMlaRopeDim));
   auto* qb = reinterpret_cast<std::uint16_t*>(w_.q_attn.data());
   auto* kb = reinterpret_cast<std::uint16_t*>(w_.extend.k.data());
   auto* vb = reinterpret_cast<std::uint16_t*>(w_.extend.v.data());
@@ -285,8 +299,25 @@ void CpuMlaExecutor::prep_bf16(const LatentCacheWrite& write) {
       std::memcpy(vb + (r * H + h) * kMlaVDim, kv + (r * H + h) * 256 + kMlaNopeDim, 2 * kMlaVDim);
     }
   }
-  mla_kv_cache_write(TensorView(w_.kv_c.data(), DType::kBF16, {T, c_.kv_lora_rank}),
-                     TensorView(k_pe.data(), DType::kBF16, {T, kMlaRopeDim}), write);
+}
+
+MlaActivationAmax CpuMlaExecutor::activation_amax() {
+  const std::int64_t T = call_->plan.tokens, H = c_.heads;
+  size_extend_qkv();
+  assemble_bf16();
+  const auto amax = [](const auto& bytes, std::int64_t rows, std::int64_t cols,
+                       std::int64_t stride) {
+    return model::amax_bf16(reinterpret_cast<const std::uint16_t*>(bytes.data()), rows, cols,
+                            stride);
+  };
+  MlaActivationAmax a;
+  a.q = amax(w_.q_attn, T * H, kMlaQkDim, kMlaQkDim);
+  a.k = amax(w_.extend.k, T * H, kMlaQkDim, kMlaQkDim);
+  a.v = amax(w_.extend.v, T * H, kMlaVDim, kMlaVDim);
+  const float kv_c = amax(w_.kv_c, T, c_.kv_lora_rank, c_.kv_lora_rank);
+  const float k_pe = amax(w_.k_pe, T, kMlaRopeDim, kMlaRopeDim);
+  a.cache = std::isnan(k_pe) ? k_pe : std::max(kv_c, k_pe);  // a NaN in either stays
+  return a;
 }
 
 // Gathered from the cache, through kv_b, then e4m3 (the backend's pack) or kept bf16.
@@ -316,7 +347,7 @@ void CpuMlaExecutor::prefix_keys(std::int64_t first_row, std::int64_t n) {
     a.v_scale_inv = call_->options.fp8.v_scale_inv;
     a.k_out = TensorView(kvp.k.data(), DType::kE4M3, {n, H, kMlaQkDim});
     a.v_out = TensorView(kvp.v.data(), DType::kE4M3, {n, H, kMlaVDim});
-    call_->backend.pack_prefix_chunk_kv(a);
+    call_->backend->pack_prefix_chunk_kv(a);
     return;
   }
   auto* k = reinterpret_cast<std::uint16_t*>(kvp.k.data());
@@ -381,7 +412,7 @@ void CpuMlaExecutor::attend(const MlaAttendStep& step) {
     t.out = w_.o_proj_x.data();
     t.out_scales = o_proj_scales_view();
   }
-  call_->backend.prefill_attention(
+  call_->backend->prefill_attention(
       mla_attention_args(c_, plan, call_->path, step, t, Device::cpu()));
 }
 

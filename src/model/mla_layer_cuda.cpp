@@ -137,6 +137,8 @@ class CudaMlaExecutor final : public MlaExecutor {
   void merge(bool o_proj_input) override;
   void output() override;
   void finish() override { timer_.finish(); }
+  TensorView calibration_workspace(const MlaBatchPlan& plan, MlaPath path) override;
+  MlaActivationAmax activation_amax() override;
 
  private:
   // y = x W^T for `rows` rows of x (bf16, contiguous); FP8 projections quantize x first.
@@ -200,6 +202,7 @@ class CudaMlaExecutor final : public MlaExecutor {
     return r;
   }
   void prep_fp8(const LatentCacheWrite& write, const TensorView& kv_c);
+  void assemble_bf16();
   void prep_bf16(const LatentCacheWrite& write, const TensorView& kv_c);
 
   MlaConfig c_;
@@ -209,6 +212,9 @@ class CudaMlaExecutor final : public MlaExecutor {
   DeviceBuffer q_a_norm_, kv_a_norm_, cos_sin_;
   std::vector<std::string> notes_;
   std::vector<std::byte> staging_;  // host image of the batch metadata
+  // Calibration's own memory: its workspace and the amax cells of Q, K, V and the latent rows.
+  static constexpr int kAmaxCells = 4;
+  DeviceBuffer calibration_workspace_, amax_cells_;
   cuda::StageTimer timer_;
   // The prefill between begin() and finish(): its call, stream, workspace pieces and the keys of
   // its attention calls.
@@ -335,11 +341,11 @@ void CudaMlaExecutor::prep_fp8(const LatentCacheWrite& write, const TensorView& 
   hook.v = v_of(b_.kv, T);
   hook.v_scale_inv = scales.v_scale_inv;
   hook.v_out = v8_of(b_.v8, T, v_pitch(T));
-  call_->backend.prepare_prefill_qkv(hook, call_->stream);
+  call_->backend->prepare_prefill_qkv(hook, call_->stream);
 }
 
-// bf16 RoPE of q_pe (in place) and k_pe, K = [k_nope | k_pe] per head, and the cache write.
-void CudaMlaExecutor::prep_bf16(const LatentCacheWrite& write, const TensorView& kv_c) {
+// bf16 RoPE of q_pe (in place) and k_pe (into k_pe16), K = [k_nope | k_pe] per head.
+void CudaMlaExecutor::assemble_bf16() {
   const std::int64_t T = call_->plan.tokens;
   cuda::model::RopeAssembleParams r =
       k_assembly(b_.kv, T, b_.kv_a + c_.kv_lora_rank, kMlaLatentDim, b_.k16);
@@ -350,8 +356,48 @@ void CudaMlaExecutor::prep_bf16(const LatentCacheWrite& write, const TensorView&
   r.positions = b_.positions;
   r.cos_sin = cos_sin_.as<float>();
   cuda::model::rope_assemble_bf16(r, stream_);
+}
+
+// The BF16 path's RoPE and K, then the cache write.
+void CudaMlaExecutor::prep_bf16(const LatentCacheWrite& write, const TensorView& kv_c) {
+  const std::int64_t T = call_->plan.tokens;
+  assemble_bf16();
   mla_kv_cache_write(kv_c, TensorView(b_.k_pe16, DType::kBF16, {T, kMlaRopeDim}, device_), write,
                      call_->stream);
+}
+
+TensorView CudaMlaExecutor::calibration_workspace(const MlaBatchPlan& plan, MlaPath path) {
+  const std::size_t bytes = mla_workspace_bytes(c_, work_sizes(plan, path));
+  check(cudaSetDevice(device_.index), "cudaSetDevice(MlaLayer)");
+  if (calibration_workspace_.bytes() < std::int64_t(bytes))
+    calibration_workspace_ = DeviceBuffer(std::int64_t(bytes));  // cudaMalloc: 256-byte aligned
+  if (amax_cells_.bytes() == 0) amax_cells_ = DeviceBuffer(kAmaxCells * sizeof(unsigned));
+  return TensorView(calibration_workspace_.data(), DType::kE4M3, {std::int64_t(bytes)}, device_);
+}
+
+// One amax reduction per tensor into its cell (the latent rows' two parts into one), then one
+// copy back and the wait for it.
+MlaActivationAmax CudaMlaExecutor::activation_amax() {
+  const std::int64_t T = call_->plan.tokens, H = c_.heads;
+  assemble_bf16();
+  auto* cells = amax_cells_.as<unsigned>();
+  check(cudaMemsetAsync(cells, 0, kAmaxCells * sizeof(unsigned), stream_),
+        "cudaMemsetAsync(MlaLayer amax)");
+  const auto amax = [&](const std::uint16_t* x, std::int64_t rows, std::int64_t cols,
+                        std::int64_t stride, int cell) {
+    cuda::model::amax_bf16({x, rows, cols, stride, cells + cell}, stream_);
+  };
+  amax(b_.q, T, H * kMlaQkDim, c_.q_width(), 0);
+  amax(b_.k16, T * H, kMlaQkDim, kMlaQkDim, 1);
+  amax(b_.kv + kMlaNopeDim, T * H, kMlaVDim, 256, 2);
+  amax(b_.kv_c, T, c_.kv_lora_rank, c_.kv_lora_rank, 3);
+  amax(b_.k_pe16, T, kMlaRopeDim, kMlaRopeDim, 3);
+  unsigned bits[kAmaxCells];
+  check(cudaMemcpyAsync(bits, cells, sizeof(bits), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync(MlaLayer amax)");
+  check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize(MlaLayer::calibrate)");
+  const auto value = [&](int cell) { return decode_bf16(std::uint16_t(bits[cell])); };
+  return {value(0), value(1), value(2), value(3)};
 }
 
 // Gathered from the cache, through kv_b, then packed to e4m3 (V transposed) or assembled bf16.
@@ -373,7 +419,7 @@ void CudaMlaExecutor::prefix_keys(std::int64_t first_row, std::int64_t n) {
     a.k_out = rows_of(b_.prefix_k8, adt, n, kMlaQkDim);
     a.v_out = v8_of(b_.prefix_v8, n, v_pitch(n));
     a.v_layout = VLayout::kTransposed;
-    call_->backend.pack_prefix_chunk_kv(a, call_->stream);
+    call_->backend->pack_prefix_chunk_kv(a, call_->stream);
     prefix_ = {a.k_out, a.v_out, v_pitch(n)};
     return;
   }
@@ -447,8 +493,8 @@ void CudaMlaExecutor::attend(const MlaAttendStep& step) {
     t.out = b_.gemm_x;
     t.out_scales = gemm_x_scales(T, o_->in);
   }
-  call_->backend.prefill_attention(mla_attention_args(c_, plan, call_->path, step, t, device_),
-                                   call_->stream);
+  call_->backend->prefill_attention(mla_attention_args(c_, plan, call_->path, step, t, device_),
+                                    call_->stream);
 }
 
 void CudaMlaExecutor::merge(bool o_proj_input) {

@@ -4,7 +4,7 @@
 // the CPU layer; the extend rows of the cache written and nothing else; a NaN-poisoned output
 // fully written. A shape cuBLASLt's FP8 block scaling declines runs dequantized, and says so.
 // The fused output quantization gives the separate one's bytes.
-// Workspace, device and slot errors.
+// CUDA calibration equals the CPU's. Workspace, device and slot errors.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -227,6 +227,56 @@ TEST(MlaLayerCudaArgs, ShapesCublasDeclinesRunDequantizedAndSaySo) {
     const Compare c = compare(d.run(layer, *make_attention_backend(name), {}), ref);
     f.cache = cache_before;
     EXPECT_GE(c.cosine, 0.998) << name;
+  }
+}
+
+// MlaLayer::calibrate on cuda:0 against the CPU layer's on the same batch: the same steps (bf16
+// RoPE bit for bit, the amax exact in any order), the projections through cuBLASLt instead of the
+// CPU's f32 sums, so each amax and scale within 2% (a few bf16 steps). A second, smaller batch
+// reuses the calibration workspace; the first batch again gives the same bits (deterministic).
+TEST(MlaLayerCudaCalibration, EqualsTheCpuCalibration) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (const char* preset : {"tiny", "deepseek-v3"}) {
+    for (const WeightFormat format : {WeightFormat::kBf16, WeightFormat::kFp8Block}) {
+      SCOPED_TRACE(::testing::Message()
+                   << preset << (format == WeightFormat::kBf16 ? " bf16" : " fp8_block"));
+      Fixture f({{0, 37}, {130, 20}, {300, 1}, {5, 0}, {17, 9}}, 6, preset);
+      Fixture small({{3, 4}}, 7, preset);
+      const MlaWeights w = generate_mla_weights(f.config, format, 3);
+      MlaLayer cpu(f.config, w), gpu(f.config, w, Device::cuda(0));
+      const auto on_device = [](Fixture& x, void*& at) {
+        EXPECT_EQ(cudaMalloc(&at, x.hidden.size() * 2), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(at, x.hidden.data(), x.hidden.size() * 2, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+        return TensorView(at, DType::kBF16, {x.tokens, x.config.hidden}, Device::cuda(0));
+      };
+      void *hidden = nullptr, *small_hidden = nullptr;
+      const MlaCalibration want = cpu.calibrate(f.hidden_view(), f.batch);
+      const MlaCalibration got = gpu.calibrate(on_device(f, hidden), f.batch);
+      gpu.calibrate(on_device(small, small_hidden), small.batch);
+      const MlaCalibration again = gpu.calibrate(
+          TensorView(hidden, DType::kBF16, {f.tokens, f.config.hidden}, Device::cuda(0)), f.batch);
+      cudaFree(hidden);
+      cudaFree(small_hidden);
+      std::printf(
+          "[ calib    ] %s amax q/k/v/cache cuda %.5g %.5g %.5g %.5g, cpu %.5g %.5g %.5g %.5g\n",
+          preset, got.amax.q, got.amax.k, got.amax.v, got.amax.cache, want.amax.q, want.amax.k,
+          want.amax.v, want.amax.cache);
+      const float g[] = {got.amax.q,          got.amax.k,          got.amax.v,
+                         got.amax.cache,      got.fp8.q_scale_inv, got.fp8.k_scale_inv,
+                         got.fp8.v_scale_inv, got.cache_scale_inv};
+      const float c[] = {want.amax.q,          want.amax.k,          want.amax.v,
+                         want.amax.cache,      want.fp8.q_scale_inv, want.fp8.k_scale_inv,
+                         want.fp8.v_scale_inv, want.cache_scale_inv};
+      for (int i = 0; i < 8; ++i) {
+        EXPECT_GT(c[i], 0.0f);
+        EXPECT_NEAR(g[i], c[i], 0.02 * c[i]) << "value " << i << " (amax q/k/v/cache, scales)";
+      }
+      EXPECT_EQ(again.amax.q, got.amax.q);
+      EXPECT_EQ(again.amax.k, got.amax.k);
+      EXPECT_EQ(again.amax.v, got.amax.v);
+      EXPECT_EQ(again.amax.cache, got.amax.cache);
+    }
   }
 }
 

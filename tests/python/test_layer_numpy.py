@@ -2,7 +2,8 @@
 "cpu-bf16") against the float64 reference with the C++ layer tests' cosine bounds (0.999; 0.998
 for the FP8 path with FP8-block weights), a cached prefix written by a first prefill and read by
 a second, one-shot against chunked prefixes, a Hugging Face model directory written here and
-loaded with load_mla_weights, the weights' lifetime, and the errors for bad inputs."""
+loaded with load_mla_weights, the weights' lifetime, calibrated static FP8 scales (a layer far
+from 1 recovers its accuracy with them), and the errors for bad inputs."""
 
 from __future__ import annotations
 
@@ -263,3 +264,88 @@ def test_bad_layer_arguments():
     if not fp8mla.info()["cuda"]:
         with pytest.raises(fp8mla.UnsupportedError, match="no CUDA"):
             fp8mla.MlaLayer(None, weights, device="cuda")
+
+
+# ---- calibration -------------------------------------------------------------------------------
+
+
+def scale_tensor(path, name, gain):
+    """Multiplies bf16 tensor `name` of a safetensors file by `gain`, in place."""
+    with open(path, "r+b") as f:
+        header_len = int.from_bytes(f.read(8), "little")
+        entry = json.loads(f.read(header_len))[name]
+        assert entry["dtype"] == "BF16", entry
+        begin, end = entry["data_offsets"]
+        f.seek(8 + header_len + begin)
+        values = np.frombuffer(f.read(end - begin), dtype=BF16).astype(np.float32) * gain
+        f.seek(8 + header_len + begin)
+        f.write(values.astype(BF16).tobytes())
+
+
+def expected_scale_inv(amax, headroom):
+    return 1.0 if amax == 0 else 1.0 / max(amax * headroom / 448.0, 1.0 / (448.0 * 512.0))
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_calibrated_scales_recover_a_layer_far_from_one(tmp_path, fmt):
+    """Q x 512 (the q_a norm's weight) and the latent rows, so K and V, / 512 (the kv_a norm's
+    weight and the hidden states): the FP8 path with the unit scales saturates Q and sinks K, V
+    and the cache into e4m3's subnormals; with scales calibrated on another batch it is back at
+    the unscaled layer's accuracy (0.999 with bf16 weights). The scales follow amax by the
+    documented rule."""
+    unscaled_weights = write_model_dir(tmp_path / "model", fmt)[0]
+    shard = tmp_path / "model" / "model-00001-of-00002.safetensors"  # layer 0
+    scale_tensor(shard, "model.layers.0.self_attn.q_a_layernorm.weight", 512.0)
+    scale_tensor(shard, "model.layers.0.self_attn.kv_a_layernorm.weight", 1 / 512)
+    weights = fp8mla.load_mla_weights(tmp_path / "model", 0)
+    layer = fp8mla.MlaLayer(None, weights)
+    width = weights.config.hidden
+    sample = (hidden_states(60, width, 4).astype(np.float32) / 512).astype(BF16)
+    cal = layer.calibrate(sample, batch_of([(0, 40), (100, 20)], 16, seed=3))
+    assert set(cal.amax) == {"q", "k", "v", "cache"} and cal.headroom == 2.0
+    for key in ("q", "k", "v", "cache"):
+        assert cal.amax[key] > 0
+        assert getattr(cal, f"{key}_scale_inv") == pytest.approx(
+            expected_scale_inv(cal.amax[key], 2.0), rel=1e-6)
+    assert cal.amax["q"] > 448 and cal.amax["v"] < 1 / 64, cal.amax  # far from 1
+
+    unscaled_hidden = hidden_states(120, width, 5)
+    slots = np.arange(120) + 5
+
+    def cosine_in_two(layer_weights, hidden, **scales):
+        """80 tokens into the cache, then 40 over them, against the float64 reference."""
+        ref = fp8mla.mla_prefill_reference(layer_weights, hidden, [(0, 120, slots)],
+                                           np.zeros((9, PAGE, 576), E4M3))[80:]
+        run = fp8mla.MlaLayer(None, layer_weights)
+        cache = np.zeros((9, PAGE, 576), dtype=E4M3)
+        run.prefill(hidden[:80], [(0, 80, slots[:80])], cache, **scales)
+        return cosine(run.prefill(hidden[80:], [(80, 40, slots)], cache, **scales), ref)
+
+    hidden = (unscaled_hidden.astype(np.float32) / 512).astype(BF16)
+    unscaled = cosine_in_two(unscaled_weights, unscaled_hidden)
+    unit = cosine_in_two(weights, hidden)
+    calibrated = cosine_in_two(weights, hidden, **cal.prefill_options())
+    print(f"fp8 path cosine: unscaled {unscaled:.6f}; unit scales {unit:.6f}, "
+          f"calibrated {calibrated:.6f}")
+    assert unit < 0.9
+    assert calibrated >= unscaled - 5e-4
+    if fmt == "bf16":
+        assert calibrated >= 0.999
+
+
+def test_calibration_errors(tiny_layer):
+    hidden = hidden_states(4, 512, 0)
+    with pytest.raises(fp8mla.InvalidArgumentError, match="headroom >= 1"):
+        tiny_layer.calibrate(hidden, [(0, 4, range(4))], headroom=0.5)
+    with pytest.raises(fp8mla.InvalidArgumentError, match="at least one extend token"):
+        tiny_layer.calibrate(hidden[:0], [(3, 0, range(3))])
+    with pytest.raises(fp8mla.InvalidArgumentError, match="hidden"):
+        tiny_layer.calibrate(hidden_states(4, 256, 0), [(0, 4, range(4))])
+    bad = hidden.copy()
+    bad[1, 7] = np.nan
+    with pytest.raises(fp8mla.InvalidArgumentError, match="non-finite"):
+        tiny_layer.calibrate(bad, [(0, 4, range(4))])
+    calibration = tiny_layer.calibrate(hidden, [(0, 4, range(4))], headroom=4.0)
+    assert calibration.headroom == 4.0
+    assert calibration.q_scale_inv == pytest.approx(
+        expected_scale_inv(calibration.amax["q"], 4.0), rel=1e-6)

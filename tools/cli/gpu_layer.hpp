@@ -42,6 +42,16 @@ class GpuLayerHarness {
   }
 
   MlaLayer& layer() { return layer_; }
+  // The options of the following prefills (the workspace was sized with the constructor's; the
+  // scales do not change its size).
+  void set_options(const MlaPrefillOptions& options) { options_ = options; }
+
+  // MlaLayer::calibrate on the batch (its own workspace, and a wait for the default stream).
+  MlaCalibration calibrate(const MlaCalibrationOptions& options) {
+    return layer_.calibrate(TensorView(hidden_.data(), DType::kBF16,
+                                       {tokens_, layer_.config().hidden}, Device::cuda(0)),
+                            batch_, options);
+  }
 
   // Copies `cache` (host bytes) to the device cache.
   void set_cache(const std::vector<std::uint8_t>& cache) {

@@ -7,7 +7,9 @@
 // slow on the host), time on a batch of about 7k new tokens after 10k cached ones. On the CPU the
 // tiny preset runs one batch for both. Weights are generated from --seed, or read from a
 // safetensors file (--weights, --layer) with DeepSeek's tensor names, or config and weights both
-// come from a Hugging Face model directory (--model, --layer).
+// come from a Hugging Face model directory (--model, --layer). With --calibrate the layer's static
+// scales are calibrated on the accuracy batch first (MlaLayer::calibrate), reported, and the FP8
+// path's accuracy with them is shown next to the unit scales'; the timed runs then use them.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -47,6 +49,8 @@ struct RunOptions {
   std::string weight_format;  // empty: fp8 on the GPU, bf16 on the CPU
   std::uint64_t seed = 1;
   std::int64_t chunk_capacity = 0;
+  bool calibrate = false;
+  float headroom = kMlaCalibrationHeadroom;
   std::string json;
 };
 
@@ -144,6 +148,8 @@ struct Report {
   std::string accuracy_batch, timing_batch;
   std::vector<PathResult> paths;  // FP8 path, BF16 path
   PathResult between{"fp8 vs bf16"};
+  std::optional<MlaCalibration> calibration;  // --calibrate
+  PathResult calibrated{"fp8 calibrated"};    // the FP8 path with the calibrated scales
   std::int64_t timing_tokens = 0;
   double attention_flop = 0;  // of the timing batch
 };
@@ -176,11 +182,22 @@ void print(const Report& r) {
               r.attention_flop / (r.paths[0].times.attention * 1e-3) / 1e12,
               r.attention_flop / (r.paths[1].times.attention * 1e-3) / 1e12);
   std::printf("\n%-24s %12s %12s %12s\n", "accuracy", "max abs", "mean abs", "cosine");
-  for (const PathResult* p : {&r.paths[0], &r.paths[1], &r.between}) {
+  std::vector<const PathResult*> rows = {&r.paths[0], &r.paths[1], &r.between};
+  if (r.calibration) rows.insert(rows.begin() + 1, &r.calibrated);
+  for (const PathResult* p : rows) {
     std::printf("%-24s %12.4g %12.4g %12.6f\n",
                 (p == &r.between ? p->name : p->name + " vs float64").c_str(), p->max_abs,
                 p->mean_abs, p->cosine);
   }
+  if (!r.calibration) return;
+  const MlaCalibration& c = *r.calibration;
+  std::printf("\ncalibration on the accuracy batch (headroom %g): fp8 and fp8 calibrated above\n",
+              c.headroom);
+  std::printf("%-24s %12s %12s %12s %12s\n", "", "Q", "K", "V", "cache");
+  std::printf("%-24s %12.4g %12.4g %12.4g %12.4g\n", "amax", c.amax.q, c.amax.k, c.amax.v,
+              c.amax.cache);
+  std::printf("%-24s %12.4g %12.4g %12.4g %12.4g\n", "scale_inv (unit: 1)", c.fp8.q_scale_inv,
+              c.fp8.k_scale_inv, c.fp8.v_scale_inv, c.cache_scale_inv);
 }
 
 void write_json(const Report& r, const std::string& path) {
@@ -201,7 +218,18 @@ void write_json(const Report& r, const std::string& path) {
       << ", \"cosine\": " << p.cosine << "}" << (i + 1 < r.paths.size() ? ",\n" : "\n");
   }
   f << "  ],\n  \"fp8_vs_bf16\": {\"max_abs\": " << r.between.max_abs
-    << ", \"mean_abs\": " << r.between.mean_abs << ", \"cosine\": " << r.between.cosine << "}\n}\n";
+    << ", \"mean_abs\": " << r.between.mean_abs << ", \"cosine\": " << r.between.cosine << "}";
+  if (r.calibration) {
+    const MlaCalibration& c = *r.calibration;
+    f << ",\n  \"calibration\": {\"headroom\": " << c.headroom << ", \"amax\": {\"q\": " << c.amax.q
+      << ", \"k\": " << c.amax.k << ", \"v\": " << c.amax.v << ", \"cache\": " << c.amax.cache
+      << "}, \"scale_inv\": {\"q\": " << c.fp8.q_scale_inv << ", \"k\": " << c.fp8.k_scale_inv
+      << ", \"v\": " << c.fp8.v_scale_inv << ", \"cache\": " << c.cache_scale_inv
+      << "}, \"fp8_calibrated\": {\"max_abs\": " << r.calibrated.max_abs
+      << ", \"mean_abs\": " << r.calibrated.mean_abs << ", \"cosine\": " << r.calibrated.cosine
+      << "}}";
+  }
+  f << "\n}\n";
 }
 
 MlaPrefillOptions prefill_options(const RunOptions& opt) {
@@ -211,6 +239,33 @@ MlaPrefillOptions prefill_options(const RunOptions& opt) {
     o.chunk_capacity = opt.chunk_capacity;
   }
   return o;
+}
+
+// The float64 reference of the batch with its cached prefix rows read at `cache_scale_inv`.
+std::vector<double> reference(const MlaConfig& config, const MlaWeights& weights,
+                              const BatchInputs& in, float cache_scale_inv) {
+  std::vector<double> ref(in.hidden.size());
+  mla_prefill_reference(config, weights,
+                        TensorView(const_cast<std::uint16_t*>(in.hidden.data()), DType::kBF16,
+                                   {in.tokens, config.hidden}),
+                        in.batch,
+                        TensorView(const_cast<std::uint8_t*>(in.cache.data()), DType::kE4M3,
+                                   {in.pages, kPageSize, kMlaLatentDim}),
+                        cache_scale_inv, ref.data());
+  return ref;
+}
+
+// --calibrate: the prefill options with the calibrated scales. The FP8 path's output with them
+// is scored against a reference at the calibrated cache scale: the batch's cached prefix bytes
+// stand for other values at another scale.
+MlaPrefillOptions calibrated_options(const RunOptions& opt, const MlaCalibration& c) {
+  MlaPrefillOptions o = prefill_options(opt);
+  c.apply_to(o);
+  return o;
+}
+void score_calibrated(const MlaConfig& config, const MlaWeights& weights, const BatchInputs& in,
+                      const std::vector<std::uint16_t>& out, Report& r) {
+  score(out, reference(config, weights, in, r.calibration->cache_scale_inv), r.calibrated);
 }
 
 // Scores the two paths' outputs against the reference and against each other.
@@ -230,7 +285,7 @@ void run_on_cpu(const MlaConfig& config, const MlaWeights& weights, const RunOpt
   r.accuracy_batch = r.timing_batch = describe(in, opt.chunk_capacity);
   r.timing_tokens = in.tokens;
   r.attention_flop = in.attention_flop;
-  Progress progress(4);
+  Progress progress(opt.calibrate ? 5 : 4);
   progress.step("float64 reference");
   std::vector<double> ref(in.hidden.size());
   const TensorView hidden(const_cast<std::uint16_t*>(in.hidden.data()), DType::kBF16,
@@ -262,6 +317,15 @@ void run_on_cpu(const MlaConfig& config, const MlaWeights& weights, const RunOpt
     outputs.push_back(std::move(out));
   }
   score_paths(outputs, ref, r);
+  if (!opt.calibrate) return;
+  progress.step("calibration, FP8 path with its scales");
+  r.calibration = layer.calibrate(hidden, in.batch, {opt.headroom});
+  cache = in.cache;
+  std::vector<std::uint16_t> out(in.hidden.size());
+  layer.prefill(hidden, in.batch, cache_view, *make_attention_backend("cpu"),
+                calibrated_options(opt, *r.calibration),
+                TensorView(out.data(), DType::kBF16, {in.tokens, config.hidden}));
+  score_calibrated(config, weights, in, out, r);
 }
 
 #if defined(FP8MLA_WITH_CUDA)
@@ -274,7 +338,7 @@ void run_on_gpu(const MlaConfig& config, const MlaWeights& weights, const RunOpt
   const std::vector<const AttentionBackend*> backends = {fp8.get(), bf16.get()};
   const MlaPrefillOptions options = prefill_options(opt);
   r.device = concat("cuda:0 (", cuda_devices().devices[0].name, ")");
-  Progress progress(6);
+  Progress progress(opt.calibrate ? 7 : 6);
 
   progress.step("accuracy batch: float64 reference");
   const BatchInputs small = make_inputs(config, {{0, 96}, {512, 32}, {100, 17}, {0, 1}}, opt.seed);
@@ -299,17 +363,26 @@ void run_on_gpu(const MlaConfig& config, const MlaWeights& weights, const RunOpt
       h.prefill(*b);
       outputs.push_back(h.out());
     }
+    if (opt.calibrate) {
+      progress.step("accuracy batch: calibration, FP8 path with its scales");
+      r.calibration = h.calibrate({opt.headroom});
+      h.set_options(calibrated_options(opt, *r.calibration));
+      h.set_cache(small.cache);
+      h.prefill(*fp8);
+      outputs.push_back(h.out());
+    }
   }
   r.paths = {PathResult{"fp8"}, PathResult{"bf16"}};
   score_paths(outputs, ref, r);
+  if (opt.calibrate) score_calibrated(config, weights, small, outputs[2], r);
 
   const BatchInputs large =
       make_inputs(config, {{0, 4096}, {8192, 2048}, {2048, 1024}, {0, 1}}, opt.seed + 1);
   r.timing_batch = describe(large, opt.chunk_capacity);
   r.timing_tokens = large.tokens;
   r.attention_flop = large.attention_flop;
-  GpuLayerHarness h(config, weights, large.batch, large.hidden, large.pages, kPageSize, options,
-                    backends);
+  GpuLayerHarness h(config, weights, large.batch, large.hidden, large.pages, kPageSize,
+                    r.calibration ? calibrated_options(opt, *r.calibration) : options, backends);
   h.set_cache(large.cache);
   for (std::size_t i = 0; i < backends.size(); ++i) {
     progress.step(i == 0 ? "timing the FP8 path" : "timing the BF16 path");
@@ -422,6 +495,13 @@ void add_run_command(CLI::App& app) {
                   "attend the prefixes in chunks of this many keys (0: the layer's default, "
                   "one-shot up to 8192 prefix keys)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--calibrate", opt->calibrate,
+                "calibrate the static FP8 scales (Q, K, V, cache) on the accuracy batch, report "
+                "them and the FP8 path's accuracy with them; the timed runs use them");
+  cmd->add_option("--headroom", opt->headroom,
+                  "--calibrate: the sample's amax maps to 448 / headroom (>= 1)")
+      ->check(CLI::Range(1.0f, 1e6f))
+      ->capture_default_str();
   cmd->add_option("--json", opt->json, "write the report as JSON to this file");
   cmd->callback([opt] { run(*opt); });
 }

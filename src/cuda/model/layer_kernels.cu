@@ -111,7 +111,34 @@ __global__ void __launch_bounds__(kThreads) rope_assemble_kernel(RopeAssemblePar
   pdl_launch_dependents();
 }
 
+// Grid-stride over (row, column) pairs; one atomicMax per block.
+__global__ void __launch_bounds__(kThreads) amax_kernel(AmaxParams p) {
+  __shared__ unsigned int warp_max[kThreads / 32];
+  pdl_wait();
+  unsigned int m = 0;
+  const std::int64_t n = p.rows * p.cols;
+  for (std::int64_t i = blockIdx.x * std::int64_t(kThreads) + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * kThreads) {
+    m = max(m, unsigned(p.x[(i / p.cols) * p.row_stride + i % p.cols] & 0x7fffu));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) m = max(m, __shfl_xor_sync(~0u, m, offset));
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int i = 1; i < kThreads / 32; ++i) m = max(m, warp_max[i]);
+    atomicMax(p.amax_bits, m);
+  }
+  pdl_launch_dependents();
+}
+
 }  // namespace
+
+void amax_bf16(const AmaxParams& p, cudaStream_t stream) {
+  if (p.rows == 0 || p.cols == 0) return;
+  launch("amax_bf16", amax_kernel,
+         {grid_for(p.rows * p.cols, kThreads * 8, 1024), dim3(kThreads), 0, stream, true}, p);
+}
 
 void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   if (p.rows == 0) return;

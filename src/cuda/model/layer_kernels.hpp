@@ -42,4 +42,14 @@ struct RopeAssembleParams {
 };
 void rope_assemble_bf16(const RopeAssembleParams& p, cudaStream_t stream);
 
+// *amax_bits = max(*amax_bits, bits of max |x|) over `rows` rows of `cols` bf16 elements, a NaN
+// counting above every number (as in model::amax_bf16): the bf16 magnitude bits order like the
+// values, so the max is an integer max, exact in any order. The cell is zeroed by the caller.
+struct AmaxParams {
+  const std::uint16_t* x = nullptr;
+  std::int64_t rows = 0, cols = 0, row_stride = 0;  // in elements
+  unsigned int* amax_bits = nullptr;
+};
+void amax_bf16(const AmaxParams& p, cudaStream_t stream);
+
 }  // namespace fp8mla::cuda::model
