@@ -248,6 +248,48 @@ void run_cpu(const ArgChecker& check, PrefillAttentionParams& p) {
   cpu::prefill_attention(p);
   cpu::quantize_output(p.quant, {bf16.data(), DType::kBF16, p.tq, width, width});
 }
+// The tensors' pointers, strides and sizes, the batch and the scalars, once every check passed.
+void set_tensors(PrefillAttentionParams& p, const PrefillAttentionArgs& args, OutputQuantKey key,
+                 const OutputQuantParams& quant) {
+  const TensorView& q = args.q;
+  const TensorView& k = args.k;
+  const TensorView& v = args.v;
+  const TensorView& out = args.out;
+  p.q = q.data();
+  p.k = k.data();
+  p.v = v.data();
+  p.q_token_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.k_token_stride = k.stride(0);
+  p.k_head_stride = k.stride(1);
+  p.v_token_stride = v.stride(0);
+  p.v_head_stride = v.stride(1);
+  p.v_dim_stride = v.stride(2);
+  p.tq = q.size(0);
+  p.tk = k.size(0);
+  p.heads = q.size(1);
+  p.dqk = int(q.size(2));
+  p.dv = int(v.size(2));
+  p.cu_seqlens_q = args.cu_seqlens_q.data_as<const std::int32_t>();
+  p.cu_seqlens_k = args.cu_seqlens_k.data_as<const std::int32_t>();
+  p.batch = args.cu_seqlens_q.size(0) - 1;
+  p.max_seqlen_q = args.max_seqlen_q;
+  p.max_seqlen_k = args.max_seqlen_k;
+  p.softmax_scale = args.softmax_scale;
+  p.causal = args.causal;
+  if (key == OutputQuantKey::kNone) {
+    p.out = out.data_as<std::uint16_t>();
+    p.out_token_stride = out.stride(0);
+    p.out_head_stride = out.stride(1);
+  }
+  p.quant = quant;
+  if (args.lse.data() != nullptr) {
+    p.lse = args.lse.data_as<float>();
+    p.lse_token_stride = args.lse.stride(0);
+    p.lse_head_stride = args.lse.stride(1);
+  }
+}
+
 }  // namespace
 
 void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
@@ -334,39 +376,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
     check_cuda_layouts(check, args, v_transposed, key != OutputQuantKey::kNone);
   }
 
-  p.q = q.data();
-  p.k = k.data();
-  p.v = v.data();
-  p.q_token_stride = q.stride(0);
-  p.q_head_stride = q.stride(1);
-  p.k_token_stride = k.stride(0);
-  p.k_head_stride = k.stride(1);
-  p.v_token_stride = v.stride(0);
-  p.v_head_stride = v.stride(1);
-  p.v_dim_stride = v.stride(2);
-  p.tq = tq;
-  p.tk = tk;
-  p.heads = heads;
-  p.dqk = int(dqk);
-  p.dv = int(dv);
-  p.cu_seqlens_q = args.cu_seqlens_q.data_as<const std::int32_t>();
-  p.cu_seqlens_k = args.cu_seqlens_k.data_as<const std::int32_t>();
-  p.batch = args.cu_seqlens_q.size(0) - 1;
-  p.max_seqlen_q = args.max_seqlen_q;
-  p.max_seqlen_k = args.max_seqlen_k;
-  p.softmax_scale = args.softmax_scale;
-  p.causal = args.causal;
-  if (key == OutputQuantKey::kNone) {
-    p.out = out.data_as<std::uint16_t>();
-    p.out_token_stride = out.stride(0);
-    p.out_head_stride = out.stride(1);
-  }
-  p.quant = quant;
-  if (has_lse) {
-    p.lse = args.lse.data_as<float>();
-    p.lse_token_stride = args.lse.stride(0);
-    p.lse_head_stride = args.lse.stride(1);
-  }
+  set_tensors(p, args, key, quant);
 
   dispatch(
       device, [&] { run_cpu(check, p); },
