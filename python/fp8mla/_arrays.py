@@ -1,9 +1,9 @@
 """Array adapters: how one framework's arrays meet the op table (_ops.py) and _C.
 
-An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`, `permute` for the
-transposed layouts), makes one-element f32 scalars (`scalar`), says what is an array
-(`is_array`), converts an array for _C (`tensor`) and runs an op (`call`, or `query` for an op
-that returns a value); `require` sees the
+An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`; `as_strided`, a view
+of a shape and element strides from an allocation's start, for the transposed layouts), makes
+one-element f32 scalars (`scalar`), says what is an array (`is_array`), converts an array for _C
+(`tensor`) and runs an op (`call`, or `query` for an op that returns a value); `require` sees the
 outputs about to be allocated (other DLPack arrays cannot be).
 Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
 passed through as they are, every output given). torch's adapter is in torch_ops.py, which
@@ -74,7 +74,11 @@ class Numpy(Arrays):
 
     array_type = np.ndarray
     empty_like = staticmethod(np.empty_like)
-    permute = staticmethod(np.transpose)
+
+    @staticmethod
+    def as_strided(a, shape, strides):
+        # A view whose base is `a` (as a slice and transpose of it would be).
+        return np.ndarray(shape, a.dtype, buffer=a, strides=tuple(s * a.itemsize for s in strides))
 
     @staticmethod
     def empty(shape, dtype, like):

@@ -60,15 +60,18 @@ def _group_scales(arrays, x, group_size, scale_layout):
     check_choice("quantize_fp8_per_token_group", "scale_layout", scale_layout, SCALE_LAYOUTS)
     kind, shape, transpose, rows = group_scale_plan(tuple(x.shape), group_size, scale_layout)
     scales = arrays.empty(shape, kind, x)
-    return arrays.permute(scales[:, :rows], (1, 0)) if transpose else scales
+    # The column-major [rows, G] view of [G, R] storage, in one call (a slice and a transpose
+    # cost torch two more).
+    return arrays.as_strided(scales, (rows, shape[0]), (1, shape[1])) if transpose else scales
 
 
 def _v_out(arrays, v, v_layout):
     """e4m3 like v [n, H, 128]; "transposed": a [n, H, 128] view of [H, 128, pitch] memory."""
     if v_layout == "transposed":
         n, heads, dim = v.shape
-        storage = arrays.empty((heads, dim, transposed_pitch(n)), "e4m3", v)
-        return arrays.permute(storage[:, :, :n], (2, 0, 1))
+        pitch = transposed_pitch(n)
+        storage = arrays.empty((heads, dim, pitch), "e4m3", v)
+        return arrays.as_strided(storage, (n, heads, dim), (1, dim * pitch, pitch))
     return arrays.empty(tuple(v.shape), "e4m3", v)
 
 

@@ -174,7 +174,7 @@ class Torch(Arrays):
     array_type = torch.Tensor
     tensor = staticmethod(_tensor)
     empty_like = staticmethod(torch.empty_like)
-    permute = staticmethod(torch.permute)
+    as_strided = staticmethod(torch.as_strided)
 
     @staticmethod
     def empty(shape, dtype, like):
