@@ -154,6 +154,20 @@ def _rope_quantize_args(query: str, latent: str) -> list:
     ]
 
 
+def _kv_pack_args(v_out_alloc) -> list:
+    """mla_kv_pack_quantize_fp8's tensors and scales, which the backends' pack takes too; V is
+    allocated by `v_out_alloc` (the op's v_layout, or the backend's)."""
+    return [
+        Arg("k_nope", TENSOR),
+        Arg("k_pe", TENSOR),
+        Arg("v", TENSOR),
+        Arg("k_scale_inv", FLOAT, 1.0),
+        Arg("v_scale_inv", FLOAT, 1.0),
+        Arg("k_out", OUT, dtype="e4m3", alloc=_QK_OUT["k_nope"]),
+        Arg("v_out", OUT, dtype="e4m3", alloc=v_out_alloc),
+    ]
+
+
 OPS = (
     Op("quantize_fp8", """Per-tensor FP8: out = fp8(x * scale_inv), nearest-even, saturating.
 
@@ -280,13 +294,7 @@ OPS = (
     v_layout "transposed" writes v_out as a [n, H, 128] view of [H, 128, pitch] memory (tokens
     contiguous, pitch a multiple of 16 when allocated here), what FP8 prefill_attention reads on
     Hopper. Returns (k_out, v_out).""", [
-        Arg("k_nope", TENSOR),
-        Arg("k_pe", TENSOR),
-        Arg("v", TENSOR),
-        Arg("k_scale_inv", FLOAT, 1.0),
-        Arg("v_scale_inv", FLOAT, 1.0),
-        Arg("k_out", OUT, dtype="e4m3", alloc=_QK_OUT["k_nope"]),
-        Arg("v_out", OUT, dtype="e4m3", alloc=_v_out),
+        *_kv_pack_args(_v_out),
         Arg("v_layout", STR, "token_major"),
     ], result=lambda k_out, v_out: (k_out, v_out)),
     Op("mla_v_quantize_fp8", """V alone, for a backend whose K comes from mla_rope_quantize_fp8:
@@ -411,13 +419,7 @@ BACKEND_OPS = (
     layout. Returns (k_out, v_out). A backend without the pack raises
     fp8mla.UnsupportedError.""", [
         Arg("backend", STR),
-        Arg("k_nope", TENSOR),
-        Arg("k_pe", TENSOR),
-        Arg("v", TENSOR),
-        Arg("k_scale_inv", FLOAT, 1.0),
-        Arg("v_scale_inv", FLOAT, 1.0),
-        Arg("k_out", OUT, dtype="e4m3", alloc=_QK_OUT["k_nope"]),
-        Arg("v_out", OUT, dtype="e4m3", alloc=_backend_v_out),
+        *_kv_pack_args(_backend_v_out),
     ], result=lambda k_out, v_out: (k_out, v_out)),
 )
 
