@@ -5,6 +5,11 @@
 #                        [--sanitize EXE,EXE] [BUILD_DIR]
 # --no-build runs a build tree made elsewhere at the same absolute path (the tests' paths are
 # absolute). Logs and the JUnit report go to DIR (default BUILD_DIR/gpu-check).
+# Its compute-sanitizer pass covers chosen cases only and takes longer than 10 minutes; the full
+# sweep (every CUDA test binary and the CUDA pytest files, all four tools) is scripts/sanitize.sh,
+# split into shares that each fit a time budget: scripts/sanitize.sh --share K/N BUILD_DIR (run
+# with --dry-run first to see a share's work list and the N its estimates suggest). Pass
+# --sanitize none here to leave the sanitizer to it.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 

@@ -27,7 +27,7 @@
 namespace fp8mla::test {
 namespace {
 
-constexpr std::size_t kRuns = 1000;
+const std::size_t kRuns = rerun_count();
 
 // Runs 1 .. kRuns of `dc` on `stream`, fingerprints into rows 1 .. kRuns of `f` (row 0: before).
 template <typename Case>

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -66,6 +67,14 @@ class CapturedGraph {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
 };
+
+// How many times the rerun tests run an op: 1000, or FP8MLA_RERUNS (at least 2) when set, so that
+// the sanitizer runs (scripts/sanitize.sh) check the same code paths in a few runs.
+inline std::size_t rerun_count() {
+  const char* env = std::getenv("FP8MLA_RERUNS");
+  const long n = env == nullptr ? 1000 : std::strtol(env, nullptr, 10);
+  return std::size_t(std::max(n, 2L));
+}
 
 // ---- Device fingerprints ------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@
 namespace fp8mla::test {
 namespace {
 
-constexpr std::size_t kRuns = 1000;
+const std::size_t kRuns = rerun_count();
 constexpr std::int64_t kHeads = 16, kMaxPos = 4096;
 // Two sequences: new tokens (queries) and prefix-chunk keys per sequence.
 constexpr std::int32_t kCuQ[] = {0, 100, 256}, kCuPrefix[] = {0, 200, 384};
