@@ -31,6 +31,7 @@ void expect_replay_equals_eager(const Case& c) {
   const Case changed = reseeded(c, c.seed + 2);
   DeviceCase<Case> dc(c);
   const TestStream stream;
+  const std::vector<std::vector<std::uint8_t>> before_old = dc.download();
   dc.run(stream.get());  // warm-up outside the capture, as an engine does before capturing
   stream.sync();
   const std::vector<std::vector<std::uint8_t>> eager_old = dc.download();
@@ -38,6 +39,7 @@ void expect_replay_equals_eager(const Case& c) {
   const CapturedGraph graph(stream.get(), [&] { dc.run(stream.get()); });
 
   dc.load(changed);
+  const std::vector<std::vector<std::uint8_t>> before = dc.download();
   graph.launch(stream.get());
   stream.sync();
   const std::vector<std::vector<std::uint8_t>> replayed = dc.download();
@@ -46,12 +48,15 @@ void expect_replay_equals_eager(const Case& c) {
   stream.sync();
   const std::vector<std::vector<std::uint8_t>> eager = dc.download();
 
+  // Some buffer the op wrote (changed from what it held) holds other bytes than on the old
+  // contents; buffers the op only reads do not count.
   bool contents_matter = false;
   for (std::size_t i = 0; i < eager.size(); ++i) {
     EXPECT_TRUE(same_bytes(replayed[i], eager[i], concat("replay vs eager, buffer ", i)));
-    contents_matter |= eager[i] != eager_old[i];
+    contents_matter |=
+        eager[i] != before[i] && eager_old[i] != before_old[i] && eager[i] != eager_old[i];
   }
-  EXPECT_TRUE(contents_matter) << "the new contents gave the old results";
+  EXPECT_TRUE(contents_matter) << "no output differs between the old and the new contents";
   EXPECT_TRUE(dc.guards_intact());
 }
 
