@@ -3,7 +3,7 @@
 # build tree (BUILD_DIR/tests/*_cuda_test) and over the CUDA pytest files (tests/python/*_torch.py),
 # split into shares that each fit a time budget:
 #   scripts/sanitize.sh [--share K/N] [--budget-s 600] [--tools memcheck,racecheck,...]
-#                       [--out DIR] [--list-file FILE] [--dry-run] BUILD_DIR
+#                       [--out DIR] [--list-file FILE] [--dry-run] [--no-pytest] BUILD_DIR
 # The work list is (tool, binary, gtest filter) items: each binary's cases (--gtest_list_tests)
 # minus the exclusions below, cut into chunks whose estimated time fits half the budget, for every
 # tool. The items are dealt to N shares by estimated time (largest first, to the least loaded
@@ -23,12 +23,15 @@
 # pytest ids) instead of running the binaries; --dry-run prints the share's work list (tab-separated
 # tool, binary, cases, estimate, filter), checks that
 # the N shares partition the whole list, and runs nothing. SANITIZER (default compute-sanitizer)
-# is the sanitizer command.
+# is the sanitizer command. The pytest items need CUDA torch and the package installed with CUDA
+# (PIP_BREAK_SYSTEM_PACKAGES=1 FP8MLA_CUDA=ON python3 -m pip install --no-build-isolation .);
+# without, their tests skip and the item fails. --no-pytest leaves them out.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/options.sh"
 share=1/1 budget_s=600 tools=memcheck,racecheck,initcheck,synccheck out="" list_file="" dry_run=0
-parse_options "share budget-s tools out list-file" "dry-run" "$@"
+no_pytest=0
+parse_options "share budget-s tools out list-file" "dry-run no-pytest" "$@"
 dir=${positional[0]:-build-gpu}
 [[ $share =~ ^([0-9]+)/([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= BASH_REMATCH[2])) ||
   { echo "--share: expected K/N with 1 <= K <= N, got $share" >&2; exit 2; }
@@ -53,7 +56,7 @@ else
   has_torch=0
   python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null && has_torch=1
   for py in "$here"/../tests/python/*_torch.py; do
-    [[ -f $py ]] || continue
+    [[ -f $py ]] && ((!no_pytest)) || continue
     file=tests/python/$(basename "$py")
     if ((has_torch)); then
       (cd "$here/.." && python3 -m pytest --collect-only -q -p no:cacheprovider "$file" 2>/dev/null) |

@@ -39,7 +39,8 @@ void device_sync() {
 }
 
 // `rows` rows of `row_bytes` bytes, `pitch` bytes apart, in one poisoned device allocation: only
-// the rows are copied in and out (cudaMemcpy2D), against compact host rows.
+// the rows are copied in and out, against compact host rows (one copy a row: cudaMemcpy2D
+// rejects pitches past the device's memPitch, 2^31 - 1 bytes).
 class PitchedRows {
  public:
   PitchedRows(std::int64_t rows, std::size_t row_bytes, std::size_t pitch)
@@ -49,15 +50,19 @@ class PitchedRows {
         buffer_(std::size_t(rows - 1) * pitch + row_bytes) {}
   void* data() const { return buffer_.data(); }
   void upload(const HostBuffer& compact) {
-    cuda::check(cudaMemcpy2D(buffer_.data(), pitch_, compact.data(), row_bytes_, row_bytes_,
-                             std::size_t(rows_), cudaMemcpyHostToDevice),
-                "cudaMemcpy2D");
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      cuda::check(cudaMemcpy(static_cast<char*>(buffer_.data()) + std::size_t(r) * pitch_,
+                             compact.data() + std::size_t(r) * row_bytes_, row_bytes_,
+                             cudaMemcpyHostToDevice),
+                  "cudaMemcpy");
+    }
   }
   HostBuffer download() const {
     HostBuffer compact(row_bytes_ * std::size_t(rows_));
-    cuda::check(cudaMemcpy2D(compact.data(), row_bytes_, buffer_.data(), pitch_, row_bytes_,
-                             std::size_t(rows_), cudaMemcpyDeviceToHost),
-                "cudaMemcpy2D");
+    for (std::int64_t r = 0; r < rows_; ++r) {
+      const std::vector<std::uint8_t> row = buffer_.download(std::size_t(r) * pitch_, row_bytes_);
+      std::memcpy(compact.data() + std::size_t(r) * row_bytes_, row.data(), row_bytes_);
+    }
     return compact;
   }
   void poison() { buffer_.fill(kPoison); }
