@@ -8,9 +8,11 @@ What it checks, on the source text of src/cuda (comments stripped):
   - each of them calls pdl_wait() in its own body (every launch of the library may set the PDL
     attribute: LaunchConfig.pdl is true or a variable); --list prints where, as the line of the
     body, for review of what comes before it;
+  - the body before that call has no visible global load: no load helper or __ldg call, no
+    index or dereference of a parameter's pointer field (p.x[i], *a.scale), no ld.global;
   - no kernel is launched with <<<...>>> under src/cuda (that would bypass the PDL switch).
-What it does not prove: that no dependent load precedes the wait on some path (the lines before
-it, or a helper called before it), nor that pdl_launch_dependents() follows the last store, nor
+What it does not prove: that no dependent load precedes the wait on some path (a load inside a
+helper of another name called before it, a pointer copied to a local and read), nor that pdl_launch_dependents() follows the last store, nor
 anything about kernels launched through other paths (cuBLAS). The GPU tests (PDL on/off chains
 that alternate their inputs, pdl_chain_cuda_test) look for those at run time.
 Exit status 0 when every launched kernel waits, 1 otherwise. --list prints the kernels.
@@ -23,6 +25,19 @@ import sys
 LAUNCH = re.compile(r'\blaunch\s*\(\s*(?:"[^"]*"|[A-Za-z_][\w:]*)\s*,\s*([A-Za-z_]\w*)')
 GLOBAL = re.compile(r'__global__\s+(?:void\s+)?(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:void\s+)?'
                     r'([A-Za-z_]\w*)\s*\(')
+# A global load written before the wait: a load helper or __ldg call, an index or dereference of
+# a kernel parameter's pointer field (p.x[i], *a.scale), ld.global in inline PTX.
+EARLY_LOAD = re.compile(r'\b(__ldg|load\w*)\s*\(|\b[a-z]\.\w+(\.\w+)*\s*\[|\*\s*[a-z]\.\w+|ld\.global')
+
+
+def early_load(text):
+    """The first EARLY_LOAD match in `text` that is not a multiplication (`row * p.stride`)."""
+    for m in EARLY_LOAD.finditer(text):
+        before = text[:m.start()].rstrip()
+        if m.group(0).startswith('*') and before and (before[-1].isalnum() or before[-1] in '_)]'):
+            continue
+        return m.group(0)
+    return None
 TRIPLE_CHEVRON = re.compile(r'\b([A-Za-z_]\w*)\s*(?:<[^;<>]*>)?\s*<<<')
 
 
@@ -46,7 +61,8 @@ def body_after(text, start):
 
 
 def self_test():
-    """A tree with one kernel that waits, one that does not and one <<<>>> launch: 2 problems."""
+    """A tree with a kernel that waits, one that does not, one that loads before its wait and a
+    <<<>>> launch: 3 problems."""
     import subprocess
     import tempfile
     with tempfile.TemporaryDirectory() as root:
@@ -54,14 +70,18 @@ def self_test():
         (pathlib.Path(root) / 'src' / 'cuda' / 'k.cu').write_text(
             '__global__ void good_kernel(int* p) { pdl_wait(); *p = 1; }\n'
             '__global__ void __launch_bounds__(128) bad_kernel(int* p) { *p = 2; }\n'
+            '__global__ void early_kernel(Params a) { int y = 2 * a.n; int x = a.in[y]; '
+            'pdl_wait(); }\n'
             'void f(int* p) { launch("good", good_kernel, config, p);\n'
+            '  launch("early", early_kernel, config, a);\n'
             '  auto kernel = bad_kernel; launch("bad", kernel, config, p);\n'
             '  good_kernel<<<1, 1>>>(p); }\n')
         run = subprocess.run([sys.executable, __file__, '--root', root], capture_output=True,
                              text=True)
     out = run.stdout
-    ok = (run.returncode == 1 and '2 kernels launched through cuda::launch, 2 problems' in out
-          and 'kernel bad_kernel' in out and 'launched with <<<>>>' in out)
+    ok = (run.returncode == 1 and '3 kernels launched through cuda::launch, 3 problems' in out
+          and 'kernel bad_kernel' in out and 'launched with <<<>>>' in out
+          and 'early_kernel reads `a.in[`' in out)
     print(out + ('self-test passed' if ok else 'self-test FAILED'))
     return 0 if ok else 1
 
@@ -118,8 +138,12 @@ def main():
         if wait < 0:
             failures.append(f'{where}: kernel {name} is launched through cuda::launch but its body '
                             'has no pdl_wait()')
-        elif args.list:
-            print(f'{name:40s} {where}  pdl_wait at body line {body.count(chr(10), 0, wait) + 1}')
+        else:
+            early = early_load(body[:wait])
+            if early:
+                failures.append(f'{where}: kernel {name} reads `{early}` before pdl_wait()')
+            elif args.list:
+                print(f'{name:40s} {where}  pdl_wait at body line {body.count(chr(10), 0, wait) + 1}')
     if not launched:
         failures.append('no launches found: the pattern no longer matches the sources')
     for f in failures:
