@@ -7,8 +7,10 @@
 // copy), and they are compared with the same op on compact copies of those rows: the CPU op,
 // bit for bit, for the prep and quantize ops; the CUDA op on small offsets for attention and the
 // merge (whose CPU paths differ from the kernels within the error rule, not bit for bit), so a
-// 32-bit offset anywhere shows as different bytes. Each test holds at most about 26 GB of device
-// memory at a time. Test names contain "Big" (--gtest_filter='*Big*' selects them).
+// 32-bit offset anywhere shows as different bytes. Attention and the merge also run on enough
+// tokens (128 heads) that the last sequences' rows start past element 2^31. Each test holds at most
+// about 26 GB of device memory at a time. Test names contain "Big" (--gtest_filter='*Big*' selects
+// them).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -405,6 +407,134 @@ TEST(BigTensorCuda, MergeAttentionStatesStridesPast2To31) {
   EXPECT_TRUE(same_bytes(d_out.download().payload(), c_out.download(), "out"));
   EXPECT_TRUE(same_bytes(c_out_big_lse.download(), c_out_lse.download(), "out_lse"));
   EXPECT_TRUE(d_out.intact());
+}
+
+// ---- Many tokens: offsets from cu_seqlens past element 2^31 ----------------------------------
+
+// Random bytes from a hash of the 64-bit index: e4m3 codes of magnitude below 2^3 (no NaN), or
+// bf16 values of magnitude 2^-9 to 2.
+__global__ void fill_hashed(std::uint8_t* out, std::int64_t bytes, bool bf16, std::uint64_t seed) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < bytes;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    std::uint64_t z = (std::uint64_t(i) + seed) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 29)) * 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 32;
+    // e4m3 exponent field <= 9 (below 2^3); bf16 high bytes of exponents 118..128.
+    out[i] = bf16 ? (i % 2 ? std::uint8_t((z & 0x80) | (0x3B + z % 5)) : std::uint8_t(z))
+                  : std::uint8_t((z & 0x80) | (z >> 8) % 0x4F);
+  }
+}
+
+DeviceBuffer hashed(std::size_t bytes, bool bf16, std::uint64_t seed) {
+  DeviceBuffer d(bytes);
+  fill_hashed<<<cuda::device_props(0).sm_count * 8, 256>>>(static_cast<std::uint8_t*>(d.data()),
+                                                           std::int64_t(bytes), bf16, seed);
+  cuda::check_launch("fill_hashed");
+  return d;
+}
+
+void copy_d2d(void* dst, const void* src, std::size_t bytes) {
+  cuda::check(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
+}
+
+// 1368 sequences of 64 tokens and 128 heads: the q and k rows of the last two sequences start past
+// element 2^31 (offsets from cu_seqlens times the token stride), their out rows past byte 2^31.
+// The first, a middle and the last two sequences give the bytes of each run alone.
+TEST(BigTensorCuda, PrefillAttentionManyTokensPast2To31) {
+  FP8MLA_REQUIRE_HOPPER();
+  constexpr std::int64_t H = 128, kLen = 64, kSeqs = 1368, T = kSeqs * kLen;
+  static_assert(T * H * 192 > k2To31 + 2 * kLen * H * 192);
+  const Device gpu = Device::cuda(0);
+  const DeviceBuffer q = hashed(std::size_t(T * H * 192), false, 1),
+                     k = hashed(std::size_t(T * H * 192), false, 2),
+                     v = hashed(std::size_t(H * 128 * T), false, 3);  // [H][128][T]
+  DeviceBuffer out(std::size_t(T * H * 128 * 2)), lse(std::size_t(T * H * 4));
+  std::vector<std::int32_t> cu(kSeqs + 1);
+  for (std::int64_t b = 0; b <= kSeqs; ++b) cu[std::size_t(b)] = std::int32_t(b * kLen);
+  const DeviceBuffer cu_big = to_device(cu), cu_one = to_device(std::vector<std::int32_t>{0, kLen});
+  const DeviceBuffer descales = to_device(std::vector<float>{0.3f, 0.3f, 0.5f});
+  const auto args = [&](void* qq, void* kk, void* vv, std::int64_t tokens, void* o, void* l,
+                        const DeviceBuffer& cu_view, std::int64_t batch) {
+    PrefillAttentionArgs a;
+    a.q = TensorView(qq, DType::kE4M3, {tokens, H, 192}, gpu);
+    a.k = TensorView(kk, DType::kE4M3, {tokens, H, 192}, gpu);
+    a.v = TensorView(vv, DType::kE4M3, {tokens, H, 128}, {1, 128 * tokens, tokens}, gpu);
+    a.cu_seqlens_q = a.cu_seqlens_k = TensorView(cu_view.data(), DType::kI32, {batch + 1}, gpu);
+    a.max_seqlen_q = a.max_seqlen_k = int(kLen);
+    a.softmax_scale = float(1.0 / std::sqrt(192.0));
+    a.q_descale = TensorView(descales.as<float>(), DType::kF32, {1}, gpu);
+    a.k_descale = TensorView(descales.as<float>() + 1, DType::kF32, {1}, gpu);
+    a.v_descale = TensorView(descales.as<float>() + 2, DType::kF32, {1}, gpu);
+    a.out = TensorView(o, DType::kBF16, {tokens, H, 128}, gpu);
+    a.lse = TensorView(l, DType::kF32, {tokens, H}, gpu);
+    return a;
+  };
+  prefill_attention(args(q.data(), k.data(), v.data(), T, out.data(), lse.data(), cu_big, kSeqs));
+  device_sync();
+  DeviceBuffer q1(std::size_t(kLen * H * 192)), k1(std::size_t(kLen * H * 192)),
+      v1(std::size_t(H * 128 * kLen)), out1(std::size_t(kLen * H * 128 * 2)),
+      lse1(std::size_t(kLen * H * 4));
+  for (std::int64_t b : {std::int64_t{0}, kSeqs / 2, kSeqs - 2, kSeqs - 1}) {
+    SCOPED_TRACE(concat("sequence ", b, " of ", kSeqs));
+    const std::size_t first = std::size_t(b * kLen);
+    copy_d2d(q1.data(), q.as<std::uint8_t>() + first * H * 192, q1.bytes());
+    copy_d2d(k1.data(), k.as<std::uint8_t>() + first * H * 192, k1.bytes());
+    cuda::check(cudaMemcpy2D(v1.data(), kLen, v.as<std::uint8_t>() + first, std::size_t(T), kLen,
+                             std::size_t(H * 128), cudaMemcpyDeviceToDevice),
+                "cudaMemcpy2D");
+    out1.fill(kPoison);
+    lse1.fill(kPoison);
+    prefill_attention(
+        args(q1.data(), k1.data(), v1.data(), kLen, out1.data(), lse1.data(), cu_one, 1));
+    device_sync();
+    EXPECT_TRUE(
+        same_bytes(out.download(first * H * 128 * 2, out1.bytes()), out1.download(), "out"));
+    EXPECT_TRUE(same_bytes(lse.download(first * H * 4, lse1.bytes()), lse1.download(), "lse"));
+  }
+  EXPECT_TRUE(out.guards_intact() && lse.guards_intact());
+}
+
+// 131080 tokens of 128 heads of 128: the last 8 tokens' rows start past element 2^31. The last 16
+// tokens (and the first 16) give the bytes of the merge of those tokens alone.
+TEST(BigTensorCuda, MergeAttentionStatesManyTokensPast2To31) {
+  FP8MLA_REQUIRE_HOPPER();
+  constexpr std::int64_t H = 128, D = 128, T = (k2To31 / (H * D)) + 8, kRows = 16;
+  const Device gpu = Device::cuda(0);
+  const DeviceBuffer o_a = hashed(std::size_t(T * H * D * 2), true, 4),
+                     o_b = hashed(std::size_t(T * H * D * 2), true, 5);
+  std::vector<float> host_lse(std::size_t(T * H));
+  Rng rng(6);
+  for (float& x : host_lse) x = (rng.uniform() * 2 - 1) * 20;
+  const DeviceBuffer lse_a = to_device(host_lse);
+  for (float& x : host_lse) x = (rng.uniform() * 2 - 1) * 20;
+  const DeviceBuffer lse_b = to_device(host_lse);
+  DeviceBuffer out(std::size_t(T * H * D * 2)), out_lse(std::size_t(T * H * 4));
+  const auto o = [&](const void* p, std::int64_t t) {
+    return TensorView(const_cast<void*>(p), DType::kBF16, {t, H, D}, gpu);
+  };
+  const auto l = [&](const void* p, std::int64_t t) {
+    return TensorView(const_cast<void*>(p), DType::kF32, {t, H}, gpu);
+  };
+  merge_attention_states(o(o_a.data(), T), l(lse_a.data(), T), o(o_b.data(), T), l(lse_b.data(), T),
+                         o(out.data(), T), l(out_lse.data(), T));
+  device_sync();
+  const std::size_t row = std::size_t(H * D * 2), lse_row = std::size_t(H * 4);
+  DeviceBuffer a1(kRows * row), b1(kRows * row), la1(kRows * lse_row), lb1(kRows * lse_row),
+      out1(kRows * row), lse1(kRows * lse_row);
+  for (std::int64_t first : {std::int64_t{0}, T - kRows}) {
+    SCOPED_TRACE(concat("tokens ", first, " + ", kRows));
+    const std::size_t f = std::size_t(first);
+    copy_d2d(a1.data(), o_a.as<std::uint8_t>() + f * row, a1.bytes());
+    copy_d2d(b1.data(), o_b.as<std::uint8_t>() + f * row, b1.bytes());
+    copy_d2d(la1.data(), lse_a.as<std::uint8_t>() + f * lse_row, la1.bytes());
+    copy_d2d(lb1.data(), lse_b.as<std::uint8_t>() + f * lse_row, lb1.bytes());
+    merge_attention_states(o(a1.data(), kRows), l(la1.data(), kRows), o(b1.data(), kRows),
+                           l(lb1.data(), kRows), o(out1.data(), kRows), l(lse1.data(), kRows));
+    device_sync();
+    EXPECT_TRUE(same_bytes(out.download(f * row, out1.bytes()), out1.download(), "out"));
+    EXPECT_TRUE(same_bytes(out_lse.download(f * lse_row, lse1.bytes()), lse1.download(), "lse"));
+  }
+  EXPECT_TRUE(out.guards_intact() && out_lse.guards_intact());
 }
 
 }  // namespace
