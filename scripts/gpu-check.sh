@@ -2,15 +2,21 @@
 # What a developer runs on a Hopper machine: builds fp8mla with CUDA, runs every test (the CUDA-
 # labelled ones included) and compute-sanitizer on the CUDA tests, then prints a summary table.
 #   scripts/gpu-check.sh [--no-build] [--out DIR] [--labels cpu,long,cuda,install]
-#                        [--sanitize EXE,EXE] [BUILD_DIR]
+#                        [--sanitize EXE,EXE] [--sanitize-share K/N] [BUILD_DIR]
 # --no-build runs a build tree made elsewhere at the same absolute path (the tests' paths are
 # absolute). Logs and the JUnit report go to DIR (default BUILD_DIR/gpu-check).
+# Its compute-sanitizer pass covers chosen cases only and takes longer than 10 minutes; the full
+# sweep (every CUDA test binary and the CUDA pytest files, all four tools) is scripts/sanitize.sh,
+# split into shares that each fit a time budget: scripts/sanitize.sh --share K/N BUILD_DIR (run
+# with --dry-run first to see a share's work list and the N its estimates suggest);
+# --sanitize-share K/N runs that share here in place of the chosen cases, --sanitize none runs no
+# sanitizer here.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/options.sh
-no_build=0 out="" labels=cpu,long,cuda,install sanitize=all
-parse_options "out labels sanitize" "no-build" "$@"
+no_build=0 out="" labels=cpu,long,cuda,install sanitize=all sanitize_share=""
+parse_options "out labels sanitize sanitize-share" "no-build" "$@"
 dir=${positional[0]:-build-gpu}
 out=${out:-$dir/gpu-check}
 mkdir -p "$out" && out=$(cd "$out" && pwd)
@@ -48,7 +54,9 @@ sanitize_cases=(
   "mla_model_cuda_test *tiny*:MlaLayerCudaArgs.*:CublasLinearCuda.ChangingRowCounts* memcheck,synccheck"
 )
 sanitizer_rows=()
-if command -v compute-sanitizer >/dev/null; then
+if [[ -n $sanitize_share ]]; then
+  scripts/sanitize.sh --share "$sanitize_share" --out "$out/sanitize" "$dir" || ctest_status=1
+elif command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck initcheck synccheck; do
     for case in "${sanitize_cases[@]}"; do
       read -r exe filter tools <<<"$case"
