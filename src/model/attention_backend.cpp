@@ -54,6 +54,21 @@ std::string join(const std::vector<std::string>& items) {
 
 // A backend made of fp8mla's ops, which run where their tensors are: backends differ in what they
 // declare (kBackends), not in code.
+// The hook's V has the tokens and heads of its Q, and passes mla_v_quantize_fp8's checks (run on
+// an empty slice of it) before mla_rope_quantize_fp8 writes anything: a bad V then leaves q_out,
+// k_out and the cache as they were.
+void check_v_like_q(const PrepareQkvArgs& args, VLayout layout) {
+  const TensorView& q = args.qk.q_nope;
+  const TensorView& v = args.v;
+  if (q.ndim() == 3 && v.ndim() == 3 && (v.size(0) != q.size(0) || v.size(1) != q.size(1))) {
+    throw Error(ErrorCategory::kInvalidArgument,
+                concat("prepare_prefill_qkv: `v`: expected the ", q.size(0), " tokens and ",
+                       q.size(1), " heads of `q_nope` (", q.describe(), "), got ", v.describe()));
+  }
+  const auto none = [](const TensorView& t) { return t.ndim() >= 1 ? t.narrow(0, 0, 0) : t; };
+  mla_v_quantize_fp8(none(v), none(args.v_out), args.v_scale_inv, layout);
+}
+
 class OpsBackend final : public AttentionBackend {
  public:
   explicit OpsBackend(BackendCapabilities caps) : caps_(std::move(caps)) {}
@@ -63,6 +78,7 @@ class OpsBackend final : public AttentionBackend {
   }
   void prepare_prefill_qkv(const PrepareQkvArgs& args, CudaStream stream) const override {
     if (!caps_.prepare_prefill_qkv) AttentionBackend::prepare_prefill_qkv(args, stream);
+    check_v_like_q(args, caps_.v_layout);
     mla_rope_quantize_fp8(args.qk, stream);
     mla_v_quantize_fp8(args.v, args.v_out, args.v_scale_inv, caps_.v_layout, stream);
   }
