@@ -52,11 +52,9 @@ std::string join(const std::vector<std::string>& items) {
   return join(items, [](const std::string& s) { return s; });
 }
 
-// A backend made of fp8mla's ops, which run where their tensors are: backends differ in what they
-// declare (kBackends), not in code.
 // The hook's V has the tokens and heads of its Q, and passes mla_v_quantize_fp8's checks (run on
-// an empty slice of it) before mla_rope_quantize_fp8 writes anything: a bad V then leaves q_out,
-// k_out and the cache as they were.
+// an empty slice of it first) before mla_rope_quantize_fp8 writes anything: a bad V then leaves
+// q_out, k_out and the cache as they were.
 void check_v_like_q(const PrepareQkvArgs& args, VLayout layout) {
   const TensorView& q = args.qk.q_nope;
   const TensorView& v = args.v;
@@ -66,9 +64,18 @@ void check_v_like_q(const PrepareQkvArgs& args, VLayout layout) {
                        q.size(1), " heads of `q_nope` (", q.describe(), "), got ", v.describe()));
   }
   const auto none = [](const TensorView& t) { return t.ndim() >= 1 ? t.narrow(0, 0, 0) : t; };
-  mla_v_quantize_fp8(none(v), none(args.v_out), args.v_scale_inv, layout);
+  try {
+    mla_v_quantize_fp8(none(v), none(args.v_out), args.v_scale_inv, layout);
+  } catch (const Error&) {
+    // The check that failed holds for any token count: it fails again on the views as given,
+    // before writing anything, with a message that shows them.
+    mla_v_quantize_fp8(v, args.v_out, args.v_scale_inv, layout);
+    throw;
+  }
 }
 
+// A backend made of fp8mla's ops, which run where their tensors are: backends differ in what they
+// declare (kBackends), not in code.
 class OpsBackend final : public AttentionBackend {
  public:
   explicit OpsBackend(BackendCapabilities caps) : caps_(std::move(caps)) {}
