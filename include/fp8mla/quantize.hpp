@@ -6,7 +6,8 @@
 // (fp8mla::fold_rows), the last dim must have stride 1. Outputs are fully written; nothing outside
 // them is touched. 0 rows is a valid, empty call. Bad arguments throw fp8mla::Error, among them a
 // scale given by value that is not finite and > 0, and an output whose memory (first to last
-// element) overlaps an input's.
+// element) overlaps an input's. The CPU path also rejects a scale read from memory (scale_inv,
+// global_scale) that is not finite and > 0; the CUDA kernels read it on the device, unchecked.
 #pragma once
 
 #include "fp8mla/stream.hpp"

@@ -76,6 +76,7 @@ const std::int32_t* num_tokens_of(const ArgChecker& check, const TensorView& t, 
 // unquantized attention output) and quantized by the key's standalone op. Only the first
 // num_tokens tokens, when given (a padded batch).
 void run_cpu(const ArgChecker& check, MergeStatesParams p) {
+  check_output_scale_value(check, p.quant);
   if (p.num_tokens != nullptr) {
     const std::int64_t n = *p.num_tokens;
     check.require(n >= 0 && n <= p.tokens, ErrorCategory::kInvalidArgument, [&] {

@@ -256,6 +256,7 @@ void run_cpu(const ArgChecker& check, const PrefillAttentionArgs& args, PrefillA
     check.positive_scale(p.k_descale_value, "k_descale");
     check.positive_scale(p.v_descale_value, "v_descale");
   }
+  check_output_scale_value(check, p.quant);
   check_outputs_apart(check, args);
   p.tq = p.cu_seqlens_q[p.batch];  // the rows cpu::prefill_attention computes
   if (p.heads == 0) return;

@@ -62,7 +62,15 @@ void run_quantize_fp8(const TensorView& input, const TensorView& out, CudaStream
   check.apart(out, "out", input, "input");
   if (p.input.rows == 0 || p.input.cols == 0) return;
   dispatch(
-      input.device(), [&] { cpu::quantize_fp8(p); }, [&](auto) { cuda::quantize_fp8(p, stream); });
+      input.device(),
+      [&] {
+        // The host reads a scale in memory here; the CUDA kernel reads it on the device.
+        if (p.scale == QuantizeFp8Params::Scale::kMemory) {
+          check.positive_scale(*p.scale_inv_ptr, "scale_inv");
+        }
+        cpu::quantize_fp8(p);
+      },
+      [&](auto) { cuda::quantize_fp8(p, stream); });
 }
 
 }  // namespace
@@ -158,7 +166,11 @@ void quantize_nvfp4(const TensorView& input, const TensorView& out, const Tensor
   check.apart(block_scales, "block_scales", out, "out");
   if (p.input.rows == 0) return;
   dispatch(
-      input.device(), [&] { cpu::quantize_nvfp4(p); },
+      input.device(),
+      [&] {
+        check.positive_scale(*p.global_scale, "global_scale");
+        cpu::quantize_nvfp4(p);
+      },
       [&](auto) { cuda::quantize_nvfp4(p, stream); });
 }
 
