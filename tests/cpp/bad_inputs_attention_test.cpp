@@ -286,6 +286,13 @@ std::vector<BadInput> prefill_batch_bad_inputs() {
        kInvalid,
        {"`out` dtype: expected bf16, got e4m3fn",
         "a quantized output needs output_scale or output_block_scale"}},
+      {"prefill_attention: NaN output_scale of an fp8_static out",
+       prefill_call([](Arena& a, auto& p) {
+         p.out = a.output(DType::kE4M3, {kT, kH, 128});
+         p.output_scale = a.scalar(kNaN);
+       }),
+       kInvalid,
+       {"`output_scale`: expected a finite scale > 0", "got nan"}},
       {"prefill_attention: output_scale with a bf16 out",
        prefill_call([](Arena& a, auto& p) { p.output_scale = a.scalar(1.0f); }),
        kInvalid,
@@ -351,6 +358,16 @@ std::vector<BadInput> merge_bad_inputs() {
        }),
        kInvalid,
        {"`out_lse`: expected strides that keep every element apart", "strides [1, 1]"}},
+      {"merge_attention_states: negative global scale of an NVFP4 out",
+       [](Arena& a) {
+         merge_attention_states(
+             a.input(DType::kBF16, {kT, kH, 128}), a.input(DType::kF32, {kT, kH}),
+             a.input(DType::kBF16, {kT, kH, 128}), a.input(DType::kF32, {kT, kH}),
+             a.output(DType::kE2M1x2, {kT, kH * 64}), a.output(DType::kF32, {kT, kH}),
+             a.scalar(-1.0f), a.output(DType::kE4M3, {kT, 16}));
+       },
+       kInvalid,
+       {"`output_scale`: expected a finite scale > 0", "got -1"}},
       {"merge_attention_states: num_tokens past the tokens",
        merge_call([](Arena& a, auto&, auto&, auto&, auto&, auto&, auto&, auto& num_tokens) {
          num_tokens = a.ints(DType::kI32, {kT + 1});

@@ -96,6 +96,13 @@ std::vector<BadInput> fp8_bad_inputs() {
        },
        kInvalid,
        {"`scale_inv`: expected one f32 of shape [] or [1]", "got f32[2]"}},
+      {"quantize_fp8: NaN scale_inv in memory",
+       [](Arena& a) {
+         quantize_fp8(a.input(DType::kBF16, {4, 64}), a.output(DType::kE4M3, {4, 64}),
+                      a.scalar(kNaN));
+       },
+       kInvalid,
+       {"`scale_inv`: expected a finite scale > 0", "got nan"}},
       {"quantize_fp8: out over its own input",
        [](Arena& a) {
          const TensorView in = a.input(DType::kBF16, {4, 64});
@@ -237,6 +244,20 @@ std::vector<BadInput> nvfp4_bad_inputs() {
        },
        kInvalid,
        {"`global_scale` dtype", "expected f32", "got bf16"}},
+      {"quantize_nvfp4: zero global scale",
+       [](Arena& a) {
+         quantize_nvfp4(a.input(DType::kBF16, {4, 64}), a.output(DType::kE2M1x2, {4, 32}),
+                        a.output(DType::kE4M3, {128, 4}), a.scalar(0.0f));
+       },
+       kInvalid,
+       {"`global_scale`: expected a finite scale > 0", "got 0"}},
+      {"quantize_nvfp4: infinite global scale",
+       [](Arena& a) {
+         quantize_nvfp4(a.input(DType::kBF16, {4, 64}), a.output(DType::kE2M1x2, {4, 32}),
+                        a.output(DType::kE4M3, {128, 4}), a.scalar(kInf));
+       },
+       kInvalid,
+       {"`global_scale`: expected a finite scale > 0", "got inf"}},
       {"quantize_nvfp4: swizzled scales of too few tiles",
        [=](Arena& a) {
          nvfp4(a, a.input(DType::kBF16, {4, 80}), a.output(DType::kE2M1x2, {4, 40}),

@@ -130,6 +130,8 @@ def quantize_entries():
             ("`scale_inv`: expected a finite scale > 0", "got 0")),
         Bad("quantize_fp8 negative scale_inv", lambda b: fp8(b, -3.0), INVALID,
             ("`scale_inv`: expected a finite scale > 0", "got -3")),
+        Bad("quantize_fp8 NaN scale_inv array", lambda b: fp8(b, b.scalar(NAN)), INVALID,
+            ("`scale_inv`: expected a finite scale > 0", "got nan")),
         Bad("quantize_fp8 scale_inv of two elements",
             lambda b: fp8(b, b.input((2,), np.float32)), INVALID,
             ("`scale_inv`: expected one f32 of shape [] or [1]", "f32[2]")),
@@ -174,6 +176,8 @@ def quantize_entries():
         Bad("quantize_nvfp4 bf16 global scale",
             lambda b: nvfp4(b, global_scale=b.input((1,), BF16)), INVALID,
             ("`global_scale` dtype: expected f32", "got bf16")),
+        Bad("quantize_nvfp4 zero global scale", lambda b: nvfp4(b, global_scale=b.scalar(0.0)),
+            INVALID, ("`global_scale`: expected a finite scale > 0", "got 0")),
         Bad("quantize_nvfp4 layout zigzag", lambda b: nvfp4(b, layout="zigzag"), INVALID,
             ("expected layout 'swizzled' or 'linear'", "got 'zigzag'")),
     ]
@@ -368,6 +372,9 @@ def attention_entries():
         Bad("prefill_attention zero v_descale",
             lambda b: attention(b, E4M3, v_descale=lambda b, *_: b.scalar(0.0)), INVALID,
             ("`v_descale`: expected a finite scale > 0", "got 0")),
+        Bad("prefill_attention infinite output_scale", lambda b: attention(
+            b, out=b.output((TQ, H, 128), E4M3), output_scale=b.scalar(INF)), INVALID,
+            ("`output_scale`: expected a finite scale > 0", "got inf")),
         Bad("prefill_attention out over q", lambda b: attention(
             b, out=lambda b, q, k, v: q[..., :128]), INVALID,
             ("`out`: expected memory apart from `q`", "got bf16[4, 2, 128]", "bf16[4, 2, 192]")),
