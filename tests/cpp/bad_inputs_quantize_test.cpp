@@ -1,5 +1,6 @@
-// The bad inputs of the quantization ops (fp8mla/quantize.hpp): dtype, shape, stride, alignment,
-// device, huge sizes, bad scales and outputs over their inputs.
+// The bad inputs of the quantization ops (fp8mla/quantize.hpp) and of the views every op takes
+// (fp8mla/tensor_view.hpp): dtype, shape, stride, alignment, device, huge sizes, bad scales and
+// outputs over their inputs.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -299,11 +300,59 @@ std::vector<BadInput> nvfp4_bad_inputs() {
   };
 }
 
+// The views every op takes: sizes and strides no memory could hold, and ranges past a view.
+std::vector<BadInput> view_bad_inputs() {
+  constexpr std::int64_t k2To32 = std::int64_t(1) << 32;
+  return {
+      {"TensorView: 2^70 elements",
+       [](Arena& a) {
+         // 2^70 elements wrap to 0 in an int64: unchecked, an empty and so "valid" call.
+         const TensorView in(a.input(DType::kBF16, {1}).data(), DType::kBF16, {k2To32, k2To32, 64});
+         quantize_fp8(
+             in, TensorView(a.output(DType::kE4M3, {1}).data(), DType::kE4M3, {k2To32, k2To32, 64}),
+             1.0f);
+       },
+       kInvalid,
+       {"expected a view spanning at most 2^63 - 1 bytes", "got bf16[4294967296, 4294967296, 64]"}},
+      {"TensorView: strides reaching past 2^63 bytes",
+       [](Arena& a) {
+         TensorView(a.input(DType::kF32, {2, 2}).data(), DType::kF32, {2, 2},
+                    {std::int64_t(1) << 62, 1});
+       },
+       kInvalid,
+       {"expected a view spanning at most 2^63 - 1 bytes", "strides [4611686018427387904, 1]"}},
+      {"TensorView: negative stride",
+       [](Arena& a) {
+         TensorView(a.input(DType::kBF16, {4, 64}).data(), DType::kBF16, {4, 64}, {-64, 1});
+       },
+       kInvalid,
+       {"expected non-negative strides", "got [-64, 1]"}},
+      {"TensorView: negative size",
+       [](Arena& a) {
+         TensorView(a.input(DType::kBF16, {4}).data(), DType::kBF16, {4, -1});
+       },
+       kInvalid,
+       {"expected non-negative sizes", "got shape [4, -1]"}},
+      {"TensorView: 9 dims",
+       [](Arena& a) {
+         TensorView(a.input(DType::kBF16, {1}).data(), DType::kBF16, {1, 1, 1, 1, 1, 1, 1, 1, 1});
+       },
+       kInvalid,
+       {"expected at most 8 dims", "got 9"}},
+      {"TensorView::narrow past the end",
+       [](Arena& a) {
+         a.input(DType::kBF16, {4, 64}).narrow(0, 2, 3);
+       },
+       ErrorCategory::kOutOfRange,
+       {"range [2, 5) out of bounds for dim 0 of size 4"}},
+  };
+}
+
 }  // namespace
 
 std::vector<BadInput> quantize_bad_inputs() {
   std::vector<BadInput> all = fp8_bad_inputs();
-  for (auto part : {group_bad_inputs(), nvfp4_bad_inputs()}) {
+  for (auto part : {group_bad_inputs(), nvfp4_bad_inputs(), view_bad_inputs()}) {
     all.insert(all.end(), part.begin(), part.end());
   }
   return all;
