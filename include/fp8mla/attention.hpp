@@ -71,6 +71,9 @@ struct PrefillAttentionArgs {
   TensorView output_block_scale;
 };
 
+// `out`, `lse` and `output_block_scale` may not overlap any input (first to last element). The CPU
+// path reads the descales and output_scale on the host and rejects ones that are not finite and
+// > 0 (the CUDA kernels read them on the device, unchecked).
 // The CPU path is the reference (fp32 accumulation, threaded). The CUDA path (Hopper, sm_90a) runs
 // the compiled variants of src/cuda/attention/prefill_variants.def (e4m3 and bf16, causal or not,
 // Dqk 192, Dv 128; another combination is a kUnsupported error listing them) and needs:

@@ -140,6 +140,8 @@ class MlaLayer {
   // Keeps `weights` (and what they point into) for the layer's lifetime. On the CPU e4m3 weights
   // are dequantized with their block scales once, here. On a CUDA device the weights are copied
   // to it and the projections planned (cuBLASLt algorithm checks): the one-time work, done here.
+  // A config the ops cannot serve (kv_lora_rank other than 512, no heads) or a weight that is not
+  // the contiguous host tensor of the dtype and shape the config gives it is an error.
   MlaLayer(MlaConfig config, const MlaWeights& weights, Device device = Device::cpu());
   ~MlaLayer();
   MlaLayer(MlaLayer&&) noexcept;

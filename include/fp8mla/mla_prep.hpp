@@ -1,6 +1,7 @@
 // MLA prefill preparation ops (docs/design.md section 3, ops 4-7): the kernels a backend's
 // prepare_prefill_qkv hook is made of. Conventions as in quantize.hpp: TensorViews on one device,
-// caller-allocated outputs written in full, 0 tokens valid, bad arguments throw fp8mla::Error.
+// caller-allocated outputs written in full, 0 tokens valid, bad arguments throw fp8mla::Error
+// (scales by value must be finite and > 0; outputs may not overlap inputs).
 //
 // Exact arithmetic (the CPU implementation and the CUDA kernels agree bit for bit):
 //   RoPE of a pair (x0, x1) with c = cos[pos][i], s = sin[pos][i], in fp32:

@@ -4,7 +4,10 @@
 // (all tensors of a call on the same device; the CUDA path runs on `stream` and never syncs).
 // Rows: N-d inputs are seen as rows of their last dim; leading dims must fold onto one row stride
 // (fp8mla::fold_rows), the last dim must have stride 1. Outputs are fully written; nothing outside
-// them is touched. 0 rows is a valid, empty call. Bad arguments throw fp8mla::Error.
+// them is touched. 0 rows is a valid, empty call. Bad arguments throw fp8mla::Error, among them a
+// scale given by value that is not finite and > 0, and an output whose memory (first to last
+// element) overlaps an input's. The CPU path also rejects a scale read from memory (scale_inv,
+// global_scale) that is not finite and > 0; the CUDA kernels read it on the device, unchecked.
 #pragma once
 
 #include "fp8mla/stream.hpp"

@@ -39,7 +39,8 @@ class TensorView {
              Device device = Device::cpu())
       : TensorView(data, dtype, std::span<const std::int64_t>(shape.begin(), shape.size()),
                    device) {}
-  // Explicit strides, in elements; they must be non-negative.
+  // Explicit strides, in elements; they must be non-negative. Either way the bytes from the first
+  // element to the last must fit in an int64 (a larger size would wrap).
   TensorView(void* data, DType dtype, std::span<const std::int64_t> shape,
              std::span<const std::int64_t> strides, Device device = Device::cpu());
   TensorView(void* data, DType dtype, std::initializer_list<std::int64_t> shape,

@@ -1,5 +1,8 @@
 #include "core/check.hpp"
 
+#include <cmath>
+#include <utility>
+
 namespace fp8mla {
 
 void ArgChecker::fail(ErrorCategory category, std::string_view message) const {
@@ -64,6 +67,37 @@ void ArgChecker::contiguous_last_dim(const TensorView& t, std::string_view name)
   if (t.ndim() == 0 || t.empty() || t.size(-1) <= 1 || t.stride(-1) == 1) return;
   fail(ErrorCategory::kInvalidArgument,
        concat("`", name, "`: expected a contiguous last dim (stride 1), got ", t.describe()));
+}
+
+void ArgChecker::positive_scale(float value, std::string_view name) const {
+  if (std::isfinite(value) && value > 0.0f) return;
+  fail(ErrorCategory::kInvalidArgument,
+       concat("`", name, "`: expected a finite scale > 0, got ", value));
+}
+
+namespace {
+
+// [first byte, one past the last byte] of a non-empty view with data; {0, 0} otherwise.
+std::pair<std::uintptr_t, std::uintptr_t> byte_range(const TensorView& t) {
+  if (t.data() == nullptr || t.empty()) return {0, 0};
+  std::int64_t last = 0;
+  for (int d = 0; d < t.ndim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto first = reinterpret_cast<std::uintptr_t>(t.data());
+  return {first, first + std::uintptr_t((last + 1) * dtype_size(t.dtype()))};
+}
+
+}  // namespace
+
+void ArgChecker::apart(const TensorView& out, std::string_view out_name, const TensorView& in,
+                       std::string_view in_name) const {
+  const auto [out_begin, out_end] = byte_range(out);
+  const auto [in_begin, in_end] = byte_range(in);
+  if (out_begin == out_end || in_begin == in_end) return;
+  if (out_end <= in_begin || in_end <= out_begin) return;
+  fail(ErrorCategory::kInvalidArgument,
+       concat("`", out_name, "`: expected memory apart from `", in_name,
+              "` (an output may not overlap an input), got ", out.describe(), " and ",
+              in.describe()));
 }
 
 RowLayout ArgChecker::rows(const TensorView& t, std::string_view name) const {

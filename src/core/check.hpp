@@ -34,6 +34,14 @@ class ArgChecker {
   void aligned(const TensorView& t, std::string_view name, int bytes) const;
   // The last dim has stride 1 (trivially true for an empty view or a last dim of size <= 1).
   void contiguous_last_dim(const TensorView& t, std::string_view name) const;
+  // A host-side scale factor: finite and > 0 (NaN, infinities, zero and negative values would
+  // turn every output element into NaN, zero or a flipped sign without a word).
+  void positive_scale(float value, std::string_view name) const;
+  // The bytes an output `out` may write lie outside those `in` may be read from: the two views'
+  // address ranges (first to last element) do not intersect. An empty view or one without data
+  // overlaps nothing.
+  void apart(const TensorView& out, std::string_view out_name, const TensorView& in,
+             std::string_view in_name) const;
   // Rows of `t` as fold_rows() sees them, with errors naming the op and argument.
   RowLayout rows(const TensorView& t, std::string_view name) const;
   // A free-form requirement: throws `category` with "<op>: <message>" when `ok` is false.

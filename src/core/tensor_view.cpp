@@ -15,6 +15,20 @@ std::string join(std::span<const std::int64_t> values) {
   return os.str();
 }
 
+// Throws unless the bytes from the view's first element to its last, `extent` elements of `dtype`,
+// fit in an int64 (a larger size, e.g. [2^32, 2^32, 64], would wrap and read as a small one).
+void check_extent(bool overflowed, std::int64_t extent, DType dtype,
+                  std::span<const std::int64_t> shape, std::span<const std::int64_t> strides) {
+  std::int64_t bytes = 0;
+  if (!overflowed && !__builtin_mul_overflow(extent, std::int64_t(dtype_size(dtype)), &bytes)) {
+    return;
+  }
+  throw Error(
+      ErrorCategory::kInvalidArgument,
+      concat("TensorView: expected a view spanning at most 2^63 - 1 bytes, got ", dtype_name(dtype),
+             join(shape), strides.empty() ? "" : concat(" strides ", join(strides))));
+}
+
 }  // namespace
 
 std::string to_string(Device device) {
@@ -29,6 +43,7 @@ TensorView::TensorView(void* data, DType dtype, std::span<const std::int64_t> sh
   }
   ndim_ = int(shape.size());
   std::int64_t stride = 1;
+  bool overflowed = false;
   for (int d = ndim_ - 1; d >= 0; --d) {
     if (shape[d] < 0) {
       throw Error(ErrorCategory::kInvalidArgument,
@@ -36,8 +51,9 @@ TensorView::TensorView(void* data, DType dtype, std::span<const std::int64_t> sh
     }
     shape_[d] = shape[d];
     strides_[d] = stride;
-    stride *= shape[d] > 0 ? shape[d] : 1;
+    overflowed = __builtin_mul_overflow(stride, shape[d] > 0 ? shape[d] : 1, &stride) || overflowed;
   }
+  check_extent(overflowed, stride, dtype, shape, {});
 }
 
 TensorView::TensorView(void* data, DType dtype, std::span<const std::int64_t> shape,
@@ -55,6 +71,15 @@ TensorView::TensorView(void* data, DType dtype, std::span<const std::int64_t> sh
     }
     strides_[d] = strides[d];
   }
+  // One past the farthest element from the first, in elements (0 for an empty view).
+  std::int64_t extent = 1;
+  bool overflowed = false;
+  for (int d = 0; d < ndim_ && !empty(); ++d) {
+    std::int64_t step = 0;
+    overflowed = __builtin_mul_overflow(shape_[d] - 1, strides_[d], &step) ||
+                 __builtin_add_overflow(extent, step, &extent) || overflowed;
+  }
+  check_extent(overflowed, extent, dtype, shape, strides);
 }
 
 int TensorView::normalize_dim(int dim) const {

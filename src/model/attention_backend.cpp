@@ -52,6 +52,28 @@ std::string join(const std::vector<std::string>& items) {
   return join(items, [](const std::string& s) { return s; });
 }
 
+// The hook's V has the tokens and heads of its Q, and passes mla_v_quantize_fp8's checks (run on
+// an empty slice of it first) before mla_rope_quantize_fp8 writes anything: a bad V then leaves
+// q_out, k_out and the cache as they were.
+void check_v_like_q(const PrepareQkvArgs& args, VLayout layout) {
+  const TensorView& q = args.qk.q_nope;
+  const TensorView& v = args.v;
+  if (q.ndim() == 3 && v.ndim() == 3 && (v.size(0) != q.size(0) || v.size(1) != q.size(1))) {
+    throw Error(ErrorCategory::kInvalidArgument,
+                concat("prepare_prefill_qkv: `v`: expected the ", q.size(0), " tokens and ",
+                       q.size(1), " heads of `q_nope` (", q.describe(), "), got ", v.describe()));
+  }
+  const auto none = [](const TensorView& t) { return t.ndim() >= 1 ? t.narrow(0, 0, 0) : t; };
+  try {
+    mla_v_quantize_fp8(none(v), none(args.v_out), args.v_scale_inv, layout);
+  } catch (const Error&) {
+    // The check that failed holds for any token count: it fails again on the views as given,
+    // before writing anything, with a message that shows them.
+    mla_v_quantize_fp8(v, args.v_out, args.v_scale_inv, layout);
+    throw;
+  }
+}
+
 // A backend made of fp8mla's ops, which run where their tensors are: backends differ in what they
 // declare (kBackends), not in code.
 class OpsBackend final : public AttentionBackend {
@@ -63,6 +85,7 @@ class OpsBackend final : public AttentionBackend {
   }
   void prepare_prefill_qkv(const PrepareQkvArgs& args, CudaStream stream) const override {
     if (!caps_.prepare_prefill_qkv) AttentionBackend::prepare_prefill_qkv(args, stream);
+    check_v_like_q(args, caps_.v_layout);
     mla_rope_quantize_fp8(args.qk, stream);
     mla_v_quantize_fp8(args.v, args.v_out, args.v_scale_inv, caps_.v_layout, stream);
   }

@@ -3,9 +3,13 @@
 #include "fp8mla/mla_layer.hpp"
 
 #include <algorithm>
+#include <initializer_list>
+#include <string>
+#include <string_view>
 
 #include "fp8mla/error.hpp"
 #include "model/mla_executor.hpp"
+#include "model/mla_weight_specs.hpp"
 
 namespace fp8mla {
 
@@ -193,6 +197,47 @@ void attend_batch(MlaExecutor& x, const MlaBatchPlan& p, MlaStageTimes& t) {
   }
 }
 
+// The config's shapes are ones the ops serve, and every weight is the contiguous host tensor of
+// the dtype and shape the config gives it: a view of another shape would be read past its end.
+void check_layer_inputs(const MlaConfig& c, const MlaWeights& w) {
+  if (c.hidden < 1 || c.heads < 1 || c.q_lora_rank < 0 || c.max_position < 1 ||
+      c.kv_lora_rank != kMlaKvLoraRank) {
+    throw Error(
+        ErrorCategory::kInvalidArgument,
+        concat("MlaLayer: config '", c.name, "': expected hidden, heads, max_position >= 1, ",
+               "q_lora_rank >= 0 and kv_lora_rank ", kMlaKvLoraRank, "; got hidden ", c.hidden,
+               ", heads ", c.heads, ", max_position ", c.max_position, ", q_lora_rank ",
+               c.q_lora_rank, ", kv_lora_rank ", c.kv_lora_rank));
+  }
+  const auto expect = [&](const TensorView& t, std::string_view name, DType dtype,
+                          std::initializer_list<std::int64_t> shape) {
+    bool ok = t.data() != nullptr && t.dtype() == dtype && t.ndim() == int(shape.size()) &&
+              t.is_contiguous() && !t.device().is_cuda();
+    int d = 0;
+    for (auto it = shape.begin(); ok && it != shape.end(); ++it, ++d) ok = t.size(d) == *it;
+    if (ok) return;
+    std::string expected;
+    for (std::int64_t s : shape) expected += concat(expected.empty() ? "" : ", ", s);
+    throw Error(ErrorCategory::kInvalidArgument,
+                concat("MlaLayer: weight '", name, "': expected contiguous ", dtype_name(dtype),
+                       " [", expected, "] on the host (config '", c.name, "'), got ",
+                       t.data() == nullptr ? "no data: " : "", t.describe()));
+  };
+  const bool fp8 = w.format == WeightFormat::kFp8Block;
+  for (const model::ProjectionSpec& p : model::projections(c)) {
+    const MlaProjection& proj = w.*(p.member);
+    expect(proj.weight, concat(p.name, ".weight"), fp8 ? DType::kE4M3 : DType::kBF16,
+           {p.out, p.in});
+    if (fp8) {
+      expect(proj.scale_inv, concat(p.name, ".weight_scale_inv"), DType::kF32,
+             {model::weight_blocks(p.out), model::weight_blocks(p.in)});
+    }
+  }
+  for (const model::NormSpec& n : model::norms(c)) {
+    expect(w.*(n.member), concat(n.name, ".weight"), DType::kBF16, {n.size});
+  }
+}
+
 }  // namespace
 
 void run_mla_prefill(MlaExecutor& x, const MlaPrefillCall& call) {
@@ -215,6 +260,7 @@ void run_mla_prefill(MlaExecutor& x, const MlaPrefillCall& call) {
 
 MlaLayer::MlaLayer(MlaConfig config, const MlaWeights& weights, Device device)
     : config_(std::move(config)), device_(device) {
+  check_layer_inputs(config_, weights);
   impl_ = std::make_unique<Impl>();
   if (!device.is_cuda()) {
     impl_->executor = make_cpu_mla_executor(config_, weights);

@@ -43,10 +43,14 @@ MergeStatesParams::Lse lse_of(const ArgChecker& check, const TensorView& t, std:
 }
 
 // An output that starts where an input starts must be that input (the in-place form), not a
-// shifted or re-strided view of it. Other partial overlaps are the caller's responsibility.
+// shifted or re-strided view of it; any other output lies apart from the input.
 void check_alias(const ArgChecker& check, const TensorView& out, std::string_view out_name,
                  const TensorView& in, std::string_view in_name) {
-  if (out.empty() || out.data() != in.data()) return;
+  if (out.empty()) return;
+  if (out.data() != in.data()) {
+    check.apart(out, out_name, in, in_name);
+    return;
+  }
   bool same = out.ndim() == in.ndim();
   for (int d = 0; same && d < out.ndim(); ++d) same = out.stride(d) == in.stride(d);
   check.require(same, ErrorCategory::kInvalidArgument, [&] {
@@ -72,6 +76,7 @@ const std::int32_t* num_tokens_of(const ArgChecker& check, const TensorView& t, 
 // unquantized attention output) and quantized by the key's standalone op. Only the first
 // num_tokens tokens, when given (a padded batch).
 void run_cpu(const ArgChecker& check, MergeStatesParams p) {
+  check_output_scale_value(check, p.quant);
   if (p.num_tokens != nullptr) {
     const std::int64_t n = *p.num_tokens;
     check.require(n >= 0 && n <= p.tokens, ErrorCategory::kInvalidArgument, [&] {
@@ -132,6 +137,10 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
   check_alias(check, out, "out", o_b, "o_b");
   check_alias(check, out_lse, "out_lse", lse_a, "lse_a");
   check_alias(check, out_lse, "out_lse", lse_b, "lse_b");
+  check.apart(out, "out", lse_a, "lse_a");
+  check.apart(out, "out", lse_b, "lse_b");
+  check.apart(out_lse, "out_lse", o_a, "o_a");
+  check.apart(out_lse, "out_lse", o_b, "o_b");
   p.num_tokens = num_tokens_of(check, num_tokens, o_a.device());
   if (p.tokens == 0 || p.heads == 0) return;
   check.require(p.dim > 0, ErrorCategory::kInvalidArgument, [&] {

@@ -2,6 +2,7 @@
 // mla_kv_cache_write, mla_kv_gather, mla_kv_pack_quantize_fp8 and mla_v_quantize_fp8.
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "core/check.hpp"
 #include "fp8mla/mla_prep.hpp"
@@ -156,6 +157,9 @@ void mla_kv_cache_write(const TensorView& kv_c, const TensorView& k_pe,
   check_devices(check, kv_c.device(), {{&k_pe, "k_pe"}});
   p.cache = latent_cache(check, write.cache, write.slot_mapping, "slot_mapping", write.error_flag,
                          tokens, "kv_c", kv_c.device());
+  check.positive_scale(write.scale_inv, "scale_inv");
+  check.apart(write.cache, "cache", kv_c, "kv_c");
+  check.apart(write.cache, "cache", k_pe, "k_pe");
   p.cache.scale_inv = write.scale_inv;
   if (tokens == 0) return;
   dispatch(
@@ -182,6 +186,11 @@ void mla_kv_gather(const TensorView& cache, const TensorView& slots, float scale
   check_devices(check, cache.device(), {{&kv_c_out, "kv_c_out"}, {&k_pe_out, "k_pe_out"}});
   p.cache =
       latent_cache(check, cache, slots, "slots", error_flag, tokens, "kv_c_out", cache.device());
+  check.positive_scale(scale, "scale");
+  for (const auto& [t, name] : {std::pair{&kv_c_out, "kv_c_out"}, {&k_pe_out, "k_pe_out"}}) {
+    check.apart(*t, name, cache, "cache");
+    check.apart(*t, name, slots, "slots");
+  }
   p.scale = scale;
   if (tokens == 0) return;
   dispatch(
@@ -205,6 +214,13 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream) {
   same_count(check, p.k_out.tokens, tokens, "tokens", "k_out", "k_nope", args.k_out);
   same_count(check, p.k_out.heads, heads, "heads", "k_out", "k_nope", args.k_out);
   check_devices(check, args.k_nope.device(), {{&args.k_pe, "k_pe"}, {&args.k_out, "k_out"}});
+  check.positive_scale(args.k_scale_inv, "k_scale_inv");
+  check.positive_scale(args.v_scale_inv, "v_scale_inv");
+  for (const auto& [t, name] : {std::pair{&args.k_out, "k_out"}, {&args.v_out, "v_out"}}) {
+    check.apart(*t, name, args.k_nope, "k_nope");
+    check.apart(*t, name, args.k_pe, "k_pe");
+    check.apart(*t, name, args.v, "v");
+  }
   p.k_scale_inv = args.k_scale_inv;
   p.v_scale_inv = args.v_scale_inv;
   if (tokens == 0 || heads == 0) return;
@@ -219,6 +235,8 @@ void mla_v_quantize_fp8(const TensorView& v, const TensorView& v_out, float v_sc
   MlaKvPackParams p;
   p.v_only = true;
   v_params(check, v, v_out, layout, nullptr, "v", p);
+  check.positive_scale(v_scale_inv, "v_scale_inv");
+  check.apart(v_out, "v_out", v, "v");
   p.v_scale_inv = v_scale_inv;
   if (p.v.tokens == 0 || p.v.heads == 0) return;
   dispatch(

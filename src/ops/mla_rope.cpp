@@ -6,6 +6,7 @@
 #include <numbers>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/check.hpp"
@@ -127,6 +128,24 @@ void contiguous_rows(const ArgChecker& check, const TensorView& t, std::string_v
                   return concat("`", name, "`: expected [", shape, width, "] with contiguous rows",
                                 note, ", got ", t.describe());
                 });
+}
+
+// The scales are finite and positive; the outputs (q_out, k_out, and the cache when written) lie
+// apart from every input.
+void check_scales_and_overlaps(const ArgChecker& check, const MlaRopeQuantizeArgs& args) {
+  check.positive_scale(args.q_scale_inv, "q_scale_inv");
+  check.positive_scale(args.k_scale_inv, "k_scale_inv");
+  if (args.cache_write) check.positive_scale(args.cache_write->scale_inv, "cache_scale_inv");
+  const std::pair<const TensorView*, const char*> inputs[] = {
+      {&args.q_nope, "q_nope"}, {&args.q_pe, "q_pe"},           {&args.k_nope, "k_nope"},
+      {&args.k_pe, "k_pe"},     {&args.positions, "positions"}, {&args.cos_sin, "cos_sin"},
+      {&args.kv_c, "kv_c"}};
+  std::vector<std::pair<const TensorView*, const char*>> outputs = {{&args.q_out, "q_out"},
+                                                                    {&args.k_out, "k_out"}};
+  if (args.cache_write) outputs.push_back({&args.cache_write->cache, "cache"});
+  for (const auto& [out, out_name] : outputs) {
+    for (const auto& [in, in_name] : inputs) check.apart(*out, out_name, *in, in_name);
+  }
 }
 
 }  // namespace
@@ -252,6 +271,7 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
       p.cache.error_flag = w.error_flag.data_as<std::int32_t>();
     }
   }
+  check_scales_and_overlaps(check, args);
   if (tokens == 0) return;
   dispatch(
       device, [&] { cpu::mla_rope_quantize_fp8(p); },

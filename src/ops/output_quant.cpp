@@ -248,6 +248,11 @@ OutputQuantKey check_output_quant_key(const ArgChecker& check, const TensorView&
                                  output_row_width(out), unquantized);
 }
 
+void check_output_scale_value(const ArgChecker& check, const OutputQuantParams& p) {
+  if (p.key == OutputQuantKey::kFp8Static) check.positive_scale(*p.fp8.scale_inv_ptr, kScale);
+  if (p.key == OutputQuantKey::kNvfp4) check.positive_scale(*p.nvfp4.global_scale, kScale);
+}
+
 OutputQuantParams output_quant_params(const ArgChecker& check, OutputQuantKey key,
                                       const TensorView& out, const TensorView& output_scale,
                                       const TensorView& output_block_scale, std::int64_t tokens,

@@ -29,6 +29,10 @@ OutputQuantKey check_output_quant_key(const ArgChecker& check, const TensorView&
 // [tokens, heads * dim], any token stride; the scales read as the standalone op reads them, over
 // the first `tokens` scale rows (NVFP4: the 128x4 swizzled layout where the tensor can hold its
 // tiles, linear otherwise; see docs/design.md section 6). {kNone} for kNone.
+// The CPU path reads a static or global output scale on the host: one that is not finite and > 0
+// is an error (the CUDA kernels read it on the device, unchecked).
+void check_output_scale_value(const ArgChecker& check, const OutputQuantParams& p);
+
 OutputQuantParams output_quant_params(const ArgChecker& check, OutputQuantKey key,
                                       const TensorView& out, const TensorView& output_scale,
                                       const TensorView& output_block_scale, std::int64_t tokens,

@@ -219,12 +219,31 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
   }
 }
 
+// `out`, `lse` and the output scales lie apart from every input (an aliased output would be read
+// after it was written).
+void check_outputs_apart(const ArgChecker& check, const PrefillAttentionArgs& args) {
+  const std::pair<const TensorView*, const char*> inputs[] = {{&args.q, "q"},
+                                                              {&args.k, "k"},
+                                                              {&args.v, "v"},
+                                                              {&args.cu_seqlens_q, "cu_seqlens_q"},
+                                                              {&args.cu_seqlens_k, "cu_seqlens_k"},
+                                                              {&args.q_descale, "q_descale"},
+                                                              {&args.k_descale, "k_descale"},
+                                                              {&args.v_descale, "v_descale"},
+                                                              {&args.output_scale, "output_scale"}};
+  const std::pair<const TensorView*, const char*> outputs[] = {
+      {&args.out, "out"}, {&args.lse, "lse"}, {&args.output_block_scale, "output_block_scale"}};
+  for (const auto& [out, out_name] : outputs) {
+    for (const auto& [in, in_name] : inputs) check.apart(*out, out_name, *in, in_name);
+  }
+}
+
 // The CPU path: the host can read the offsets and the descales. Only the rows of the sequences
 // are computed: with cu_seqlens_q ending before Tq (a padded batch) the rows past its last token,
 // and their scales, keep what they held. With an output quantization key the attention writes
 // its bf16 output into a buffer of its own, which the key's standalone quantization then turns
 // into `out` and its scales.
-void run_cpu(const ArgChecker& check, PrefillAttentionParams& p) {
+void run_cpu(const ArgChecker& check, const PrefillAttentionArgs& args, PrefillAttentionParams& p) {
   check_cu_seqlens_values(check, p.cu_seqlens_q, p.batch, p.tq, p.max_seqlen_q, "cu_seqlens_q",
                           "max_seqlen_q", "q");
   check_cu_seqlens_values(check, p.cu_seqlens_k, p.batch, p.tk, p.max_seqlen_k, "cu_seqlens_k",
@@ -233,7 +252,12 @@ void run_cpu(const ArgChecker& check, PrefillAttentionParams& p) {
     p.q_descale_value = *p.q_descale;
     p.k_descale_value = *p.k_descale;
     p.v_descale_value = *p.v_descale;
+    check.positive_scale(p.q_descale_value, "q_descale");
+    check.positive_scale(p.k_descale_value, "k_descale");
+    check.positive_scale(p.v_descale_value, "v_descale");
   }
+  check_output_scale_value(check, p.quant);
+  check_outputs_apart(check, args);
   p.tq = p.cu_seqlens_q[p.batch];  // the rows cpu::prefill_attention computes
   if (p.heads == 0) return;
   if (p.quant.key == OutputQuantKey::kNone) {
@@ -379,8 +403,11 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   set_tensors(p, args, key, quant);
 
   dispatch(
-      device, [&] { run_cpu(check, p); },
-      [&](auto) { cuda::prefill_attention(attention_variant_key(args), p, stream); });
+      device, [&] { run_cpu(check, args, p); },
+      [&](auto) {
+        check_outputs_apart(check, args);
+        cuda::prefill_attention(attention_variant_key(args), p, stream);
+      });
 }
 
 }  // namespace fp8mla

@@ -59,16 +59,26 @@ void run_quantize_fp8(const TensorView& input, const TensorView& out, CudaStream
   QuantizeFp8Params p;
   set_scale(check, p);
   std::tie(p.input, p.out) = fp8_rows(check, input, out, {DType::kE4M3, DType::kE5M2});
+  check.apart(out, "out", input, "input");
   if (p.input.rows == 0 || p.input.cols == 0) return;
   dispatch(
-      input.device(), [&] { cpu::quantize_fp8(p); }, [&](auto) { cuda::quantize_fp8(p, stream); });
+      input.device(),
+      [&] {
+        // The host reads a scale in memory here; the CUDA kernel reads it on the device.
+        if (p.scale == QuantizeFp8Params::Scale::kMemory) {
+          check.positive_scale(*p.scale_inv_ptr, "scale_inv");
+        }
+        cpu::quantize_fp8(p);
+      },
+      [&](auto) { cuda::quantize_fp8(p, stream); });
 }
 
 }  // namespace
 
 void quantize_fp8(const TensorView& input, const TensorView& out, float scale_inv,
                   CudaStream stream) {
-  run_quantize_fp8(input, out, stream, [&](const ArgChecker&, QuantizeFp8Params& p) {
+  run_quantize_fp8(input, out, stream, [&](const ArgChecker& check, QuantizeFp8Params& p) {
+    check.positive_scale(scale_inv, "scale_inv");
     p.scale = QuantizeFp8Params::Scale::kValue;
     p.scale_inv = scale_inv;
   });
@@ -89,6 +99,9 @@ void quantize_fp8_dynamic(const TensorView& input, const TensorView& out, const 
   p.scale = QuantizeFp8Params::Scale::kDynamic;
   p.scale_out = const_cast<float*>(scalar_f32(check, scale, "scale", input.device()));
   std::tie(p.input, p.out) = fp8_rows(check, input, out, {DType::kE4M3, DType::kE5M2});
+  check.apart(out, "out", input, "input");
+  check.apart(scale, "scale", input, "input");
+  check.apart(scale, "scale", out, "out");
   // An empty input still defines its scale: amax = 0 gives kMinDynamicScale.
   dispatch(
       input.device(), [&] { cpu::quantize_fp8(p); }, [&](auto) { cuda::quantize_fp8(p, stream); });
@@ -112,6 +125,9 @@ void quantize_fp8_per_token_group(const TensorView& input, const TensorView& out
   p.eps = options.eps;
 
   set_group_scales(check, p, scales, "scales", input.device(), options.round_scale_to_pow2);
+  check.apart(out, "out", input, "input");
+  check.apart(scales, "scales", input, "input");
+  check.apart(scales, "scales", out, "out");
   if (p.input.rows == 0) return;
   dispatch(
       input.device(), [&] { cpu::quantize_fp8_per_token_group(p); },
@@ -145,9 +161,16 @@ void quantize_nvfp4(const TensorView& input, const TensorView& out, const Tensor
   p.out = rows_of(check, out, "out");
   p.global_scale = scalar_f32(check, global_scale, "global_scale", input.device());
   set_nvfp4_scales(check, p, block_scales, "block_scales", layout);
+  check.apart(out, "out", input, "input");
+  check.apart(block_scales, "block_scales", input, "input");
+  check.apart(block_scales, "block_scales", out, "out");
   if (p.input.rows == 0) return;
   dispatch(
-      input.device(), [&] { cpu::quantize_nvfp4(p); },
+      input.device(),
+      [&] {
+        check.positive_scale(*p.global_scale, "global_scale");
+        cpu::quantize_nvfp4(p);
+      },
       [&](auto) { cuda::quantize_nvfp4(p, stream); });
 }
 
