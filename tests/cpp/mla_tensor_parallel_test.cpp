@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <ostream>
 #include <thread>
 #include <vector>
 
@@ -127,6 +128,10 @@ struct Case {
   std::vector<int> sizes;
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << (c.format == WeightFormat::kBf16 ? "bf16" : "fp8") << " weights, " << c.heads << " heads";
+}
+
 class MlaTensorParallelCpu : public ::testing::TestWithParam<Case> {};
 
 TEST_P(MlaTensorParallelCpu, SumOfRankPartialsMatchesTheOneRankLayer) {
@@ -190,21 +195,41 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MlaTensorParallelCpu,
                                   "Heads" + std::to_string(info.param.heads);
                          });
 
-// The reduction is timed as its own stage; a rank without a communicator has none.
-TEST(MlaTensorParallelCpuTimes, TheReduceStageIsTimedOnlyWithACommunicator) {
+// The reduction is timed as its own stage: on each of 2 ranks; not for one rank, which has
+// nothing to reduce (the communicator is not called).
+TEST(MlaTensorParallelCpuTimes, TheReduceStageIsTimedOnEveryRank) {
   Fixture f({{0, 8}}, 2);
   const MlaWeights full = generate_mla_weights(f.config, WeightFormat::kBf16, 1);
   const std::unique_ptr<AttentionBackend> cpu = make_attention_backend("cpu");
-  std::vector<std::unique_ptr<MlaCommunicator>> comms = make_cpu_communicators(1);
-  MlaLayer one(f.config, full, Device::cpu(), {0, 1}, comms[0].get());
-  MlaStageTimes t;
-  std::vector<std::uint8_t> cache = f.cache;
-  Output out(f.hidden.size());
-  one.prefill(f.hidden_view(), f.batch,
-              TensorView(cache.data(), DType::kE4M3, {kPages, kPageSize, kMlaLatentDim}), *cpu, {},
-              TensorView(out.data(), DType::kBF16, {f.tokens, f.config.hidden}), {}, &t);
-  EXPECT_EQ(t.reduce, 0.0);  // size 1: nothing to reduce, the communicator is not called
-  EXPECT_GT(t.output, 0.0);
+  for (int size : {1, 2}) {
+    std::vector<std::unique_ptr<MlaCommunicator>> comms = make_cpu_communicators(size);
+    std::vector<MlaStageTimes> times(static_cast<std::size_t>(size));
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < size; ++rank) {
+      threads.emplace_back([&, rank] {
+        const MlaTensorParallel tp{rank, size};
+        MlaLayer layer(f.config, shard_mla_weights(full, f.config, tp), Device::cpu(), tp,
+                       comms[std::size_t(rank)].get());
+        std::vector<std::uint8_t> cache = f.cache;
+        std::vector<std::uint16_t> hidden = f.hidden;
+        Output out(f.hidden.size());
+        layer.prefill(TensorView(hidden.data(), DType::kBF16, {f.tokens, f.config.hidden}), f.batch,
+                      TensorView(cache.data(), DType::kE4M3, {kPages, kPageSize, kMlaLatentDim}),
+                      *cpu, {}, TensorView(out.data(), DType::kBF16, {f.tokens, f.config.hidden}),
+                      {}, &times[std::size_t(rank)]);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const MlaStageTimes& t : times) {
+      EXPECT_GT(t.output, 0.0);
+      if (size == 1) {
+        EXPECT_EQ(t.reduce, 0.0);
+      } else {
+        EXPECT_GT(t.reduce, 0.0);
+      }
+      EXPECT_GE(t.total(), t.output + t.reduce);
+    }
+  }
 }
 
 }  // namespace
