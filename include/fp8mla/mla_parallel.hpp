@@ -48,8 +48,9 @@ MlaWeights shard_mla_weights(const MlaWeights& full, const MlaConfig& config, Ml
 // stream) in place on the layer's stream, enqueued only (no stream or device synchronize, no
 // allocation per call: a registered or persistent buffer if it wants one), usable inside CUDA
 // graph capture; rank() and size() as the NCCL communicator's, equal to the layer's
-// MlaTensorParallel. Its sum order is NCCL's (ring or tree), so outputs are not bit-identical to
-// the CPU implementation's rank-order sum; both are within the bound of docs/parallelism.md.
+// MlaTensorParallel. Its sum order is NCCL's (ring or tree, possibly rounding between steps), so
+// outputs are not bit-identical to the CPU implementation's rank-order sum; docs/parallelism.md
+// gives the bound for each.
 class MlaCommunicator {
  public:
   virtual ~MlaCommunicator() = default;

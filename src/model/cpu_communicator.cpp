@@ -100,7 +100,7 @@ class Group {
     call_.out[std::size_t(rank)] = out;
     if (arrived_ == 0) call_.scatter = scatter;
     if (call_.scatter != scatter && error_.empty())
-      error_ = concat("rank ", rank, " called another collective than rank 0");
+      error_ = concat("rank ", rank, " called another collective than the first rank to arrive");
     const std::uint64_t generation = generation_;
     if (++arrived_ == n) {
       if (error_.empty()) error_ = check_call(call_);

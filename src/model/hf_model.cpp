@@ -6,7 +6,6 @@
 
 #include "fp8mla/error.hpp"
 #include "fp8mla/hf_model.hpp"
-
 #include "fp8mla/mla_parallel.hpp"
 
 namespace fp8mla {
