@@ -11,9 +11,11 @@
 //   most K 2^-24 sum_k |x_k w_k|, and the N-term sum's N 2^-24 sum_r |p_r|).
 // Written in the bf16 values the test sees (|s_r| <= |p_r| / (1 - u), likewise z, z'):
 //   |y' - y| <= u (sum_r |p_r| + |y| + |y'|) (1 + 2^-4),
-// the 2^-4 covering 1 / (1 - u) and the f32 terms (at most 2^-12 relative at K = 2048 even if the
-// products' magnitudes summed to 16 times the outputs'). Not exact: rounding each partial to bf16
-// and the sums' order change the result by up to about one bf16 ulp of the larger partials.
+// the 2^-4 covering 1 / (1 - u) and, in practice, the f32 terms: their worst case is covered only
+// while sum_k |x_k w_k| stays below about 2^11 / K times the bf16 terms, but f32 rounding errors
+// do not line up (they grow like sqrt(K) 2^-24) and stay orders of magnitude below the bf16 ones.
+// Not exact: rounding each partial to bf16 and the sums' order change the result by a few bf16
+// ulps of the larger terms (measured: at most 2.3, and 0.82 of the bound).
 #include <gtest/gtest.h>
 
 #include <cmath>
