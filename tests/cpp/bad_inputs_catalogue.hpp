@@ -15,6 +15,7 @@
 
 #include "buffer_test_util.hpp"
 #include "fp8mla/error.hpp"
+#include "fp8mla/mla_prep.hpp"
 #include "fp8mla/tensor_view.hpp"
 
 namespace fp8mla::test {
@@ -160,5 +161,38 @@ std::vector<ValidCall> quantize_valid_calls();
 std::vector<ValidCall> mla_prep_valid_calls();
 std::vector<ValidCall> attention_valid_calls();
 std::vector<ValidCall> model_valid_calls();
+
+// mla_kv_pack_quantize_fp8's arguments (and the backends' pack_prefix_chunk_kv's) for `tokens`
+// tokens of `heads` heads, valid as they are: entries replace one of them.
+inline MlaKvPackArgs pack_args(Arena& a, std::int64_t tokens, std::int64_t heads) {
+  MlaKvPackArgs p;
+  p.k_nope = a.input(DType::kBF16, {tokens, heads, 128});
+  p.k_pe = a.input(DType::kBF16, {tokens, 64});
+  p.v = a.input(DType::kBF16, {tokens, heads, 128});
+  p.k_out = a.output(DType::kE4M3, {tokens, heads, 192});
+  p.v_out = a.output(DType::kE4M3, {tokens, heads, 128});
+  return p;
+}
+
+// mla_rope_quantize_fp8's arguments (and the prepare hook's Q/K part): 2 tokens, 2 heads,
+// positions 0 and 1 of a 16-position cos/sin cache, with the cache write into 2 pages of 4 slots
+// when `cache`; valid as they are: entries break one of them.
+inline MlaRopeQuantizeArgs rope_args(Arena& a, bool cache = false) {
+  MlaRopeQuantizeArgs r;
+  r.q_nope = a.input(DType::kBF16, {2, 2, 128});
+  r.q_pe = a.input(DType::kBF16, {2, 2, 64});
+  r.k_nope = a.input(DType::kBF16, {2, 2, 128});
+  r.k_pe = a.input(DType::kBF16, {2, 64});
+  r.positions = a.ints(DType::kI32, {0, 1});
+  r.cos_sin = a.input(DType::kF32, {16, 64});
+  r.q_out = a.output(DType::kE4M3, {2, 2, 192});
+  r.k_out = a.output(DType::kE4M3, {2, 2, 192});
+  if (cache) {
+    r.cache_write =
+        LatentCacheWrite{a.input(DType::kE4M3, {2, 4, 576}), a.ints(DType::kI32, {0, 5}), 1.0f, {}};
+    r.kv_c = a.input(DType::kBF16, {2, 512});
+  }
+  return r;
+}
 
 }  // namespace fp8mla::test

@@ -14,26 +14,7 @@ constexpr auto kInvalid = ErrorCategory::kInvalidArgument;
 constexpr auto kOutOfRange = ErrorCategory::kOutOfRange;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr std::int64_t kT = 2, kH = 2, kMaxPos = 16;
-
-// A valid call of 2 tokens and 2 heads, with the cache write into 2 pages of 4 slots when
-// `cache`; entries break one argument of it.
-MlaRopeQuantizeArgs rope_args(Arena& a, bool cache = false) {
-  MlaRopeQuantizeArgs r;
-  r.q_nope = a.input(DType::kBF16, {kT, kH, 128});
-  r.q_pe = a.input(DType::kBF16, {kT, kH, 64});
-  r.k_nope = a.input(DType::kBF16, {kT, kH, 128});
-  r.k_pe = a.input(DType::kBF16, {kT, 64});
-  r.positions = a.ints(DType::kI32, {0, 1});
-  r.cos_sin = a.input(DType::kF32, {kMaxPos, 64});
-  r.q_out = a.output(DType::kE4M3, {kT, kH, 192});
-  r.k_out = a.output(DType::kE4M3, {kT, kH, 192});
-  if (cache) {
-    r.cache_write =
-        LatentCacheWrite{a.input(DType::kE4M3, {2, 4, 576}), a.ints(DType::kI32, {0, 5}), 1.0f, {}};
-    r.kv_c = a.input(DType::kBF16, {kT, 512});
-  }
-  return r;
-}
+static_assert(kT == 2 && kH == 2, "rope_args (bad_inputs_catalogue.hpp) is 2 tokens of 2 heads");
 
 // Runs mla_rope_quantize_fp8 on rope_args(cache) after `edit`.
 template <typename Edit>
@@ -319,12 +300,7 @@ std::vector<BadInput> gather_bad_inputs() {
 template <typename Edit>
 auto pack_call(Edit edit) {
   return [=](Arena& a) {
-    MlaKvPackArgs p;
-    p.k_nope = a.input(DType::kBF16, {kT, kH, 128});
-    p.k_pe = a.input(DType::kBF16, {kT, 64});
-    p.v = a.input(DType::kBF16, {kT, kH, 128});
-    p.k_out = a.output(DType::kE4M3, {kT, kH, 192});
-    p.v_out = a.output(DType::kE4M3, {kT, kH, 128});
+    MlaKvPackArgs p = pack_args(a, kT, kH);
     edit(a, p);
     mla_kv_pack_quantize_fp8(p);
   };

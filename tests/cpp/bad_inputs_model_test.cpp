@@ -16,6 +16,7 @@ namespace {
 constexpr auto kInvalid = ErrorCategory::kInvalidArgument;
 constexpr auto kUnsupported = ErrorCategory::kUnsupported;
 constexpr std::int64_t kT = 2, kH = 2;
+static_assert(kT == 2 && kH == 2, "rope_args (bad_inputs_catalogue.hpp) is 2 tokens of 2 heads");
 
 void check(std::string_view backend, BackendRequirements required) {
   check_backend(make_attention_backend(backend)->capabilities(), required, Device::cpu());
@@ -27,18 +28,7 @@ template <typename Edit>
 auto prepare_call(std::string_view backend, Edit edit) {
   return [=](Arena& a) {
     PrepareQkvArgs p;
-    MlaRopeQuantizeArgs& r = p.qk;
-    r.q_nope = a.input(DType::kBF16, {kT, kH, 128});
-    r.q_pe = a.input(DType::kBF16, {kT, kH, 64});
-    r.k_nope = a.input(DType::kBF16, {kT, kH, 128});
-    r.k_pe = a.input(DType::kBF16, {kT, 64});
-    r.positions = a.ints(DType::kI32, {0, 1});
-    r.cos_sin = a.input(DType::kF32, {16, 64});
-    r.q_out = a.output(DType::kE4M3, {kT, kH, 192});
-    r.k_out = a.output(DType::kE4M3, {kT, kH, 192});
-    r.cache_write =
-        LatentCacheWrite{a.input(DType::kE4M3, {2, 4, 576}), a.ints(DType::kI32, {0, 5}), 1.0f, {}};
-    r.kv_c = a.input(DType::kBF16, {kT, 512});
+    p.qk = rope_args(a, /*cache=*/true);
     p.v = a.input(DType::kBF16, {kT, kH, 128});
     p.v_out = a.output(DType::kE4M3, {kT, kH, 128});
     edit(a, p);
@@ -115,12 +105,7 @@ std::vector<BadInput> backend_bad_inputs() {
        {"attention backend 'cpu-bf16' has no pack_prefix_chunk_kv"}},
       {"pack_prefix_chunk_kv: transposed V from the token-major cpu backend",
        [](Arena& a) {
-         MlaKvPackArgs p;
-         p.k_nope = a.input(DType::kBF16, {kT, kH, 128});
-         p.k_pe = a.input(DType::kBF16, {kT, 64});
-         p.v = a.input(DType::kBF16, {kT, kH, 128});
-         p.k_out = a.output(DType::kE4M3, {kT, kH, 192});
-         p.v_out = a.output(DType::kE4M3, {kT, kH, 128});
+         MlaKvPackArgs p = pack_args(a, kT, kH);
          p.v_layout = VLayout::kTransposed;
          make_attention_backend("cpu")->pack_prefix_chunk_kv(p);
        },
