@@ -227,7 +227,9 @@ TEST(MlaKvCuda, GatherBadSlotsWriteZerosAndSetFlag) {
     c.cache = {2, 32, 0, 0};
     c.kv_pad = layout ? 3 : 0;
     c.bad = {0, 1, 25, 49};
-    c.scale = std::numeric_limits<float>::infinity();  // zeros must not come from 0 * scale
+    // Outputs start poisoned; a huge scale turns any stale non-zero byte scaled into inf, so the
+    // zeros must be written.
+    c.scale = std::numeric_limits<float>::max();
     c.seed = 31 + layout;
     SCOPED_TRACE(c.describe());
     const std::vector<HostBuffer> host = test::host_buffers(c);
@@ -292,9 +294,12 @@ TEST(MlaKvCuda, CacheBeyond2GiB) {
 TEST(MlaKvCuda, TransposedVTokenLimit) {
   FP8MLA_REQUIRE_HOPPER();
   const std::int64_t n = std::int64_t(65535) * 64 + 1;
-  void* const fake = reinterpret_cast<void*>(std::uintptr_t{0x10000});
-  const TensorView v(fake, DType::kBF16, {n, 1, kMlaVDim}, Device::cuda(0));
-  const TensorView v_out(fake, DType::kE4M3, {n, 1, kMlaVDim}, {1, kMlaVDim * n, n},
+  // Never dereferenced: the call is rejected first. The two views lie apart, so that the check
+  // that fires is the token limit, not the overlap of an output with its input.
+  void* const fake_v = reinterpret_cast<void*>(std::uintptr_t{0x10000});
+  void* const fake_out = reinterpret_cast<void*>(std::uintptr_t{1} << 40);
+  const TensorView v(fake_v, DType::kBF16, {n, 1, kMlaVDim}, Device::cuda(0));
+  const TensorView v_out(fake_out, DType::kE4M3, {n, 1, kMlaVDim}, {1, kMlaVDim * n, n},
                          Device::cuda(0));
   test::expect_error(
       [&] { mla_v_quantize_fp8(v, v_out, 1.0f, VLayout::kTransposed); },
