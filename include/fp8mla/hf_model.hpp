@@ -60,7 +60,8 @@ class SafetensorsModel {
 };
 
 // Layer `layer`'s weights from `model` (which must outlive them), checked against its config as
-// load_mla_weights(file, ...) checks them; a layer past num_hidden_layers is kOutOfRange.
-MlaWeights load_mla_weights(const SafetensorsModel& model, int layer);
+// load_mla_weights(file, ...) checks them; a layer past num_hidden_layers is kOutOfRange. With a
+// tensor-parallel `tp` of size > 1: rank tp.rank's shard of them (shard_mla_weights).
+MlaWeights load_mla_weights(const SafetensorsModel& model, int layer, MlaTensorParallel tp = {});
 
 }  // namespace fp8mla

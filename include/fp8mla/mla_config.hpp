@@ -29,6 +29,13 @@ struct MlaConfig {
   double softmax_scale() const;
 };
 
+// This process's place in a tensor-parallel group over the heads (fp8mla/mla_parallel.hpp);
+// {0, 1}: no parallelism.
+struct MlaTensorParallel {
+  int rank = 0;
+  int size = 1;
+};
+
 // "deepseek-v2-lite", "deepseek-v2", "deepseek-v3" (DeepSeek's config.json values) and "tiny"
 // (MLA dims with a small hidden size and 4 heads, for the CPU). Unknown names are an
 // ErrorCategory::kInvalidArgument error listing the known ones.

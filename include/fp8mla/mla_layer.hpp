@@ -21,6 +21,7 @@
 
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/mla_config.hpp"
+#include "fp8mla/mla_parallel.hpp"
 #include "fp8mla/mla_weights.hpp"
 #include "fp8mla/stream.hpp"
 #include "fp8mla/tensor_view.hpp"
@@ -130,9 +131,10 @@ struct MlaStageTimes {
   double prefix = 0;       // gather, kv_b and packing of the prefix keys
   double attention = 0;
   double merge = 0;
-  double output = 0;                                    // o_proj
+  double output = 0;  // o_proj
+  double reduce = 0;  // the all-reduce of o_proj's partial sums (tensor parallelism)
   MlaOutputQuant output_quant = MlaOutputQuant::kNone;  // how o_proj's input was made
-  double total() const { return projections + prep + prefix + attention + merge + output; }
+  double total() const { return projections + prep + prefix + attention + merge + output + reduce; }
 };
 
 class MlaLayer {
@@ -142,13 +144,23 @@ class MlaLayer {
   // to it and the projections planned (cuBLASLt algorithm checks): the one-time work, done here.
   // A config the ops cannot serve (kv_lora_rank other than 512, no heads) or a weight that is not
   // the contiguous host tensor of the dtype and shape the config gives it is an error.
-  MlaLayer(MlaConfig config, const MlaWeights& weights, Device device = Device::cpu());
+  //
+  // Tensor parallelism (fp8mla/mla_parallel.hpp, docs/parallelism.md): `config` is the full
+  // model's, `weights` rank tp.rank's shard (shard_mla_weights), shaped as
+  // mla_rank_config(config, tp) gives them; config() is that rank config. o_proj writes the
+  // rank's partial sum into prefill's `out`; with a `communicator` (rank and size equal to tp's;
+  // it must outlive the layer) prefill then calls communicator->all_reduce_sum(out, stream), so
+  // `out` holds the full output on every rank; without one `out` keeps the partial sum, for the
+  // caller to reduce (or reduce-scatter). A bad `tp` is check_mla_tensor_parallel's error.
+  MlaLayer(MlaConfig config, const MlaWeights& weights, Device device = Device::cpu(),
+           MlaTensorParallel tp = {}, MlaCommunicator* communicator = nullptr);
   ~MlaLayer();
   MlaLayer(MlaLayer&&) noexcept;
   MlaLayer& operator=(MlaLayer&&) noexcept;
 
-  const MlaConfig& config() const { return config_; }
+  const MlaConfig& config() const { return config_; }  // heads: this rank's
   Device device() const { return device_; }
+  MlaTensorParallel tensor_parallel() const { return tp_; }
   // One line per projection: how it runs ("q_a_proj [1536, 7168]: fp8 block-scaled GEMM", or
   // "...: bf16 GEMM, dequantized at load because ...").
   const std::vector<std::string>& projection_notes() const;
@@ -165,7 +177,8 @@ class MlaLayer {
 
   // hidden: bf16 [T, config.hidden] with T = batch.extend_tokens(), rows in sequence order;
   // cache: e4m3 [pages, page_size, 576] (the prefix rows are read, the extend rows written);
-  // out: bf16 [T, config.hidden], written in full. All on the layer's device.
+  // out: bf16 [T, config.hidden], written in full (a partial sum under tensor parallelism without
+  // a communicator, see the constructor). All on the layer's device.
   // workspace (CUDA only): a 1-d contiguous view (any dtype) of >= workspace_bytes(...) bytes on
   // the device, 256-byte aligned, for a batch within the limits it was sized for; nothing in it
   // is read before it is written. The CUDA path runs on `stream`,
@@ -194,6 +207,7 @@ class MlaLayer {
  private:
   MlaConfig config_;
   Device device_;
+  MlaTensorParallel tp_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -47,14 +47,19 @@ std::string mla_tensor_name(int layer, const std::string& leaf);
 // a missing tensor, a wrong shape or dtype, or a mix of bf16 and e4m3 projections is an error
 // naming the tensor, what was expected and what the file holds. In fp8mla::model, with the
 // safetensors reader (fp8mla/safetensors.hpp); the rest of this header is in fp8mla::fp8mla.
-MlaWeights load_mla_weights(const SafetensorsFile& file, const MlaConfig& config, int layer);
+// With a tensor-parallel `tp` (fp8mla/mla_parallel.hpp) of size > 1, the file holds the full
+// checkpoint and the result is rank tp.rank's shard of it (shard_mla_weights), for an MlaLayer
+// built with the same `config` and `tp`.
+MlaWeights load_mla_weights(const SafetensorsFile& file, const MlaConfig& config, int layer,
+                            MlaTensorParallel tp = {});
 
 // The open file holding the tensor of a given name (a checkpoint's shard); it must outlive the
 // weights loaded from it, and may throw ErrorCategory::kIo for a name it cannot place.
 using TensorFileLookup = std::function<const SafetensorsFile&(const std::string& name)>;
 
 // load_mla_weights over several files: each tensor is read from file_of(its name).
-MlaWeights load_mla_weights(const TensorFileLookup& file_of, const MlaConfig& config, int layer);
+MlaWeights load_mla_weights(const TensorFileLookup& file_of, const MlaConfig& config, int layer,
+                            MlaTensorParallel tp = {});
 
 // Random weights from `seed` (entries ~ U(-1, 1) / sqrt(in), norms ~ 1 +- 0.1); e4m3 weights are
 // those values quantized with one scale per 128 x 128 block.

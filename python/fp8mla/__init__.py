@@ -69,7 +69,9 @@ The MLA layer (docs/design.md section 5; fp8mla/mla_layer.hpp), see fp8mla._laye
 
     mla_config(preset name | config.json dict | path | model dir) -> MlaConfig
     generate_mla_weights(config, format="bf16" | "fp8", seed=0) -> MlaWeights
-    load_mla_weights(model_dir, layer) -> MlaWeights   (weights.config: the directory's)
+    load_mla_weights(model_dir, layer, tensor_parallel=None) -> MlaWeights
+        (weights.config: the directory's; tensor_parallel=(rank, size): that rank's shard)
+    shard_mla_weights(weights, rank, size) -> MlaWeights   (docs/parallelism.md)
     MlaLayer(config, weights, device="cpu", backend=None)
     layer.prefill(hidden, batch, cache, *, out=None, one_shot_max_prefix=8192,
                   chunk_capacity=8192, cache_scale_inv=1.0, ...) -> out bf16 [T, hidden]
@@ -111,6 +113,7 @@ from ._layer import (
     load_mla_weights,
     mla_config,
     mla_prefill_reference,
+    shard_mla_weights,
 )
 from ._common import yarn_tuple as _yarn_tuple
 from ._ops import OPS as _OPS
@@ -149,7 +152,7 @@ __all__ = ["AttentionBackend", "BackendCapabilities", "Error", "InvalidArgumentE
            "MLA_CALIBRATION_HEADROOM", "MlaCalibration", "MlaConfig", "MlaLayer", "MlaSequence", "MlaWeights", "UnsupportedError",
            "attention_backend_names", "check_backend", "enable_output_quant_fusion",
            "generate_mla_weights", "info", "load_mla_weights", "make_attention_backend",
-           "mla_config", "mla_prefill_reference", "softmax_mscale",
+           "mla_config", "mla_prefill_reference", "shard_mla_weights", "softmax_mscale",
            *(op.name for op in _OPS)]
 
 # Engines import torch first: register the custom ops now, so that torch.compile traces straight

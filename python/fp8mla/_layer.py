@@ -2,7 +2,9 @@
 
     MlaConfig.preset(name) / mla_config(source) -> MlaConfig   (read-only fields)
     generate_mla_weights(config, format="bf16", seed=0) -> MlaWeights
-    load_mla_weights(model_dir, layer) -> MlaWeights   (a Hugging Face model directory)
+    load_mla_weights(model_dir, layer, tensor_parallel=None) -> MlaWeights   (a Hugging Face
+        model directory; tensor_parallel=(rank, size): that rank's shard, docs/parallelism.md)
+    shard_mla_weights(weights, rank, size) -> MlaWeights   (rank's heads of the full weights)
     weights.save(path, layer=0)   (a safetensors file under that layer's tensor names)
     MlaLayer(config, weights, device="cpu", backend=None)
     layer.prefill(hidden, batch, cache, *, out=None, ...) -> out
@@ -82,11 +84,22 @@ def generate_mla_weights(config, format: str = "bf16", seed: int = 0) -> MlaWeig
     return _C.generate_mla_weights(mla_config(config), format, int(seed))
 
 
-def load_mla_weights(model_dir, layer: int) -> MlaWeights:
+def load_mla_weights(model_dir, layer: int, tensor_parallel=None) -> MlaWeights:
     """Layer `layer`'s weights from a Hugging Face model directory (config.json and its
     safetensors, sharded or not); `weights.config` is the directory's config. The shards stay
-    mapped while the weights, or a layer made from them, live."""
-    return _C.load_mla_weights(os.fspath(model_dir), int(layer))
+    mapped while the weights, or a layer made from them, live. tensor_parallel=(rank, size):
+    that rank's shard of the full checkpoint, as shard_mla_weights makes it."""
+    rank, size = (0, 1) if tensor_parallel is None else tensor_parallel
+    return _C.load_mla_weights(os.fspath(model_dir), int(layer), int(rank), int(size))
+
+
+def shard_mla_weights(weights: MlaWeights, rank: int, size: int) -> MlaWeights:
+    """Rank `rank` of `size`'s tensor-parallel shard of full weights (docs/parallelism.md): the
+    q_b_proj / q_proj and kv_b_proj rows and the o_proj columns of its heads, the latent weights
+    replicated; `weights.config` stays the full config and `weights.tensor_parallel` is
+    (rank, size). A layer made from a shard runs config.heads / size heads and its prefill
+    returns o_proj's partial sum: the sum over the ranks is the layer output."""
+    return _C.shard_mla_weights(weights, int(rank), int(size))
 
 
 def _batch(batch) -> list:
@@ -101,7 +114,8 @@ class MlaLayer:
     / "fp8-hopper" (the FP8 path, the default) or "cpu-bf16" / "bf16-hopper" (the BF16 path).
     `config` (mla_config's sources) must be the weights' own (None: weights.config). The
     one-time work (e4m3 dequantization on the CPU, the device copy and GEMM plans on CUDA) is
-    done here."""
+    done here. With a tensor-parallel shard (shard_mla_weights) the layer runs the rank's heads
+    and prefill returns o_proj's partial sum, for the caller to sum over the ranks."""
 
     def __init__(self, config, weights: MlaWeights, device="cpu", backend=None):
         kind, index = _device(device)
@@ -113,6 +127,7 @@ class MlaLayer:
         self.backend = make_attention_backend(
             backend or ("cpu" if kind == "cpu" else "fp8-hopper"))
         self._layer = _C.MlaLayer(self.config, weights, kind, index)
+        self.tensor_parallel = weights.tensor_parallel  # (rank, size); a shard: partial sums
         self._workspace = None  # CUDA: grown to the largest batch seen
 
     @property

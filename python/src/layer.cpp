@@ -23,6 +23,7 @@
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/mla_config.hpp"
 #include "fp8mla/mla_layer.hpp"
+#include "fp8mla/mla_parallel.hpp"
 #include "fp8mla/mla_weights.hpp"
 #include "params.hpp"
 #if defined(FP8MLA_PYTHON_WITH_MODEL)
@@ -53,11 +54,13 @@ struct Names<fp8mla::WeightFormat> {
 namespace {
 
 // A layer's weights with what their views point into: generated ones own their bytes
-// (MlaWeights::storage), loaded ones point into `model`'s open shards.
+// (MlaWeights::storage), loaded ones point into `model`'s open shards. `tp`: the rank's shard of
+// the full weights of `config` (fp8mla/mla_parallel.hpp), or {0, 1} for the full weights.
 struct Weights {
   MlaConfig config;
   fp8mla::MlaWeights weights;
   std::shared_ptr<const void> model;
+  fp8mla::MlaTensorParallel tp;
 };
 
 // (prefix, extend, slots) per sequence, as _layer.py passes a batch.
@@ -146,15 +149,31 @@ void def_config(nb::module_& m) {
 }
 
 Weights generate(const MlaConfig& config, fp8mla::WeightFormat format, std::uint64_t seed) {
-  return {config, fp8mla::generate_mla_weights(config.c, format, seed), nullptr};
+  return {config, fp8mla::generate_mla_weights(config.c, format, seed), nullptr, {}};
 }
 
-Weights load(const std::string& model_dir, int layer) {
+// The shard keeps the full weights' bytes (MlaWeights::storage) and model alive.
+Weights shard(const Weights& full, int rank, int size) {
+  if (full.tp.size != 1) {
+    throw Error(ErrorCategory::kInvalidArgument,
+                fp8mla::concat("shard_mla_weights: expected full weights, got rank ", full.tp.rank,
+                               " of ", full.tp.size, "'s shard"));
+  }
+  return {full.config,
+          fp8mla::shard_mla_weights(full.weights, full.config.c, {rank, size}),
+          full.model,
+          {rank, size}};
+}
+
+Weights load(const std::string& model_dir, int layer, int rank, int size) {
 #if defined(FP8MLA_PYTHON_WITH_MODEL)
   auto model = std::make_shared<const fp8mla::SafetensorsModel>(model_dir);
-  return {wrap(model->config()), fp8mla::load_mla_weights(*model, layer), model};
+  return {wrap(model->config()),
+          fp8mla::load_mla_weights(*model, layer, {rank, size}),
+          model,
+          {rank, size}};
 #else
-  (void)model_dir, (void)layer;
+  (void)model_dir, (void)layer, (void)rank, (void)size;
   no_model_library("load_mla_weights");
 #endif
 }
@@ -178,6 +197,8 @@ void def_weights(nb::module_& m) {
                    [](const Weights& w) {
                      return w.weights.format == fp8mla::WeightFormat::kBf16 ? "bf16" : "fp8";
                    })
+      .def_prop_ro("tensor_parallel",
+                   [](const Weights& w) { return std::make_tuple(w.tp.rank, w.tp.size); })
       .def("save", &save, "path"_a, "layer"_a = 0,
            "Writes the weights under layer `layer`'s tensor names to a safetensors file");
   m.def(
@@ -187,14 +208,15 @@ void def_weights(nb::module_& m) {
         return generate(config, choice<fp8mla::WeightFormat>("format").convert(args, format), seed);
       },
       "config"_a, "format"_a, "seed"_a);
-  m.def("load_mla_weights", &load, "model_dir"_a, "layer"_a,
+  m.def("load_mla_weights", &load, "model_dir"_a, "layer"_a, "rank"_a = 0, "size"_a = 1,
         nb::call_guard<nb::gil_scoped_release>());
+  m.def("shard_mla_weights", &shard, "weights"_a, "rank"_a, "size"_a);
 }
 
 // The layer; the Python object keeps the Weights it was made from alive (keep_alive).
 struct Layer {
   Layer(const MlaConfig& config, const Weights& w, fp8mla::Device device)
-      : layer(config.c, w.weights, device) {}
+      : layer(config.c, w.weights, device, w.tp) {}
   fp8mla::MlaLayer layer;
 };
 
@@ -252,6 +274,10 @@ PyCalibration calibrate(Layer& self, nb::handle hidden, const PyBatch& batch, fl
 nb::object reference(const Weights& w, nb::handle hidden, const PyBatch& batch, nb::handle cache,
                      float cache_scale_inv) {
   Args args("mla_prefill_reference");
+  if (w.tp.size != 1) {  // the reference is the full layer's: a shard would be read as one
+    throw Error(ErrorCategory::kInvalidArgument,
+                "mla_prefill_reference: expected full weights, got a tensor-parallel shard");
+  }
   const TensorView hidden_view = args.input(hidden, "hidden");
   const TensorView cache_view = args.input(cache, "cache");
   const fp8mla::MlaBatch b = to_batch(batch);

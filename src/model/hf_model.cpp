@@ -6,6 +6,7 @@
 
 #include "fp8mla/error.hpp"
 #include "fp8mla/hf_model.hpp"
+#include "fp8mla/mla_parallel.hpp"
 
 namespace fp8mla {
 namespace {
@@ -107,7 +108,7 @@ std::vector<std::string> SafetensorsModel::open_shards() const {
   return names;
 }
 
-MlaWeights load_mla_weights(const SafetensorsModel& model, int layer) {
+MlaWeights load_mla_weights(const SafetensorsModel& model, int layer, MlaTensorParallel tp) {
   if (layer < 0) {
     throw Error(ErrorCategory::kOutOfRange, concat("layer ", layer, " is negative"));
   }
@@ -116,8 +117,9 @@ MlaWeights load_mla_weights(const SafetensorsModel& model, int layer) {
                 concat("model directory '", model.dir(), "': layer ", layer, " is out of range (",
                        *model.num_layers(), " layers in config.json)"));
   }
+  MlaWeights full;
   try {
-    return load_mla_weights(
+    full = load_mla_weights(
         [&](const std::string& name) -> const SafetensorsFile& { return model.file_of(name); },
         model.config(), layer);
   } catch (const Error& e) {
@@ -128,6 +130,9 @@ MlaWeights load_mla_weights(const SafetensorsModel& model, int layer) {
                        "/config.json': do the config and the weights belong together?)"),
                 e.where());
   }
+  // Sharded after the checks above, so that a tensor-parallel error is not read as a mismatch.
+  if (tp.size == 1 && tp.rank == 0) return full;
+  return shard_mla_weights(full, model.config(), tp);
 }
 
 }  // namespace fp8mla

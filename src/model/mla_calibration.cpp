@@ -76,8 +76,8 @@ MlaCalibration MlaLayer::calibrate(const TensorView& hidden, const MlaBatch& bat
   const MlaPath bf16_path{};
   const TensorView workspace = impl_->executor->calibration_workspace(plan, bf16_path);
   const TensorView none;
-  const MlaPrefillCall call{hidden, plan,      none,      nullptr, defaults,
-                            none,   workspace, bf16_path, nullptr, stream};
+  const MlaPrefillCall call{hidden,    plan,      none,    nullptr, defaults, none,
+                            workspace, bf16_path, nullptr, stream,  nullptr};
   return mla_calibration_from_amax(run_mla_calibration(*impl_->executor, call), options.headroom);
 }
 

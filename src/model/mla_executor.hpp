@@ -75,6 +75,8 @@ struct MlaPrefillCall {
   MlaPath path;
   MlaStageTimes* times;
   CudaStream stream;
+  // Tensor parallelism: sums the ranks' partial `out` after o_proj; null: none (or the caller's).
+  MlaCommunicator* communicator;
 };
 
 // The keys of one attention call: the extend tokens' (cu_seqlens_k = the plan's cu_q), each
@@ -177,6 +179,7 @@ class MlaLayer::Impl {
  public:
   MlaBatchPlan plan;
   std::unique_ptr<MlaExecutor> executor;
+  MlaCommunicator* communicator = nullptr;
 };
 
 }  // namespace fp8mla

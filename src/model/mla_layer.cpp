@@ -254,14 +254,29 @@ void run_mla_prefill(MlaExecutor& x, const MlaPrefillCall& call) {
   timed(x, &t.prep, [&] { x.prep(); });
   attend_batch(x, call.plan, t);
   timed(x, &t.output, [&] { x.output(); });
+  // o_proj has no bias, so each rank's partial sum is its heads' share of the output and the sum
+  // over ranks is the output; the reduction runs on the call's stream, in place.
+  if (call.communicator != nullptr) {
+    timed(x, &t.reduce, [&] { call.communicator->all_reduce_sum(call.out, call.stream); });
+  }
   x.finish();
   if (call.times != nullptr) *call.times = t;
 }
 
-MlaLayer::MlaLayer(MlaConfig config, const MlaWeights& weights, Device device)
-    : config_(std::move(config)), device_(device) {
+MlaLayer::MlaLayer(MlaConfig config, const MlaWeights& weights, Device device, MlaTensorParallel tp,
+                   MlaCommunicator* communicator)
+    : config_(mla_rank_config(config, tp, weights.format)), device_(device), tp_(tp) {
+  if (communicator != nullptr &&
+      (communicator->rank() != tp.rank || communicator->size() != tp.size)) {
+    throw Error(ErrorCategory::kInvalidArgument,
+                concat("MlaLayer: the communicator is rank ", communicator->rank(), " of ",
+                       communicator->size(), "; the layer's tensor parallel is rank ", tp.rank,
+                       " of ", tp.size));
+  }
   check_layer_inputs(config_, weights);
   impl_ = std::make_unique<Impl>();
+  // One rank alone has nothing to reduce.
+  impl_->communicator = tp.size > 1 ? communicator : nullptr;
   if (!device.is_cuda()) {
     impl_->executor = make_cpu_mla_executor(config_, weights);
     return;
@@ -349,7 +364,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
   const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
   check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
   run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, &backend, options, out, workspace,
-                                     path, times, stream});
+                                     path, times, stream, impl_->communicator});
 }
 
 }  // namespace fp8mla

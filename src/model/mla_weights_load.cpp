@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "fp8mla/error.hpp"
+#include "fp8mla/mla_parallel.hpp"
 #include "fp8mla/mla_weights.hpp"
 #include "model/mla_weight_specs.hpp"
 
@@ -34,14 +35,9 @@ const SafetensorsTensor& expect(const TensorFileLookup& file_of, const std::stri
   return t;
 }
 
-}  // namespace
-
-MlaWeights load_mla_weights(const SafetensorsFile& file, const MlaConfig& config, int layer) {
-  return load_mla_weights([&](const std::string&) -> const SafetensorsFile& { return file; },
-                          config, layer);
-}
-
-MlaWeights load_mla_weights(const TensorFileLookup& file_of, const MlaConfig& config, int layer) {
+// Every tensor of the layer as the file holds it (the full checkpoint).
+MlaWeights load_full_mla_weights(const TensorFileLookup& file_of, const MlaConfig& config,
+                                 int layer) {
   MlaWeights w;
   bool first = true;
   for (const model::ProjectionSpec& p : model::projections(config)) {
@@ -73,6 +69,21 @@ MlaWeights load_mla_weights(const TensorFileLookup& file_of, const MlaConfig& co
             .view();
   }
   return w;
+}
+
+}  // namespace
+
+MlaWeights load_mla_weights(const SafetensorsFile& file, const MlaConfig& config, int layer,
+                            MlaTensorParallel tp) {
+  return load_mla_weights([&](const std::string&) -> const SafetensorsFile& { return file; },
+                          config, layer, tp);
+}
+
+MlaWeights load_mla_weights(const TensorFileLookup& file_of, const MlaConfig& config, int layer,
+                            MlaTensorParallel tp) {
+  MlaWeights full = load_full_mla_weights(file_of, config, layer);
+  if (tp.size == 1 && tp.rank == 0) return full;
+  return shard_mla_weights(full, config, tp);
 }
 
 }  // namespace fp8mla

@@ -17,6 +17,7 @@
 #include "error_test_util.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/hf_model.hpp"
+#include "fp8mla/mla_parallel.hpp"
 #include "fp8mla/mla_weights.hpp"
 #include "fp8mla/safetensors.hpp"
 
@@ -204,6 +205,36 @@ TEST(HfModel, LoadsALayerFromItsShardOnly) {
     }
     load_mla_weights(model, 0);
     EXPECT_EQ(model.open_shards().size(), 2u);
+  }
+}
+
+// With a tensor-parallel spec the directory's full checkpoint is sharded: 2 heads over 2 ranks
+// give each rank one head, bf16 only (a 192-row q_b_proj shard is off the FP8 128-row blocks,
+// an error that does not blame the config).
+TEST(HfModel, LoadsARanksShardOfTheFullCheckpoint) {
+  {  // one ModelDir at a time: they share the directory's name
+    const ModelDir dir(WeightFormat::kBf16);
+    const SafetensorsModel model(dir.dir());
+    for (int rank = 0; rank < 2; ++rank) {
+      const MlaWeights w = load_mla_weights(model, 1, {rank, 2});
+      const MlaWeights expected = shard_mla_weights(dir.weights(1), dir.config(), {rank, 2});
+      const MlaConfig local = mla_rank_config(model.config(), {rank, 2}, w.format);
+      const auto loaded = mla_weight_tensors(w, local, 1);
+      const auto sharded = mla_weight_tensors(expected, local, 1);
+      ASSERT_EQ(loaded.size(), sharded.size());
+      for (std::size_t i = 0; i < loaded.size(); ++i)
+        EXPECT_EQ(bytes_of(loaded[i].second), bytes_of(sharded[i].second)) << loaded[i].first;
+      EXPECT_EQ(w.q_b_proj.weight.size(0), 192);
+      EXPECT_EQ(w.o_proj.weight.size(1), 128);
+    }
+  }
+  const ModelDir fp8(WeightFormat::kFp8Block);
+  try {
+    load_mla_weights(SafetensorsModel(fp8.dir()), 0, {1, 2});
+    ADD_FAILURE() << "expected an fp8mla::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("128-row blocks"), std::string::npos) << e.message();
+    EXPECT_EQ(e.message().find("belong together"), std::string::npos) << e.message();
   }
 }
 

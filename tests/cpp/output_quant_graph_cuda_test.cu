@@ -20,16 +20,19 @@
 
 #include "cuda/common/runtime.hpp"
 #include "cuda_test_util.hpp"
+#include "device_case_util.cuh"
 #include "fp8mla/attention.hpp"
 #include "output_quant_test_util.hpp"
 
 namespace fp8mla {
 namespace {
 
+using test::CapturedGraph;
 using test::DeviceBuffer;
 using test::HostBuffer;
 using test::QuantBuffers;
 using test::QuantCase;
+using test::TestStream;
 
 constexpr std::int64_t kHeads = 4, kDqk = 192, kDv = 128, kWidth = kHeads * kDv;
 // The padded token count the graphs are captured for.
@@ -46,51 +49,6 @@ DeviceBuffer upload(const HostBuffer& host) {
 void sync(cudaStream_t stream) {
   cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
 }
-
-// A stream of the test's own (graphs are not captured on the legacy default stream).
-class Stream {
- public:
-  Stream() { cuda::check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "stream"); }
-  ~Stream() { cudaStreamDestroy(s_); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  cudaStream_t get() const { return s_; }
-
- private:
-  cudaStream_t s_ = nullptr;
-};
-
-// One op call captured into an executable graph.
-class Graph {
- public:
-  Graph(cudaStream_t stream, const std::function<void()>& call) {
-    cuda::check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-    try {
-      call();
-    } catch (...) {
-      cudaGraph_t discarded = nullptr;
-      cudaStreamEndCapture(stream, &discarded);
-      if (discarded != nullptr) cudaGraphDestroy(discarded);
-      throw;
-    }
-    cuda::check(cudaStreamEndCapture(stream, &graph_), "cudaStreamEndCapture");
-    cuda::check(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate");
-  }
-  ~Graph() {
-    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
-    if (graph_ != nullptr) cudaGraphDestroy(graph_);
-  }
-  Graph(const Graph&) = delete;
-  Graph& operator=(const Graph&) = delete;
-  void replay(cudaStream_t stream) const {
-    cuda::check(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch");
-    sync(stream);
-  }
-
- private:
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
-};
 
 // The device buffers of one quantized call (out, scale tensor, global scale) and their poison.
 struct QuantTarget {
@@ -249,7 +207,7 @@ void expect_prefill_graph(PaddedBatch& batch, const std::vector<Unfused>& unfuse
   batch.set(kReplays[0]);
   call(eager, eager_lse);  // eagerly first: what a call sets up once is not captured
   sync(stream);
-  const Graph graph(stream, [&] { call(replayed, lse); });
+  const CapturedGraph graph(stream, [&] { call(replayed, lse); });
   for (std::size_t i = 0; i < std::size(kReplays); ++i) {
     SCOPED_TRACE(concat("replay ", i));
     const std::uint8_t poison = kReplayPoison[i];
@@ -258,7 +216,8 @@ void expect_prefill_graph(PaddedBatch& batch, const std::vector<Unfused>& unfuse
     eager.repoison(poison);
     lse.fill(poison);
     eager_lse.fill(poison);
-    graph.replay(stream);
+    graph.launch(stream);
+    sync(stream);
     call(eager, eager_lse);
     sync(stream);
     const TensorView rows(const_cast<std::uint8_t*>(unfused[i].rows.data()), DType::kBF16,
@@ -273,7 +232,7 @@ void expect_prefill_graph(PaddedBatch& batch, const std::vector<Unfused>& unfuse
 
 TEST(OutputQuantGraph, PrefillAttentionReplaysWithFewerRealTokens) {
   FP8MLA_REQUIRE_HOPPER();
-  const Stream stream;
+  const TestStream stream;
   for (bool fp8 : {true, false}) {
     PaddedBatch batch(fp8);
     for (bool with_lse : {false, true}) {
@@ -327,7 +286,7 @@ struct PaddedStates {
 
 TEST(OutputQuantGraph, MergeAttentionStatesReplaysWithFewerRealTokens) {
   FP8MLA_REQUIRE_HOPPER();
-  const Stream stream;
+  const TestStream stream;
   PaddedStates s;
   // The unfused merge of every row: each row's bytes are those of a merge of the real rows only.
   DeviceBuffer merged(s.o_a.bytes()), merged_lse(s.lse_a.bytes());
@@ -347,7 +306,7 @@ TEST(OutputQuantGraph, MergeAttentionStatesReplaysWithFewerRealTokens) {
     s.set(kMergeReplays[0]);
     call(eager, eager_lse);  // eagerly first: what a call sets up once is not captured
     sync(stream.get());
-    const Graph graph(stream.get(), [&] { call(replayed, out_lse); });
+    const CapturedGraph graph(stream.get(), [&] { call(replayed, out_lse); });
     for (std::size_t i = 0; i < std::size(kMergeReplays); ++i) {
       const std::int32_t real = kMergeReplays[i];
       SCOPED_TRACE(concat("replay ", i, ": ", real, " tokens"));
@@ -357,7 +316,8 @@ TEST(OutputQuantGraph, MergeAttentionStatesReplaysWithFewerRealTokens) {
       eager.repoison(poison);
       out_lse.fill(poison);
       eager_lse.fill(poison);
-      graph.replay(stream.get());
+      graph.launch(stream.get());
+      sync(stream.get());
       call(eager, eager_lse);
       sync(stream.get());
       const TensorView rows(const_cast<std::uint8_t*>(bf16.data()), DType::kBF16, {real, kWidth});
