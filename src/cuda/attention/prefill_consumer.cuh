@@ -1,7 +1,8 @@
 // The consumers of the prefill kernel (warpgroups 1..kConsumerWarpgroups, 64 query rows each):
 // S = Q K^T and O += P V with wgmma (prefill_mma.cuh), the online softmax between them
 // (prefill_softmax.cuh); P comes from registers. Key tiles are visited last to first, so the
-// tiles that need masking come first. Each finished tile goes to the epilogue.
+// tiles that need masking come first. Each finished work tile goes to the epilogue, and the
+// consumers go on to the CTA's next one.
 #pragma once
 
 #include <cstdint>
@@ -79,7 +80,9 @@ constexpr int kTurnBarrier = 0;
 // runs while its own P V and the other one's products do. (With an e4m3 LSE, S takes three
 // promoted runs, which wait for every wgmma of the warpgroup: there P V goes first and the
 // softmax overlaps only the other's products.) Warpgroup 0 goes first; each pass is matched by
-// one wait of the other warpgroup (warpgroup 1 skips the pass after its last turn).
+// one wait of the other warpgroup (warpgroup 1 skips the pass after its last turn, and passes
+// before the first turn of each work tile: the turns alternate without a break from one work
+// tile to the next).
 template <typename Traits, bool kRowSum>
 class PrefillConsumer {
  public:
@@ -87,9 +90,11 @@ class PrefillConsumer {
                              int warpgroup)
       : p_(p), smem_(smem), cw_(warpgroup - 1), row0_((warpgroup - 1) * 64) {}
 
-  // The main loop of work tile w, then the epilogue's store of the warpgroup's rows.
+  // The main loop of work tile w, then the epilogue's store of the warpgroup's rows. `state`:
+  // where the tile's loads start in the pipelines, stepped past them.
   template <typename Epilogue>
-  __device__ __forceinline__ void run(const TileWork& w, const Epilogue& epilogue) const {
+  __device__ __forceinline__ void run(const TileWork& w, const Epilogue& epilogue,
+                                      PipelineState<Traits>& state) const {
     const int thread = threadIdx.x % 128;
     // Sequence-local query row of this thread's row half 0.
     const int row = w.m_block * Traits::kBlockM + row0_ + 16 * (thread / 32) + (thread % 32) / 4;
@@ -108,11 +113,13 @@ class PrefillConsumer {
     std::uint32_t p[Traits::kBlockN / Traits::kMmaK][4];  // P as the A operand of P V
     OutputPartial<Traits> partial;
     if constexpr (Traits::kPromoteTiles > 0) partial.init(smem_, cw_);
-    Tile t(w, row, softmax, o, s, p, partial);
+    Tile t(w, row, softmax, o, s, p, partial, state.stage);
     if (w.n_blocks > 0) {
-      first_turn(t);
+      first_turn(t, state.q_phase);
       for (int it = 1; it < w.n_blocks; ++it) middle_turn(t, it);
       last_turn(t);
+      state.stage = t.stage.next();
+      state.q_phase ^= 1;
     }
     if (w.n_blocks == 0) {
 #pragma unroll
@@ -133,8 +140,15 @@ class PrefillConsumer {
     __device__ Tile(const TileWork& work, int r, OnlineSoftmax<Traits, kRowSum>& sm,
                     float (&acc)[Traits::kORegs], float (&scores)[64],
                     std::uint32_t (&operand)[Traits::kBlockN / Traits::kMmaK][4],
-                    OutputPartial<Traits>& sums)
-        : w(work), row(r), softmax(sm), o(acc), s(scores), p(operand), partial(sums) {}
+                    OutputPartial<Traits>& sums, Stage<Traits> first)
+        : w(work),
+          row(r),
+          softmax(sm),
+          o(acc),
+          s(scores),
+          p(operand),
+          partial(sums),
+          stage(first) {}
     const TileWork& w;
     const int row;
     OnlineSoftmax<Traits, kRowSum>& softmax;
@@ -168,9 +182,9 @@ class PrefillConsumer {
   }
 
   // First turn: S of tile 0.
-  __device__ __forceinline__ void first_turn(Tile& t) const {
+  __device__ __forceinline__ void first_turn(Tile& t, std::uint32_t q_phase) const {
     PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
-    sm90::Barrier::wait(bar.q_full(), 0);
+    sm90::Barrier::wait(bar.q_full(), q_phase);
     if (cw_ == 1) cutlass::arch::NamedBarrier::arrive(256, kTurnBarrier);  // 0 goes first
     sm90::Barrier::wait(bar.k_full(t.stage.index), t.stage.phase);
     wait_turn();
@@ -242,9 +256,11 @@ class PrefillConsumer {
     }
   }
 
-  // Last turn: P V of the last tile.
+  // Last turn: P V of the last tile. Every product with Q has completed (the turns before waited
+  // for their S), so Q is released to the next work tile's load first.
   __device__ __forceinline__ void last_turn(Tile& t) const {
     PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
+    release(bar.q_empty());
     sm90::Barrier::wait(bar.v_full(t.stage.index), t.stage.phase);
     wait_turn();
     issue_pv<Traits>(smem_, t.stage.index, t.p, t.o,

@@ -1,7 +1,7 @@
 // The Hopper prefill attention kernel (op 8): warp-specialized, TMA-fed, wgmma for both products.
 // The entry composes its roles, each in its own file:
 //   prefill_shared_storage.cuh  the CTA's shared memory (tiles, rings, barriers)
-//   prefill_scheduler.cuh       which work tile a CTA runs, longest first (StaticTileScheduler)
+//   prefill_scheduler.cuh       which work tiles a CTA runs, longest first (ZigzagTileScheduler)
 //   prefill_producer.cuh        warpgroup 0: the TMA loads of Q, K and V (PrefillProducer)
 //   prefill_consumer.cuh        warpgroups 1, 2: S, softmax and O, ping-ponging (PrefillConsumer)
 //   prefill_epilogue.cuh        the store of a finished tile (OutputEpilogue), quantized by
@@ -23,11 +23,11 @@
 
 namespace fp8mla::cuda::attention {
 
-// The kernel's two seams: which work tile a CTA runs (the scheduler also sets the launch grid,
+// The kernel's two seams: which work tiles a CTA runs (the scheduler also sets the launch grid,
 // prefill_launch.cuh), and what is done with a finished one (the epilogue, handed each consumer
 // warpgroup's rows).
 template <typename Traits>
-using PrefillScheduler = StaticTileScheduler<Traits>;
+using PrefillScheduler = ZigzagTileScheduler<Traits>;
 template <typename Traits>
 using PrefillEpilogue = OutputEpilogue<Traits>;
 
@@ -47,11 +47,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   pdl_wait();  // cu_seqlens, q, k, v may come from the previous kernel
   PrefillEpilogue<Traits>::write_untiled(p);
-  // One work tile per CTA. A scheduler with several a CTA adds next_work and a loop over it in
-  // each role; the static one has neither, since even a loop that runs once changes this code.
-  const PrefillScheduler<Traits> scheduler;
-  const TileWork work = scheduler.initial_work(p);
-  if (!scheduler.is_valid(work)) return;
+  using Scheduler = PrefillScheduler<Traits>;
 
   // Read through a shuffle from lane 0, which the compiler knows to be warp-uniform: values
   // derived from it (the consumers' Q descriptors) then live in uniform registers.
@@ -61,22 +57,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // Warp 0's thread 0 loads; warps 1..3 transpose token-major e4m3 V tiles (warp-uniform, as
     // above, so that the transposer's indices stay in uniform registers).
     const int warp = __shfl_sync(0xffffffff, int(threadIdx.x / 32), 0);
+    const PrefillProducer<Traits> producer(p, smem);
     if (warp == 0) {
-      if (threadIdx.x == 0) PrefillProducer<Traits>(p, smem).load(work);
-    } else {
-      PrefillProducer<Traits>(p, smem).transpose_v(work, warp - 1);  // e4m3 V given token-major
+      if (threadIdx.x != 0) return;
+      producer.prefetch_maps();
+      PipelineState<Traits> state;
+      Scheduler::for_each_tile(p, [&](const TileWork& w) { producer.load(w, state); });
+    } else if (Traits::kFp8 && p.v_token_major) {
+      Stage<Traits> stage;
+      Scheduler::for_each_tile(p,
+                               [&](const TileWork& w) { producer.transpose_v(w, warp - 1, stage); });
     }
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
   const PrefillEpilogue<Traits> epilogue(p);
+  PipelineState<Traits> state;
   if constexpr (Traits::kFp8) {
     if (p.lse == nullptr) {
-      PrefillConsumer<Traits, false>(p, smem, warpgroup).run(work, epilogue);
+      const PrefillConsumer<Traits, false> consumer(p, smem, warpgroup);
+      Scheduler::for_each_tile(p, [&](const TileWork& w) { consumer.run(w, epilogue, state); });
       return;
     }
   }
-  PrefillConsumer<Traits, true>(p, smem, warpgroup).run(work, epilogue);
+  const PrefillConsumer<Traits, true> consumer(p, smem, warpgroup);
+  Scheduler::for_each_tile(p, [&](const TileWork& w) { consumer.run(w, epilogue, state); });
 #endif
 }
 

@@ -14,12 +14,13 @@
 
 namespace fp8mla::cuda::attention {
 
-// The order of the work tiles on the grid (StaticTileScheduler, prefill_scheduler.cuh): sequence
+// The order of the work tiles (ZigzagTileScheduler, prefill_scheduler.cuh): sequence
 // by sequence, the heads in small_sections sections of section_heads, then one of the remaining
 // heads, each section over the m blocks of max_seqlen_q. The divisors the CTA's tile is found by
 // are precomputed (multiply-high and shift instead of a division, which costs short tiles
 // several percent).
 struct TileOrder {
+  int tiles;  // every work tile of the order, those without rows included
   int small_sections;
   int section_heads;
   cutlass::FastDivmod sequence_tiles;  // m_blocks * heads

@@ -104,7 +104,8 @@ void prepare_prefill() {
 template <typename Traits>
 void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   prepare_prefill<Traits>();
-  const dim3 grid = PrefillScheduler<Traits>::grid(p);
+  const int sm_count = current_device_props().sm_count;
+  const dim3 grid = PrefillScheduler<Traits>::grid(p, sm_count);
   if (p.tq == 0 || p.heads == 0 || p.batch == 0 || grid.x == 0) return;
 
   PrefillKernelParams kp{};
@@ -181,7 +182,7 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   kp.lse = p.lse;
   kp.lse_token_stride = p.lse_token_stride;
   kp.lse_head_stride = p.lse_head_stride;
-  kp.order = PrefillScheduler<Traits>::order(p, current_device_props().sm_count);
+  kp.order = PrefillScheduler<Traits>::order(p, sm_count);
 
   LaunchConfig config;
   config.grid = grid;

@@ -175,15 +175,16 @@ __device__ __forceinline__ void store_quantized_row(const OutputQuantTarget& q, 
   }
 }
 
-// The NVFP4 swizzled layout's padding rows T .. round_up(T, 128), which no work tile owns: CTA h
-// (of the grid's first, whichever tiles they run; the grid has at least one CTA a head) writes
-// head h's 8 blocks of them as zeros (the blocks of a row, 8 a head, fill whole 4-block tiles).
+// The NVFP4 swizzled layout's padding rows T .. round_up(T, 128), which no work tile owns: CTA b
+// writes heads b, b + gridDim.x, .. of them as zeros, 8 blocks a head (the blocks of a row, 8 a
+// head, fill whole 4-block tiles).
 __device__ __forceinline__ void zero_padding_rows(const OutputQuantTarget& q) {
-  const int head = int(blockIdx.x);
-  if (!q.swizzled || head >= q.width / 128) return;
+  if (!q.swizzled) return;
   const int padding = int((q.rows + 127) / 128 * 128 - q.rows);
-  for (int i = int(threadIdx.x); i < padding * 8; i += int(blockDim.x)) {
-    q.block_scales[nvfp4_scale_at(q, q.rows + i / 8, head * 8 + i % 8)] = 0;
+  for (int head = int(blockIdx.x); head < q.width / 128; head += int(gridDim.x)) {
+    for (int i = int(threadIdx.x); i < padding * 8; i += int(blockDim.x)) {
+      q.block_scales[nvfp4_scale_at(q, q.rows + i / 8, head * 8 + i % 8)] = 0;
+    }
   }
 }
 

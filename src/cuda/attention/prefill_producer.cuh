@@ -1,7 +1,9 @@
-// The producer of the prefill kernel (one thread of warpgroup 0): Q once, then K and V tile by
-// tile into the stage ring, each load completing on its stage's full barrier; it reuses a stage
-// once both consumer warpgroups have arrived on its empty barrier. Key tiles are visited last to
-// first, so the tiles that need masking come first.
+// The producer of the prefill kernel (one thread of warpgroup 0), work tile after work tile: Q
+// once the consumers are done with the last tile's (q_empty), then K and V key tile by key tile
+// into the stage ring, each load completing on its stage's full barrier; it reuses a stage once
+// both consumer warpgroups have arrived on its empty barrier. Key tiles are visited last to
+// first, so the tiles that need masking come first. The ring runs on from one work tile to the
+// next, so the next tile's loads start while the consumers finish the last one.
 //
 // e4m3 V given token-major: its tile lands untransposed in the stage (completing on v_loaded),
 // and warps 1..3 of the warpgroup turn it into the V^T the transposed load writes, in place
@@ -24,25 +26,30 @@ class PrefillProducer {
   __device__ PrefillProducer(const PrefillKernelParams& p, SharedStorage<Traits>& smem)
       : p_(p), smem_(smem) {}
 
-  // The loads of work tile w; none where its rows see no key (the consumers then read nothing).
-  __device__ void load(const TileWork& w) const {
-    if (w.n_blocks <= 0) return;
+  // Once per CTA, before its first load.
+  __device__ void prefetch_maps() const {
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p_.q_map));
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p_.k_map));
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p_.v_map));
+  }
 
+  // The loads of work tile w; none where its rows see no key (the consumers then read nothing).
+  __device__ void load(const TileWork& w, PipelineState<Traits>& state) const {
+    if (w.n_blocks <= 0) return;
     PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
+    // A fresh barrier counts as having completed the phase before its first, so the first tile's
+    // wait (and the first lap of each stage's) passes at once.
+    sm90::Barrier::wait(bar.q_empty(), state.q_phase ^ 1);
+    state.q_phase ^= 1;
     sm90::Barrier::arrive_and_expect_tx(bar.q_full(), Traits::kQBytes);
     const int q_row = w.q_start + w.m_block * Traits::kBlockM;
     for (int c = 0; c < Traits::kChunks; ++c) {
       sm90::tma_load_3d(&p_.q_map, bar.q_full(), smem_.q + c * Traits::kQChunkBytes,
                         c * Traits::kChunkElems, q_row, w.head);
     }
-    Stage<Traits> s;
+    Stage<Traits> s = state.stage;
     for (int it = 0; it < w.n_blocks; ++it, s = s.next()) {
       const int n = w.n_blocks - 1 - it;
-      // A fresh barrier counts as having completed the phase before its first, so the first lap
-      // passes at once.
       sm90::Barrier::wait(bar.k_empty(s.index), s.phase ^ 1);
       const int key = w.k_start + tile_first_key(w, n, Traits::kBlockN);
       sm90::Barrier::arrive_and_expect_tx(bar.k_full(s.index), Traits::kKBytes);
@@ -53,20 +60,22 @@ class PrefillProducer {
       sm90::Barrier::arrive_and_expect_tx(v_loaded, Traits::kVBytes);
       load_v_tile(v_loaded, smem_.v[s.index], key, w.head);
     }
+    state.stage = s;
   }
 
-  // By warps 1..3 (e4m3 V given token-major; otherwise nothing): each V tile of work tile w, once
-  // loaded, transposed in place into the stage's V^T (prefill_v_transpose.hpp: each warp swaps
-  // its pairs of 16x16-byte blocks, disjoint from the other warps'), then released to the
-  // consumers. The stage is free to write: the load into it waited for its v_empty, and its next
+  // By warps 1..3 (e4m3 V given token-major; the kernel calls it only then): each V tile of work
+  // tile w, once loaded, transposed in place into the stage's V^T (prefill_v_transpose.hpp: each
+  // warp swaps its pairs of 16x16-byte blocks, disjoint from the other warps'), then released to
+  // the consumers. The stage is free to write: the load into it waited for its v_empty, and its next
   // load waits for the consumers, who wait for this v_full. `first_step` (0..2, the warp among
   // the transposing ones) must be warp-uniform to the compiler: the steps' block indices then
   // live in uniform registers, which keeps the loop within the warpgroup's kProducerRegisters
   // (ptxas: 21 used, no spills). The per-lane terms are a few bit operations (see the header).
-  __device__ void transpose_v(const TileWork& w, int first_step) const {
+  // `stage`: the ring position of the tile's first key tile, stepped past its last.
+  __device__ void transpose_v(const TileWork& w, int first_step, Stage<Traits>& stage) const {
     if constexpr (Traits::kFp8) {
       static_assert(Traits::kVBytes == v_transpose::kTileBytes);
-      if (!p_.v_token_major || w.n_blocks <= 0) return;
+      if (w.n_blocks <= 0) return;
       const int lane = int(threadIdx.x % 32);
       const int mask = v_transpose::half_mask(lane);
       const std::uint32_t lane_ld = v_transpose::load_lane_offset(lane);
@@ -74,7 +83,7 @@ class PrefillProducer {
       const std::uint32_t sel0 = v_transpose::byte_selector(lane, 0);
       const std::uint32_t sel1 = sel0 ^ 0x1111u;  // = byte_selector(lane, 1)
       PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
-      Stage<Traits> s;
+      Stage<Traits> s = stage;
       for (int it = 0; it < w.n_blocks; ++it, s = s.next()) {
         sm90::Barrier::wait(bar.v_loaded(s.index), s.phase);
         const std::uint32_t tile = sm90::smem_address(smem_.v[s.index]);
@@ -94,6 +103,7 @@ class PrefillProducer {
         __syncwarp();
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(bar.v_full(s.index));
       }
+      stage = s;
     }
   }
 

@@ -1,6 +1,6 @@
-// Which work tile a CTA of the prefill kernel runs. A scheduler sets the launch grid and gives a
-// CTA its work (is_valid: whether there is any); every thread of the CTA computes the same
-// TileWork from cu_seqlens (no host sync decides anything), and every role runs it.
+// Which work tiles a CTA of the prefill kernel runs. A scheduler sets the launch grid and hands a
+// CTA its tiles one after another; every thread of the CTA computes the same TileWork from
+// cu_seqlens (no host sync decides anything), and every role runs it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -55,11 +55,11 @@ __device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p,
   return w;
 }
 
-// One CTA per work tile, on a one-dimensional grid in the order the hardware hands CTAs to SMs
-// (rising block index): sequence by sequence, each one's heads in sections, and within a section
+// The work tiles in one order on a one-dimensional index (rising index: the order the tiles are
+// meant to start in): sequence by sequence, each one's heads in sections, and within a section
 // the tiles by rank, every head of the section at each rank. A causal tile's rank counts from its
 // sequence's last m block (rank 0: the tile with the most keys), so a section's tiles go longest
-// first. CTAs that run together read the same tokens of neighbouring heads, whose rows share
+// first. Tiles that run together read the same tokens of neighbouring heads, whose rows share
 // DRAM pages and cache lines.
 //  - The sections but the last of a sequence are small: their keys and values fit in
 //    kLocalBytes, so the CTAs that read the same key tiles run at about the same time and find
@@ -68,22 +68,31 @@ __device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p,
 //    last sequence): it takes enough heads that its longest-first tiles fill every SM for twice
 //    the longest tile (a greedy schedule of decreasing jobs then ends within half of one), as
 //    many as fit in kL2Bytes.
-// The sizes come from max_seqlen_q and max_seqlen_k. The grid covers max_seqlen_q's m blocks of
-// every sequence; a CTA whose rank lies past its sequence's blocks exits at once. Finding the
-// tile is arithmetic on the block index and the sequence's offsets, the loads a tile needs
-// anyway: nothing waits on a scan of the batch.
+// The sizes come from max_seqlen_q and max_seqlen_k; the index covers max_seqlen_q's m blocks of
+// every sequence, and a tile whose rank lies past its sequence's blocks has no rows.
+//
+// A CTA runs tiles of the order in rounds of gridDim.x: CTA b takes tile b of even rounds and
+// tile gridDim.x - 1 - b of odd ones (within a round the tiles go longest first, so the zigzag
+// evens out what each CTA gets). With a grid of every tile that is one tile a CTA, handed out
+// by the hardware to whichever SM frees first: the schedule for long tiles, whose lengths vary
+// too much for a fixed assignment. Where every tile is short (at most kPersistentKeys keys) and
+// there are many rounds, the grid is persistent, one CTA per SM (one fills an SM's shared
+// memory): the producer then loads the next tile while the consumers finish the last one, and
+// the CTA's set-up is paid once, which is a large share of a short tile (16 x 1k: +20 % on the
+// H200, docs/design.md op 8). Finding a tile is arithmetic on its index and the sequence's
+// offsets, the loads a tile needs anyway: nothing waits on a scan of the batch.
 template <typename Traits>
-struct StaticTileScheduler {
-  // The launch grid (x = 0: no work at all).
-  static dim3 grid(const PrefillAttentionParams& p) {
-    const std::int64_t tiles = m_blocks(p) * p.batch * p.heads;
-    if (tiles > INT32_MAX) {
-      throw Error(ErrorCategory::kUnsupported,
-                  "prefill_attention: " + std::to_string(tiles) +
-                      " work tiles (ceil(max_seqlen_q / 128) * batch * heads); the CUDA kernel "
-                      "takes at most 2^31 - 1");
-    }
-    return dim3(unsigned(tiles));
+struct ZigzagTileScheduler {
+  // Persistent grids: every tile at most this many keys, and at least kPersistentRounds rounds.
+  static constexpr int kPersistentKeys = 2048;
+  static constexpr int kPersistentRounds = 8;
+
+  // The launch grid for a device of `sm_count` SMs (x = 0: no work at all).
+  static dim3 grid(const PrefillAttentionParams& p, int sm_count) {
+    const std::int64_t all = tiles(p);
+    const bool persistent =
+        p.max_seqlen_k <= kPersistentKeys && all >= std::int64_t(kPersistentRounds) * sm_count;
+    return dim3(unsigned(persistent ? sm_count : all));
   }
 
   // The tile order's parameters (TileOrder in prefill_kernel_params.hpp) for a device of
@@ -106,6 +115,7 @@ struct StaticTileScheduler {
         std::clamp<std::int64_t>(std::min(tail_heads, kL2Bytes / head_bytes), small, p.heads);
     const std::int64_t sections = (p.heads - last_target) / small;
     TileOrder o;
+    o.tiles = int(tiles(p));
     o.small_sections = int(sections);
     o.section_heads = int(small);
     o.sequence_tiles = cutlass::FastDivmod(int(m * p.heads));
@@ -115,10 +125,24 @@ struct StaticTileScheduler {
     return o;
   }
 
-  __device__ TileWork initial_work(const PrefillKernelParams& p) const {
+  // Calls fn(work) for each of this CTA's work tiles that has rows, in its order. Every role of
+  // the CTA calls it and sees the same tiles.
+  template <typename Fn>
+  __device__ static void for_each_tile(const PrefillKernelParams& p, Fn&& fn) {
+    const int ctas = int(gridDim.x), cta = int(blockIdx.x);
+    for (int round = 0;; ++round) {
+      const int tile = round * ctas + (round & 1 ? ctas - 1 - cta : cta);
+      if (tile >= p.order.tiles) return;
+      const TileWork w = work_of(p, tile);
+      if (w.has_rows) fn(w);
+    }
+  }
+
+ private:
+  __device__ static TileWork work_of(const PrefillKernelParams& p, int tile) {
     const TileOrder& o = p.order;
     int in_sequence, local, head_in_section;
-    const int seq = o.sequence_tiles.divmod(in_sequence, int(blockIdx.x));
+    const int seq = o.sequence_tiles.divmod(in_sequence, tile);
     int section = o.section_tiles.divmod(local, in_sequence);
     const bool last = section >= o.small_sections;
     if (last) {  // the last section's tiles, counted from its start
@@ -134,12 +158,20 @@ struct StaticTileScheduler {
     const int m_block = Traits::kIsCausal && rank < blocks ? blocks - 1 - rank : rank;
     return make_tile_work<Traits>(p, m_block, head, seq, q_start, q_len);
   }
-  // A CTA whose rank lies past its sequence's m blocks has no work.
-  __device__ static bool is_valid(const TileWork& w) { return w.has_rows; }
 
- private:
   static std::int64_t m_blocks(const PrefillAttentionParams& p) {
     return (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  }
+  // Every work tile of the order; the host checks that it fits the kernel's int index.
+  static std::int64_t tiles(const PrefillAttentionParams& p) {
+    const std::int64_t tiles = m_blocks(p) * p.batch * p.heads;
+    if (tiles > INT32_MAX / 2) {
+      throw Error(ErrorCategory::kUnsupported,
+                  "prefill_attention: " + std::to_string(tiles) +
+                      " work tiles (ceil(max_seqlen_q / 128) * batch * heads); the CUDA kernel "
+                      "takes at most 2^30 - 1");
+    }
+    return tiles;
   }
 };
 

@@ -17,12 +17,13 @@ namespace fp8mla::cuda::attention {
 // consumer warp arrives on a stage's empty barriers once it no longer reads that stage. One
 // array with int offsets: separate arrays (64-bit indexing) change the producer's code. A
 // token-major e4m3 V tile completes on v_loaded instead; the transposing warps then arrive on
-// v_full (see PrefillProducer::transpose_v).
+// v_full (see PrefillProducer::transpose_v). q_empty: the consumers have issued their last
+// product with the tile's Q, which the producer may then overwrite with the next tile's.
 template <int kStages>
 struct PipelineBarriers {
-  // q_full, k_full[], v_full[], k_empty[], v_empty[], v_loaded[] (last: the others keep their
-  // offsets)
-  std::uint64_t words[1 + 5 * kStages];
+  // q_full, k_full[], v_full[], k_empty[], v_empty[], v_loaded[], q_empty (the later ones last:
+  // the others keep their offsets)
+  std::uint64_t words[2 + 5 * kStages];
 
   __device__ std::uint64_t* q_full() { return words; }
   __device__ std::uint64_t* k_full(int stage) { return words + 1 + stage; }
@@ -30,6 +31,7 @@ struct PipelineBarriers {
   __device__ std::uint64_t* k_empty(int stage) { return words + 1 + 2 * kStages + stage; }
   __device__ std::uint64_t* v_empty(int stage) { return words + 1 + 3 * kStages + stage; }
   __device__ std::uint64_t* v_loaded(int stage) { return words + 1 + 4 * kStages + stage; }
+  __device__ std::uint64_t* q_empty() { return words + 1 + 5 * kStages; }
 };
 
 // e4m3: the f32 partial sums of O (see PrefillTraits::kPromoteTiles), per consumer warpgroup
@@ -81,6 +83,7 @@ struct SharedStorage {
   // (e4m3 V given token-major) once each transposing warp has arrived.
   __device__ void init_barriers(bool v_token_major) {
     sm90::Barrier::init(barriers.q_full(), 1);
+    sm90::Barrier::init(barriers.q_empty(), Traits::kConsumerWarpgroups * 4);  // one a warp
     for (int s = 0; s < Traits::kStages; ++s) {
       sm90::Barrier::init(barriers.k_full(s), 1);
       sm90::Barrier::init(barriers.v_full(s), v_token_major ? v_transpose::kWarps : 1);
@@ -116,6 +119,14 @@ struct Stage {
   __device__ Stage next() const {
     return index + 1 == Traits::kStages ? Stage{0, phase ^ 1} : Stage{index + 1, phase};
   }
+};
+
+// A role's position in the CTA's pipelines, carried from one work tile to the next: the ring
+// position of the next key tile, and the phase of Q's barriers (one lap per tile that loads Q).
+template <typename Traits>
+struct PipelineState {
+  Stage<Traits> stage;
+  std::uint32_t q_phase = 0;
 };
 
 }  // namespace fp8mla::cuda::attention
