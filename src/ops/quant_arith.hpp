@@ -166,4 +166,22 @@ FP8MLA_HOST_DEVICE std::uint32_t e2m1_code(float p) {
   return (sum & 0x7u) | ((float_bits(signed_p) >> 28) & 0x8u);
 }
 
+// The same rounding with the code's two parts apart, for |p| < 7 (not NaN): the magnitude is the
+// low byte of the returned sum (its bits 3-7 are zero, so byte permutes can gather four sums into a
+// word) and the sign is p's sign bit. Below 7 no clamp to 6 is needed: [6, 7) rounds to 6 at the
+// step 2 of [4, 8). m is e + (e >> 22) + ((22 << 23) - 254) as above, built from the exponent field
+// of g = max(|p|, 1) by a shift and a multiply. With p's sign bit equal to e2m1_code for every such
+// p (tests/cpp/quant_arith_exhaustive_test.cpp).
+FP8MLA_HOST_DEVICE std::uint32_t e2m1_magnitude_sum_below7(float p) {
+#if defined(__CUDA_ARCH__)
+  const float a = fabsf(p), g = fmaxf(a, 1.0f);
+  const std::uint32_t e = __umulhi(float_bits(g), 1u << 9);  // a multiply, off the integer ALU
+#else
+  const float a = std::fabs(p), g = std::fmax(a, 1.0f);
+  const std::uint32_t e = float_bits(g) >> 23;
+#endif
+  const std::uint32_t m = e * 0x800002u + ((22u << 23) - 254u);
+  return float_bits(a + float_from_bits(m));
+}
+
 }  // namespace fp8mla

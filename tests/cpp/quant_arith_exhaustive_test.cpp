@@ -1,8 +1,8 @@
 // The sweeps behind src/ops/quant_arith.hpp, labelled `long`: e2m1_code against encode_e2m1 on
-// every fp32 pattern; the group scale against amax / 448 and the NVFP4 block quotient against
-// amax / 6 on every amax; and
-// divide_by_reciprocal against IEEE division for every divisor mantissa with every bf16 and every
-// f16 dividend mantissa. Quotients scale with powers of two as long as nothing underflows or
+// every fp32 pattern, and e2m1_magnitude_sum_below7 with p's sign against e2m1_code on every
+// |p| < 7; the group scale against amax / 448 and the NVFP4 block quotient against amax / 6 on
+// every amax; and divide_by_reciprocal against IEEE division for every divisor mantissa with every
+// bf16 and every f16 dividend mantissa. Quotients scale with powers of two as long as nothing underflows or
 // overflows, which the covered range guarantees, so s in [1, 2) and x in [0.5, 2) stand for
 // every exponent pair.
 #include <gtest/gtest.h>
@@ -46,6 +46,17 @@ TEST(QuantArithExhaustive, E2m1CodeEqualsEncodeE2m1OnEveryF32) {
   const auto [failures, first] = count_failures(1ull << 32, [](std::uint64_t i) {
     const float p = float_from_bits(std::uint32_t(i));
     return e2m1_code(p) == encode_e2m1(p);
+  });
+  EXPECT_EQ(failures, 0u) << "first at fp32 0x" << std::hex << first;
+}
+
+TEST(QuantArithExhaustive, E2m1MagnitudeSumAndSignEqualE2m1CodeBelow7) {
+  const auto [failures, first] = count_failures(1ull << 32, [](std::uint64_t i) {
+    const float p = float_from_bits(std::uint32_t(i));
+    if (!(p > -7.0f && p < 7.0f)) return true;  // outside the function's range, NaN included
+    const std::uint32_t sum = e2m1_magnitude_sum_below7(p);
+    const std::uint32_t code = (sum & 0xFFu) | ((std::uint32_t(i) >> 28) & 0x8u);
+    return (sum & 0xF8u) == 0 && code == e2m1_code(p);
   });
   EXPECT_EQ(failures, 0u) << "first at fp32 0x" << std::hex << first;
 }
