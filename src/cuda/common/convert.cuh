@@ -96,6 +96,29 @@ __device__ __forceinline__ std::uint16_t cvt_f16(float x) {
   return out;
 }
 
+// prmt.b32: byte n of the result is byte (s >> 4n) & 7 of {b, a} (a the low word); with bit 3 of
+// that nibble set it is the selected byte's sign bit copied into all eight bits.
+__device__ __forceinline__ std::uint32_t byte_perm(std::uint32_t a, std::uint32_t b,
+                                                   std::uint32_t s) {
+  std::uint32_t out;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(s));
+  return out;
+}
+
+// Per 16-bit lane of two packed bf16 / f16 pairs: max(|a|, |b|), NaN if either is NaN (the sign
+// bit is the xor of the inputs' and means nothing here).
+__device__ __forceinline__ std::uint32_t abs_max_nan_bf16x2(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t out;
+  asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+
+__device__ __forceinline__ std::uint32_t abs_max_nan_f16x2(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t out;
+  asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+
 // fp4 e2m1 (4-bit code), nearest-even, saturating, NaN -> +6; sm_90 has no e2m1 cvt, so this is
 // fp8mla::e2m1_code (one fp32 addition does the rounding). Equal to encode_e2m1 on every input
 // (tests/cpp/numerics_cuda_test.cu).

@@ -13,13 +13,25 @@
 namespace fp8mla::cuda {
 
 // Input element types: storage and widening to fp32.
+// The 16-bit ones also widen a packed pair (low half first) and take the lane-wise
+// max(|a|, |b|) of two pairs, NaN-propagating.
 struct Bf16In {
   using Storage = std::uint16_t;
   __device__ static float to_f32(Storage x) { return decode_bf16(x); }
+  __device__ static float2 to_f32x2(std::uint32_t x) {
+    return {__uint_as_float(x << 16), __uint_as_float(x & 0xFFFF0000u)};
+  }
+  __device__ static std::uint32_t abs_max_nan(std::uint32_t a, std::uint32_t b) {
+    return abs_max_nan_bf16x2(a, b);
+  }
 };
 struct F16In {
   using Storage = std::uint16_t;
   __device__ static float to_f32(Storage x) { return cvt_f16_to_f32(x); }
+  __device__ static float2 to_f32x2(std::uint32_t x) { return cvt_f16x2_to_f32x2(x); }
+  __device__ static std::uint32_t abs_max_nan(std::uint32_t a, std::uint32_t b) {
+    return abs_max_nan_f16x2(a, b);
+  }
 };
 struct F32In {
   using Storage = float;
@@ -88,6 +100,23 @@ __device__ __forceinline__ void load_f32(const typename In::Storage* p, float (&
   } else {
 #pragma unroll
     for (int i = 0; i < kN; ++i) out[i] = In::to_f32(__ldg(p + i));
+  }
+}
+
+// 16 consecutive 16-bit elements as 8 packed pairs (low half first): two LDG.128 when kVector
+// (the address 16-byte aligned), else 16 scalar loads.
+template <bool kVector>
+__device__ __forceinline__ void load_pairs16(const std::uint16_t* p, std::uint32_t (&w)[8]) {
+  if constexpr (kVector) {
+    const uint4 lo = __ldg(reinterpret_cast<const uint4*>(p));
+    const uint4 hi = __ldg(reinterpret_cast<const uint4*>(p) + 1);
+    w[0] = lo.x, w[1] = lo.y, w[2] = lo.z, w[3] = lo.w;
+    w[4] = hi.x, w[5] = hi.y, w[6] = hi.z, w[7] = hi.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      w[i] = __ldg(p + 2 * i) | (std::uint32_t(__ldg(p + 2 * i + 1)) << 16);
+    }
   }
 }
 

@@ -85,6 +85,49 @@ __device__ __forceinline__ float nvfp4_inv_global_scale(float global_scale) {
   return __frcp_rn(global_scale);
 }
 
+// The max |x| of a block of 16 held as 8 packed bf16 / f16 pairs, in fp32, NaN if one of them is
+// NaN. A max is exact in any order, so for a block without NaN this is the plain form's amax.
+template <typename In>
+__device__ __forceinline__ float nvfp4_abs_max_or_nan(const std::uint32_t (&w)[8]) {
+  std::uint32_t m[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) m[i] = In::abs_max_nan(w[i], w[i + 4]);
+  std::uint32_t top = In::abs_max_nan(In::abs_max_nan(m[0], m[1]), In::abs_max_nan(m[2], m[3]));
+  top = In::abs_max_nan(top, byte_perm(top, top, 0x1032));  // both lanes hold the max
+  return In::to_f32x2(top & 0x7FFF7FFFu).y;
+}
+
+// Whether nvfp4_encode8_below7 may encode a block of max `amax` (from nvfp4_abs_max_or_nan) with
+// factor `inv`: inv in [+0, FLT_MAX] and amax * inv < 7. Then every product x * inv is below 7 in
+// magnitude (rounding is monotonic), none is NaN, and each has its value's sign.
+__device__ __forceinline__ bool nvfp4_below7(float amax, float inv) {
+  return __float_as_uint(inv) <= __float_as_uint(kFloatMax) && amax * inv < 7.0f;
+}
+
+// Eight values (four packed pairs) times inv to eight e2m1 codes, value i in nibble i, for a
+// block where nvfp4_below7 holds. The magnitudes are e2m1_magnitude_sum_below7's low bytes,
+// gathered four to a word by byte permutes; the signs are the pairs' sign bits, spread to whole
+// bytes by the same permutes.
+template <typename In>
+__device__ __forceinline__ std::uint32_t nvfp4_encode8_below7(const std::uint32_t* w, float inv) {
+  std::uint32_t s[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = In::to_f32x2(w[i]);
+    s[2 * i] = e2m1_magnitude_sum_below7(x.x * inv);
+    s[2 * i + 1] = e2m1_magnitude_sum_below7(x.y * inv);
+  }
+  std::uint32_t pair[4];  // low byte: the magnitudes of values 2j and 2j + 1, a nibble each
+#pragma unroll
+  for (int j = 0; j < 4; ++j) pair[j] = s[2 * j] + (s[2 * j + 1] << 4);
+  const std::uint32_t magnitudes =
+      byte_perm(byte_perm(pair[0], pair[1], 0x40), byte_perm(pair[2], pair[3], 0x40), 0x5410);
+  // 0x00 or 0xFF by the sign of values 0-3 and 4-7, then of the even and of the odd ones
+  const std::uint32_t lo = byte_perm(w[0], w[1], 0xFDB9), hi = byte_perm(w[2], w[3], 0xFDB9);
+  const std::uint32_t even_sign = byte_perm(lo, hi, 0x6420), odd_sign = byte_perm(lo, hi, 0x7531);
+  return magnitudes | (even_sign & 0x08080808u) | (odd_sign & 0x80808080u);
+}
+
 // Two values to one byte of e2m1 codes (the first in the low nibble).
 __device__ __forceinline__ std::uint32_t nvfp4_pair(float x0, float x1, float inv) {
   return cvt_e2m1(x0 * inv) | (cvt_e2m1(x1 * inv) << 4);
