@@ -1,12 +1,20 @@
 // NVFP4 quantization: one e4m3 scale per block of 16 elements, two e2m1 values per byte.
 //
-// One thread per block of 16: two 16-byte loads, the block max, the e4m3 scale, 16 e2m1 encodes
-// (cuda::cvt_e2m1: the rounding is one fp32 addition, ops/quant_arith.hpp) and one 8-byte store. Threads walk the scale tensor in its own
-// byte order, so scale writes are coalesced; with the 128x4 swizzled layout that order also covers
-// the padding, which the same pass writes as zero. One block per kThreads positions (measured
-// faster than a grid-stride loop). Misaligned inputs take the scalar-load variant.
-#include <algorithm>
-
+// One thread per block column of four rows: rows r, r + 32, r + 64 and r + 96 of a 128-row tile
+// with the 128x4 swizzled scale layout, four consecutive rows with the linear one. The position and
+// address arithmetic is done once for the four blocks, and their eight 16-byte loads are all in
+// flight before the first block is worked on. Consecutive threads take consecutive blocks of a
+// row; with the swizzled layout they walk the scale tensor in its own byte order (a warp's four
+// scale stores fill one 128-byte stretch of it), so loads, 8-byte stores and scale stores stay
+// coalesced, and the threads on the layout's padding write it as zero.
+//
+// Per block: the max |x| on the packed bf16 / f16 pairs (NaN-propagating; a max is exact), the
+// e4m3 scale and its factor inv, then, where inv is in [+0, FLT_MAX] and amax * inv < 7
+// (nvfp4_below7: no product is NaN or reaches 7, and each has its value's sign), the e2m1
+// magnitudes by one fp32 addition each (e2m1_magnitude_sum_below7, ops/quant_arith.hpp), gathered
+// a byte each by byte permutes, with the signs taken straight from the input's sign bits. Other
+// blocks (a NaN or an infinity, a negative or infinite inv, a scale rounded far down) take the
+// plain per-value form (cvt_e2m1). Misaligned inputs take the scalar-load variant.
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector_io.cuh"
 #include "cuda/quantize/quant_device.cuh"
@@ -17,7 +25,7 @@ namespace fp8mla::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 1;
+constexpr int kRowsPerThread = 4;
 
 struct Nvfp4Args {
   const void* input;
@@ -28,83 +36,117 @@ struct Nvfp4Args {
   std::uint8_t* scales;
   std::int64_t scale_row_stride;  // linear layout
   bool swizzled;
-  std::int64_t rows;
+  std::uint32_t rows;
   std::uint32_t k_blocks;
-  std::uint64_t positions;    // scale bytes to visit (padded count when swizzled)
+  std::uint32_t threads;      // block columns to visit
   FastDivmod k_tiles;         // swizzled: 4-block tiles per row
   FastDivmod blocks_per_row;  // linear
 };
 
-// (row, block) of scale position f; swizzled order is [m_tile, k_tile, 32, 4, 4].
-__device__ __forceinline__ void position(const Nvfp4Args& a, std::uint32_t f, std::int64_t& row,
-                                         std::uint32_t& block) {
+// A thread's block column: rows row + i * row_step (i < kRowsPerThread) of block `block`, whose
+// scales are at scale_at + i * scale_step.
+struct Column {
+  std::uint32_t row;
+  std::uint32_t block;
+  std::uint32_t row_step;
+  std::int64_t scale_at;
+  std::int64_t scale_step;
+};
+
+// Thread t's column. Swizzled: t runs over [m_tile, k_tile, 32, 4] (row within 32, block within
+// the tile), so its scales are bytes 16 * (t / 4) + 4 * i + t % 4 of the scale tensor, as the
+// layout's [m_tile, k_tile, 32, 4, 4] order puts them. Linear: t runs over [rows / 4, K / 16].
+__device__ __forceinline__ Column column(const Nvfp4Args& a, std::uint32_t t) {
   if (!a.swizzled) {
-    std::uint32_t r;
-    a.blocks_per_row.divmod(f, r, block);
-    row = r;
-    return;
+    std::uint32_t quad, block;
+    a.blocks_per_row.divmod(t, quad, block);
+    const std::uint32_t row = quad * kRowsPerThread;
+    return {row, block, 1, std::int64_t(row) * a.scale_row_stride + block, a.scale_row_stride};
   }
   std::uint32_t m_tile, k_tile;
-  a.k_tiles.divmod(f / 512, m_tile, k_tile);
-  row = std::int64_t(m_tile) * 128 + ((f / 4) % 4) * 32 + (f / 16) % 32;
-  block = k_tile * 4 + f % 4;
+  a.k_tiles.divmod(t / 128, m_tile, k_tile);
+  return {m_tile * 128 + (t / 4) % 32, k_tile * 4 + t % 4, 32, std::int64_t(t / 4) * 16 + t % 4, 4};
+}
+
+// The plain form, for the blocks nvfp4_below7 turns away: the max over fp32 values with NaNs
+// dropped (what the scale of a block with a NaN or an infinity takes), and each value's code by
+// cvt_e2m1.
+template <typename In>
+__device__ __forceinline__ float plain_abs_max(const std::uint32_t (&w)[8]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 x = In::to_f32x2(w[i]);
+    amax = fmaxf(amax, fmaxf(fabsf(x.x), fabsf(x.y)));
+  }
+  return amax;
+}
+
+template <typename In>
+__device__ __forceinline__ std::uint32_t plain_encode8(const std::uint32_t* w, float inv) {
+  std::uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = In::to_f32x2(w[i]);
+    packed |= nvfp4_pair(x.x, x.y, inv) << (8 * i);
+  }
+  return packed;
+}
+
+// One block's 8 code bytes into `codes`; returns its scale byte.
+template <typename In>
+__device__ __forceinline__ std::uint8_t quantize_block(const std::uint32_t (&w)[8],
+                                                       float global_scale, float inv_global_scale,
+                                                       uint2& codes) {
+  const float amax = nvfp4_abs_max_or_nan<In>(w);
+  const bool finite = amax <= kFloatMax;
+  float inv;
+  const std::uint8_t sf =
+      nvfp4_block_scale(finite ? amax : plain_abs_max<In>(w), global_scale, inv_global_scale, inv);
+  if (nvfp4_below7(amax, inv)) {
+    codes = make_uint2(nvfp4_encode8_below7<In>(w, inv), nvfp4_encode8_below7<In>(w + 4, inv));
+  } else {
+    codes = make_uint2(plain_encode8<In>(w, inv), plain_encode8<In>(w + 4, inv));
+  }
+  return sf;
 }
 
 template <typename In, bool kVector>
 __global__ void __launch_bounds__(kThreads) nvfp4_kernel(Nvfp4Args a) {
-  using Storage = typename In::Storage;
-  constexpr int kLoad = kVector ? 8 : 1;  // elements per load
   pdl_wait();
-  const float global_scale = *a.global_scale;
-  const float inv_global_scale = nvfp4_inv_global_scale(global_scale);
-  const std::uint32_t step = gridDim.x * kThreads * kUnroll;
-  for (std::uint32_t base = blockIdx.x * kThreads * kUnroll + threadIdx.x; base < a.positions;
-       base += step) {
-    float x[kUnroll][16];
-    std::int64_t rows[kUnroll];
-    std::uint32_t blocks[kUnroll];
+  const std::uint32_t t = blockIdx.x * kThreads + threadIdx.x;
+  if (t < a.threads) {
+    const Column c = column(a, t);
+    const float global_scale = *a.global_scale;
+    const float inv_global_scale = nvfp4_inv_global_scale(global_scale);
+    const std::uint16_t* in = static_cast<const std::uint16_t*>(a.input) +
+                              std::int64_t(c.row) * a.input_row_stride + std::int64_t(c.block) * 16;
+    const std::int64_t in_step = std::int64_t(c.row_step) * a.input_row_stride;
+    bool valid[kRowsPerThread];
+    std::uint32_t w[kRowsPerThread][8];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const std::uint32_t f = base + u * kThreads;
-      rows[u] = a.rows;  // marks "nothing to quantize" unless set below
-      if (f < a.positions) {
-        position(a, f, rows[u], blocks[u]);
-        if (rows[u] < a.rows && blocks[u] < a.k_blocks) {
-          const Storage* in = static_cast<const Storage*>(a.input) + rows[u] * a.input_row_stride +
-                              std::int64_t(blocks[u]) * 16;
-#pragma unroll
-          for (int i = 0; i < 16; i += kLoad) {
-            load_f32<In, kLoad>(in + i, *reinterpret_cast<float(*)[kLoad]>(&x[u][i]));
-          }
-        } else {
-          rows[u] = a.rows;
-        }
-      }
+    for (int i = 0; i < kRowsPerThread; ++i, in += in_step) {
+      valid[i] = c.row + i * c.row_step < a.rows && c.block < a.k_blocks;
+      if (valid[i]) load_pairs16<kVector>(in, w[i]);
     }
+    std::uint8_t* o = a.out + std::int64_t(c.row) * a.out_row_stride + std::int64_t(c.block) * 8;
+    const std::int64_t out_step = std::int64_t(c.row_step) * a.out_row_stride;
+    std::uint8_t* scale = a.scales + c.scale_at;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const std::uint32_t f = base + u * kThreads;
-      if (f >= a.positions) continue;
-      if (rows[u] == a.rows) {  // padding of the swizzled layout
-        a.scales[f] = 0;
+    for (int i = 0; i < kRowsPerThread; ++i, o += out_step, scale += c.scale_step) {
+      if (!valid[i]) {
+        if (a.swizzled) *scale = 0;  // padding of the swizzled layout
         continue;
       }
-      float amax = 0.0f;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[u][i]));
-      float inv;
-      const std::uint8_t sf = nvfp4_block_scale(amax, global_scale, inv_global_scale, inv);
-      std::uint32_t packed[2] = {0, 0};
-#pragma unroll
-      for (int i = 0; i < 16; ++i) packed[i / 8] |= cvt_e2m1(x[u][i] * inv) << (4 * (i % 8));
-      std::uint8_t* out = a.out + rows[u] * a.out_row_stride + std::int64_t(blocks[u]) * 8;
+      uint2 codes;
+      *scale = quantize_block<In>(w[i], global_scale, inv_global_scale, codes);
       if constexpr (kVector) {
-        *reinterpret_cast<uint2*>(out) = make_uint2(packed[0], packed[1]);
+        *reinterpret_cast<uint2*>(o) = codes;
       } else {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) out[i] = std::uint8_t(packed[i / 4] >> (8 * (i % 4)));
+        for (int b = 0; b < 8; ++b)
+          o[b] = std::uint8_t((b < 4 ? codes.x : codes.y) >> (8 * (b % 4)));
       }
-      a.scales[a.swizzled ? f : rows[u] * a.scale_row_stride + blocks[u]] = sf;
     }
   }
   pdl_launch_dependents();
@@ -122,6 +164,9 @@ void run(const QuantizeNvfp4Params& p, CudaStream stream) {
     throw Error(ErrorCategory::kUnsupported,
                 concat("quantize_nvfp4: expected fewer than 2^31 scale blocks, got ", positions));
   }
+  const std::int64_t threads =
+      swizzled ? positions / kRowsPerThread
+               : (p.input.rows + kRowsPerThread - 1) / kRowsPerThread * k_blocks;
   const bool vector = reinterpret_cast<std::uintptr_t>(p.input.data) % 16 == 0 &&
                       (p.input.row_stride * sizeof(Storage)) % 16 == 0 &&
                       reinterpret_cast<std::uintptr_t>(p.out.data) % 8 == 0 &&
@@ -134,13 +179,12 @@ void run(const QuantizeNvfp4Params& p, CudaStream stream) {
                     p.block_scales,
                     p.scale_row_stride,
                     swizzled,
-                    p.input.rows,
+                    std::uint32_t(p.input.rows),
                     std::uint32_t(k_blocks),
-                    std::uint64_t(positions),
+                    std::uint32_t(threads),
                     FastDivmod(std::uint32_t(k_tiles)),
                     FastDivmod(std::uint32_t(k_blocks))};
-  const LaunchConfig config{grid_for(positions, kThreads * kUnroll), dim3(kThreads), 0, stream,
-                            true};
+  const LaunchConfig config{grid_for(threads, kThreads), dim3(kThreads), 0, stream, true};
   if (vector) {
     launch("quantize_nvfp4", nvfp4_kernel<In, true>, config, a);
   } else {
