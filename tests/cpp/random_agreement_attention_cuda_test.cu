@@ -96,10 +96,11 @@ AttentionDraw draw_attention(Draw& d) {
   c.out_token_pad = 2 * d.pad(8);
   c.lse_transposed = c.tq() > 0 && d.chance(0.5);
   c.lse_pad = d.pad(5);
-  c.descales[0] = d.log_uniform(0.2f, 0.4f);
-  c.descales[1] = d.log_uniform(0.2f, 0.4f);
+  // Logits with a standard deviation from about 0.6 to 2.5 (the other attention tests: about 2).
+  c.descales[0] = d.log_uniform(0.2f, 0.33f);
+  c.descales[1] = d.log_uniform(0.2f, 0.33f);
   c.descales[2] = d.log_uniform(0.25f, 2.0f);
-  c.scale_factor = d.log_uniform(0.7f, 1.4f);
+  c.scale_factor = d.log_uniform(0.7f, 1.1f);
   c.seed = d.bits();
   if (c.tq() > 0 && d.chance(0.4)) {
     a.quant = int(d.range(0, std::int64_t(quant_cases(c.tq(), c.heads, 128).size()) - 1));
