@@ -52,7 +52,8 @@ struct AttentionDraw {
   }
 };
 
-// Query and key lengths of a batch: Σ q_len x k_len x H at most 2^24 (halved until it is).
+// Query and key lengths of a batch: the sum of q_len x k_len x H at most 2^23 (halved until it is),
+// so that the CPU twin takes well under a second.
 void draw_lengths(Draw& d, RandomPrefillCase& c) {
   const int batch = int(d.range(1, 6));
   c.q_lens.clear();
@@ -69,7 +70,7 @@ void draw_lengths(Draw& d, RandomPrefillCase& c) {
     for (int b = 0; b < batch; ++b) w += std::int64_t(c.q_lens[b]) * c.k_lens[b] * c.heads;
     return w;
   };
-  while (work() > (std::int64_t{1} << 24)) {
+  while (work() > (std::int64_t{1} << 23)) {
     for (int b = 0; b < batch; ++b) {
       c.q_lens[b] /= 2;
       c.k_lens[b] /= 2;
@@ -300,7 +301,7 @@ MergeCase draw_merge(Draw& d) {
   c.dtype = d.pick({DType::kBF16, DType::kF32});
   c.heads = d.pick<std::int64_t>({1, 5, 16, 16, 128});
   c.dim = d.chance(0.5) ? d.pick<std::int64_t>({1, 3, 64, 72, 128, 128, 512}) : d.range(1, 256);
-  c.tokens = d.tokens(std::max<std::int64_t>((std::int64_t{1} << 20) / (c.heads * c.dim), 1));
+  c.tokens = d.tokens(std::max<std::int64_t>((std::int64_t{1} << 18) / (c.heads * c.dim), 1));
   c.form = d.pick(
       {MergeCase::Form::kGeneral, MergeCase::Form::kInplace, MergeCase::Form::kGeneralAliased});
   c.misalign = d.chance(0.3);

@@ -19,7 +19,7 @@
 namespace fp8mla::test {
 namespace {
 
-constexpr std::int64_t kMaxElements = std::int64_t{1} << 21;
+constexpr std::int64_t kMaxElements = std::int64_t{1} << 20;
 
 // A row width: a common one or any up to 4096.
 std::int64_t draw_width(Draw& d) {
