@@ -20,8 +20,9 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <span>
+#include <string>
 #include <thread>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -232,38 +233,49 @@ HostBuffer bf16_rows(const RandomPrefillCase& c, const std::vector<HostBuffer>& 
   return rows;
 }
 
-// The GPU call with the drawn output key: the standalone CPU op's bytes on the GPU's bf16 O, the
-// unfused call's LSE, with two poisons.
+std::vector<std::uint8_t> bytes_of(const HostBuffer& b) {
+  return {b.payload().begin(), b.payload().end()};
+}
+
+// fused(out, output_scale, output_block_scale), a GPU call that syncs, against the standalone CPU
+// op of `q` on `rows` (bf16 [T, W]: the unfused GPU output), out and scales poisoned twice.
+template <typename Fused>
+void expect_fused_equals_standalone(const QuantCase& q, const TensorView& rows, Fused fused) {
+  for (std::uint8_t poison : {std::uint8_t(0xFF), std::uint8_t(0x5A)}) {
+    SCOPED_TRACE(concat("fused output ", q.name, ", poison 0x", std::hex, int(poison)));
+    QuantBuffers host(q, poison), want(q, poison);
+    const DeviceBuffer out = to_device(bytes_of(host.out)), scale = to_device(bytes_of(host.scale)),
+                       global = to_device(bytes_of(host.global));
+    const auto [output_scale, block_scale] = op_scales(q, scale.data(), global.data(), kGpu);
+    fused(q.out.view(out.data(), kGpu), output_scale, block_scale);
+    run_standalone(q, rows, want);
+    pad_swizzled(q, want, rows.size(0), rows.size(0), rows.size(1), poison);
+    EXPECT_TRUE(same_bytes(out.download(), want.out.payload(), "out"));
+    EXPECT_TRUE(same_bytes(scale.download(), want.scale.payload(), "scales"));
+    EXPECT_TRUE(same_bytes(global.download(), want.global.payload(), "output_scale"));
+    EXPECT_TRUE(out.guards_intact() && scale.guards_intact() && global.guards_intact());
+  }
+}
+
+// The GPU call with the drawn output key: the standalone op's bytes on the GPU's bf16 O, the
+// unfused call's LSE.
 void expect_fused_output(const AttentionDraw& a, const std::vector<HostBuffer>& initial,
                          const std::vector<HostBuffer>& gpu) {
   const RandomPrefillCase& c = a.c;
   const QuantCase q = quant_cases(c.tq(), c.heads, RandomPrefillCase::kDv)[std::size_t(a.quant)];
   HostBuffer rows = bf16_rows(c, gpu);
   const TensorView bf16(rows.data(), DType::kBF16, {c.tq(), c.heads * RandomPrefillCase::kDv});
-  for (std::uint8_t poison : {std::uint8_t(0xFF), std::uint8_t(0x5A)}) {
-    SCOPED_TRACE(concat("fused output, poison 0x", std::hex, int(poison)));
-    const std::vector<DeviceBuffer> device = upload(initial);
-    QuantBuffers host(q, poison), want(q, poison);
-    const DeviceBuffer out =
-        to_device(std::vector<std::uint8_t>(host.out.payload().begin(), host.out.payload().end()));
-    const DeviceBuffer scale = to_device(
-        std::vector<std::uint8_t>(host.scale.payload().begin(), host.scale.payload().end()));
-    const DeviceBuffer global = to_device(
-        std::vector<std::uint8_t>(host.global.payload().begin(), host.global.payload().end()));
-    PrefillAttentionArgs args = c.args(device_bases(device), kGpu);
-    args.out = q.out.view(out.data(), kGpu);
-    std::tie(args.output_scale, args.output_block_scale) =
-        op_scales(q, scale.data(), global.data(), kGpu);
-    prefill_attention(args);
-    sync();
-    run_standalone(q, bf16, want);
-    pad_swizzled(q, want, c.tq(), c.tq(), c.heads * RandomPrefillCase::kDv, poison);
-    EXPECT_TRUE(same_bytes(out.download(), want.out.payload(), "out"));
-    EXPECT_TRUE(same_bytes(scale.download(), want.scale.payload(), "scales"));
-    EXPECT_TRUE(same_bytes(global.download(), want.global.payload(), "output_scale"));
-    EXPECT_TRUE(same_bytes(device[7].download(), gpu[7].payload(), "lse"));
-    EXPECT_TRUE(out.guards_intact() && scale.guards_intact() && global.guards_intact());
-  }
+  expect_fused_equals_standalone(
+      q, bf16, [&](const TensorView& out, const TensorView& scale, const TensorView& block) {
+        const std::vector<DeviceBuffer> device = upload(initial);
+        PrefillAttentionArgs args = c.args(device_bases(device), kGpu);
+        args.out = out;
+        args.output_scale = scale;
+        args.output_block_scale = block;
+        prefill_attention(args);
+        sync();
+        EXPECT_TRUE(same_bytes(device[7].download(), gpu[7].payload(), "lse"));
+      });
 }
 
 void expect_attention_agrees(const AttentionDraw& a) {
@@ -296,8 +308,21 @@ TEST(RandomAgreementCuda, PrefillAttention) {
 
 // ---- merge_attention_states ---------------------------------------------------------------------
 
-MergeCase draw_merge(Draw& d) {
+// A merge case and, when `quant` >= 0 (general form only), the output quantization case it also
+// runs (an index into quant_cases(T, H, D)).
+struct MergeDraw {
   MergeCase c;
+  int quant = -1;
+  std::string describe() const {
+    if (quant < 0) return c.describe();
+    return concat(c.describe(), "; fused output ",
+                  quant_cases(c.tokens, c.heads, c.dim)[std::size_t(quant)].name);
+  }
+};
+
+MergeDraw draw_merge(Draw& d) {
+  MergeDraw m;
+  MergeCase& c = m.c;
   c.dtype = d.pick({DType::kBF16, DType::kF32});
   c.heads = d.pick<std::int64_t>({1, 5, 16, 16, 128});
   c.dim = d.chance(0.5) ? d.pick<std::int64_t>({1, 3, 64, 72, 128, 128, 512}) : d.range(1, 256);
@@ -308,12 +333,54 @@ MergeCase draw_merge(Draw& d) {
   c.empty_a_percent = int(d.pick<std::int64_t>({0, 20, 50, 100}));
   c.empty_b_percent = int(d.pick<std::int64_t>({0, 20, 50, 100}));
   c.seed = d.bits();
-  return c;
+  if (c.form == MergeCase::Form::kGeneral && c.tokens > 0 && d.chance(0.4)) {
+    // quant_cases lays packed-FP4 outs out as H x D / 2 bytes a token: an even D only.
+    std::vector<int> usable;
+    const std::vector<QuantCase> quant = quant_cases(c.tokens, c.heads, c.dim);
+    for (std::size_t i = 0; i < quant.size(); ++i) {
+      if (quant[i].key != OutputQuantKey::kNvfp4 || c.dim % 2 == 0) usable.push_back(int(i));
+    }
+    m.quant = usable[std::size_t(d.range(0, std::int64_t(usable.size()) - 1))];
+  }
+  return m;
+}
+
+// The GPU merge into the drawn quantized out: the standalone op's bytes on the unfused GPU out
+// rounded to bf16 (`gpu` viewed through gpu_bases), out_lse as without the key.
+void expect_merge_fuses(const MergeDraw& m, const std::vector<HostBuffer>& before,
+                        std::span<void* const> gpu_bases) {
+  const MergeCase& c = m.c;
+  const std::vector<Spec> s = c.specs();
+  const TensorView merged = s[4].view(gpu_bases[4]);
+  std::vector<std::uint16_t> bf16(std::size_t(c.tokens * c.heads * c.dim));
+  for (std::int64_t t = 0; t < c.tokens; ++t) {
+    for (std::int64_t h = 0; h < c.heads; ++h) {
+      for (std::int64_t d = 0; d < c.dim; ++d) {
+        bf16[std::size_t((t * c.heads + h) * c.dim + d)] = encode_bf16(elem(merged, t, h, d));
+      }
+    }
+  }
+  const TensorView rows(bf16.data(), DType::kBF16, {c.tokens, c.heads * c.dim});
+  const QuantCase q = quant_cases(c.tokens, c.heads, c.dim)[std::size_t(m.quant)];
+  const std::vector<std::uint8_t> want_lse(
+      static_cast<const std::uint8_t*>(gpu_bases[5]),
+      static_cast<const std::uint8_t*>(gpu_bases[5]) + s[5].bytes());
+  expect_fused_equals_standalone(
+      q, rows, [&](const TensorView& out, const TensorView& scale, const TensorView& block) {
+        const std::vector<DeviceBuffer> states = upload(before);
+        const auto v = [&](int i) {
+          return s[std::size_t(i)].view(states[std::size_t(i)].data(), kGpu);
+        };
+        merge_attention_states(v(0), v(1), v(2), v(3), out, v(5), scale, block);
+        sync();
+        EXPECT_TRUE(same_bytes(states[5].download(), want_lse, "out_lse"));
+      });
 }
 
 // merge_states_cuda_test's rule: the GPU against the float64 merge (bytes outside the written
-// views unchanged) and within a few ulp of the CPU op.
-void expect_merge_agrees(const MergeCase& c) {
+// views unchanged) and within a few ulp of the CPU op; then the drawn fused output.
+void expect_merge_agrees(const MergeDraw& m) {
+  const MergeCase& c = m.c;
   const std::vector<HostBuffer> before = host_buffers(c);
   std::vector<HostBuffer> cpu = host_buffers(c), gpu = host_buffers(c);
   const std::vector<void*> cpu_bases = host_bases(cpu), gpu_bases = host_bases(gpu);
@@ -331,6 +398,7 @@ void expect_merge_agrees(const MergeCase& c) {
   expect_matches_reference(c, gpu_bases, ref);
   expect_rest_unchanged(c, before, after, gpu_bases);
   expect_near_cpu(c, ref, cpu_bases, gpu_bases);
+  if (m.quant >= 0) expect_merge_fuses(m, before, gpu_bases);
 }
 
 TEST(RandomAgreementCuda, MergeAttentionStates) {
