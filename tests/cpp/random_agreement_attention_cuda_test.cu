@@ -4,14 +4,14 @@
 // runs on the CPU and the GPU from identical poisoned buffers and both are held to the error rule
 // of docs/design.md section 8 against the float64 reference (attention_reference.hpp): max
 // |O - O_ref| <= 2 x (the BF16 attention's error + the bf16 rounding noise of O), the LSE within
-// 1e-3, rows that see no key exactly O = 0 and LSE = -inf; the GPU's O is also within that bound
-// plus the CPU's own error of the CPU twin's. Every output element is written, nothing outside the
-// views, no LSE without one asked for. On some cases the GPU call also quantizes its output with
-// a drawn key and scale layout (output_quant.hpp): those bytes must equal the standalone CPU op on
-// the GPU's own bf16 output (output_quant_cuda_test.cu's rule), its LSE the unfused call's.
-// merge_attention_states (bf16 and f32 states, token and head counts, head dims, the general,
-// in-place and aliased forms, misaligned states, empty rows) is held to merge_states_cuda_test's
-// rule: against the float64 merge, and within a few ulp of the CPU op.
+// 1e-3, rows that see no key exactly O = 0 and LSE = -inf; and the GPU's O lies within that bound,
+// plus the CPU's own error, of the CPU twin's. Every output element is written, nothing outside
+// the views, no LSE without one asked for. merge_attention_states (bf16 and f32 states, token and
+// head counts, head dims, the general, in-place and aliased forms, misaligned states, empty rows)
+// is held to merge_states_cuda_test's rule: against the float64 merge, and within a few ulp of
+// the CPU op. On some cases of either op the GPU call also quantizes its output with a drawn key
+// and scale layout (output_quant.hpp): those bytes must equal the standalone CPU op on the GPU's
+// own unquantized output (output_quant_cuda_test.cu's rule), the LSE the unfused call's.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
