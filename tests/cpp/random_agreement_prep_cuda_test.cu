@@ -25,7 +25,7 @@ RopeCase draw_rope(Draw& d) {
   RopeCase c;
   c.in_dtype = d.pick({DType::kBF16, DType::kF16});
   c.heads = d.pick<std::int64_t>({1, 2, 3, 16, 16, 33, 128});
-  c.tokens = d.tokens(std::max<std::int64_t>(8000 / c.heads, 1));
+  c.tokens = d.tokens(std::max<std::int64_t>(4000 / c.heads, 1));
   c.style = d.pick({RopeStyle::kInterleaved, RopeStyle::kNeox});
   c.position_dtype = d.pick({DType::kI32, DType::kI64});
   c.strided = d.chance(0.5);
