@@ -6,9 +6,7 @@
 // |O - O_ref| <= 2 x (the BF16 attention's error + the bf16 rounding noise of O), the LSE within
 // 1e-3, rows that see no key exactly O = 0 and LSE = -inf; and the GPU's O lies within that bound,
 // plus the CPU's own error, of the CPU twin's. Every output element is written, nothing outside
-// the views, no LSE without one asked for. On some cases with the LSE, the call folded into a
-// drawn running state (merge_o, merge_lse) gives on each device the bytes of the unfused call
-// followed by merge_attention_states there (attention.hpp). merge_attention_states (bf16 and f32
+// the views, no LSE without one asked for. merge_attention_states (bf16 and f32
 // states, token and head counts, head dims, the general, in-place and aliased forms, misaligned
 // states, empty rows) is held to merge_states_cuda_test's rule: against the float64 merge, and
 // within a few ulp of the CPU op. On some cases of either op the GPU call also quantizes its output
@@ -49,11 +47,9 @@ void sync() {
 struct AttentionDraw {
   RandomPrefillCase c;
   int quant = -1;
-  bool fold = false;  // also folded into a running state (merge_o, merge_lse); needs the LSE
   std::string describe() const {
-    const std::string folded = fold ? "; folded into a running state" : "";
-    if (quant < 0) return c.describe() + folded;
-    return concat(c.describe(), folded, "; fused output ",
+    if (quant < 0) return c.describe();
+    return concat(c.describe(), "; fused output ",
                   quant_cases(c.tq(), c.heads, RandomPrefillCase::kDv)[std::size_t(quant)].name);
   }
 };
@@ -112,7 +108,6 @@ AttentionDraw draw_attention(Draw& d) {
   if (c.tq() > 0 && d.chance(0.4)) {
     a.quant = int(d.range(0, std::int64_t(quant_cases(c.tq(), c.heads, 128).size()) - 1));
   }
-  a.fold = c.with_lse && d.chance(0.4);
   return a;
 }
 
@@ -284,82 +279,6 @@ void expect_fused_output(const AttentionDraw& a, const std::vector<HostBuffer>& 
       });
 }
 
-// The running state of a fold: bf16 o [Tq, H, 128] in (-4, 4), f32 lse [Tq, H] in (-20, 20) with
-// a fifth of the rows empty (-inf).
-std::vector<HostBuffer> fold_state(const RandomPrefillCase& c) {
-  const std::int64_t rows = c.tq() * c.heads;
-  std::vector<HostBuffer> b;
-  b.emplace_back(std::size_t(std::max<std::int64_t>(rows * RandomPrefillCase::kDv, 1)) * 2);
-  b.emplace_back(std::size_t(std::max<std::int64_t>(rows, 1)) * 4);
-  Rng rng(c.seed * 3 + 1);
-  for (std::int64_t i = 0; i < rows * RandomPrefillCase::kDv; ++i) {
-    store_f32(b[0].data(), DType::kBF16, i, (rng.uniform() * 2.0f - 1.0f) * 4.0f);
-  }
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const float lse = rng.below(5) == 0 ? -INFINITY : (rng.uniform() * 2.0f - 1.0f) * 20.0f;
-    std::memcpy(b[1].data() + i * 4, &lse, 4);
-  }
-  return b;
-}
-
-// On `device` (buffers made by make(HostBuffer), read back by read(buffer)): prefill_attention
-// folding into the running state, out and lse apart from it, gives the bytes of
-// merge_attention_states of that state and the unfused call's O and LSE (`unfused`), as
-// attention.hpp promises for two calls on the same device.
-template <typename Make, typename Read>
-void expect_fold_equals_merge(const RandomPrefillCase& c, const std::vector<HostBuffer>& initial,
-                              const std::vector<HostBuffer>& unfused, Device device, Make make,
-                              Read read) {
-  SCOPED_TRACE(concat("fold on ", device.is_cuda() ? "the GPU" : "the CPU"));
-  const std::vector<Spec> s = c.specs();
-  const Spec o = dense(DType::kBF16, {c.tq(), c.heads, RandomPrefillCase::kDv});
-  const Spec l = dense(DType::kF32, {c.tq(), c.heads});
-  const std::vector<HostBuffer> state = fold_state(c);
-  const HostBuffer o_poison(std::max<std::size_t>(o.bytes(), 2));
-  const HostBuffer l_poison(std::max<std::size_t>(l.bytes(), 4));
-  std::vector<decltype(make(initial[0]))> in, st;
-  for (const HostBuffer& b : initial) in.push_back(make(b));
-  for (const HostBuffer& b : state) st.push_back(make(b));
-  auto unfused_o = make(unfused[6]), unfused_lse = make(unfused[7]);
-  auto fold_o = make(o_poison), fold_lse = make(l_poison);
-  auto merged_o = make(o_poison), merged_lse = make(l_poison);
-  std::vector<void*> bases;
-  for (auto& b : in) bases.push_back(b.data());
-  PrefillAttentionArgs a = c.args(bases, device);
-  a.out = o.view(fold_o.data(), device);
-  a.lse = l.view(fold_lse.data(), device);
-  a.merge_o = o.view(st[0].data(), device);
-  a.merge_lse = l.view(st[1].data(), device);
-  prefill_attention(a);
-  merge_attention_states(o.view(st[0].data(), device), l.view(st[1].data(), device),
-                         s[6].view(unfused_o.data(), device), s[7].view(unfused_lse.data(), device),
-                         o.view(merged_o.data(), device), l.view(merged_lse.data(), device));
-  if (device.is_cuda()) sync();
-  EXPECT_TRUE(same_bytes(read(fold_o), read(merged_o), "folded out"));
-  EXPECT_TRUE(same_bytes(read(fold_lse), read(merged_lse), "folded lse"));
-}
-
-void expect_folds_equal_merges(const RandomPrefillCase& c, const std::vector<HostBuffer>& initial,
-                               const std::vector<HostBuffer>& gpu,
-                               const std::vector<HostBuffer>& cpu) {
-  expect_fold_equals_merge(
-      c, initial, gpu, kGpu,
-      [](const HostBuffer& h) {
-        DeviceBuffer d(h.bytes());
-        d.upload(h.data());
-        return d;
-      },
-      [](const DeviceBuffer& d) { return d.download(); });
-  expect_fold_equals_merge(
-      c, initial, cpu, Device::cpu(),
-      [](const HostBuffer& h) {
-        HostBuffer copy(h.bytes());
-        std::memcpy(copy.data(), h.data(), h.bytes());
-        return copy;
-      },
-      [](const HostBuffer& h) { return bytes_of(h); });
-}
-
 void expect_attention_agrees(const AttentionDraw& a) {
   const RandomPrefillCase& c = a.c;
   const std::vector<HostBuffer> initial = host_buffers(c);
@@ -381,7 +300,6 @@ void expect_attention_agrees(const AttentionDraw& a) {
   expect_written_in_full(c, cpu, "CPU");
   expect_error_rule(c, initial, gpu, cpu);
   if (a.quant >= 0) expect_fused_output(a, initial, gpu);
-  if (a.fold) expect_folds_equal_merges(c, initial, gpu, cpu);
 }
 
 TEST(RandomAgreementCuda, PrefillAttention) {
