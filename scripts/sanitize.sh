@@ -16,7 +16,8 @@
 # per-launch lines at --print-level info when the tool prints them; "-" when it printed none, and
 # then the passed (not skipped) CUDA cases are what shows kernels ran.
 # The rerun tests run FP8MLA_RERUNS=3 times here (1000 without the sanitizer): the same code
-# paths, checked, in a few runs.
+# paths, checked, in a few runs; the random-shape agreement test FP8MLA_RANDOM_CASES=3 cases an op
+# (a few hundred without).
 # The time estimates are a per-case weight table (seconds under memcheck on an H200) times a
 # per-tool factor: the rerun, graph, PDL-chain and batch-invariance rows from a run of theirs
 # (2026-12-01: 0.4-2 s a case under memcheck, synccheck and initcheck, up to 4 s under racecheck,
@@ -92,6 +93,7 @@ WEIGHTS = [
     ('output_quant*', '*', 40),
     ('mla_model_cuda_test', '*', 60),
     ('mla_prep_cuda_test', '*EveryTokenCount*', 60),
+    ('random_agreement_cuda_test', '*', 20),
     ('*', '*', 10),
 ]
 FACTOR = {'memcheck': 1.0, 'racecheck': 3.0, 'initcheck': 2.0, 'synccheck': 1.0}
@@ -191,8 +193,9 @@ while IFS=$'\t' read -r kind tool binary count est filter; do
       --target-processes all --print-level info --error-exitcode 99 \
       python3 -m pytest -q -p no:cacheprovider "${ids[@]}") >"$log" 2>&1
   else
-    FP8MLA_RERUNS=3 timeout "$budget_s" $sanitizer --tool "$tool" --print-level info \
-      --error-exitcode 99 "$dir/tests/$binary" --gtest_filter="$filter" >"$log" 2>&1
+    FP8MLA_RERUNS=3 FP8MLA_RANDOM_CASES=3 timeout "$budget_s" $sanitizer --tool "$tool" \
+      --print-level info --error-exitcode 99 "$dir/tests/$binary" --gtest_filter="$filter" \
+      >"$log" 2>&1
   fi
   status=$?
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tool" "$binary" "$count" "$status" \

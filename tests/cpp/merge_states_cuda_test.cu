@@ -54,38 +54,7 @@ void expect_cuda_matches_cpu(const MergeCase& c) {
   test::expect_matches_reference(c, gpu_bases, ref);
   test::expect_rest_unchanged(c, before, gpu, gpu_bases);
 
-  const std::vector<test::Spec> s = c.specs();
-  const TensorView co = s[c.out_index()].view(cpu_bases[c.out_index()]);
-  const TensorView go = s[c.out_index()].view(gpu_bases[c.out_index()]);
-  const TensorView cl = s[c.lse_index()].view(cpu_bases[c.lse_index()]);
-  const TensorView gl = s[c.lse_index()].view(gpu_bases[c.lse_index()]);
-  const double o_rel = c.dtype == DType::kBF16 ? 0x1p-8 : 0x1p-20;
-  int failures = 0;
-  for (std::int64_t t = 0; t < c.tokens; ++t) {
-    for (std::int64_t h = 0; h < c.heads; ++h) {
-      const std::int64_t row = t * c.heads + h;
-      const float a = test::elem(cl, t, h), b = test::elem(gl, t, h);
-      const bool one_sided = ref.la[row] == test::kNegInf || ref.lb[row] == test::kNegInf;
-      bool ok = one_sided ? a == b : std::fabs(a - b) <= 1e-6 + std::fabs(a) * 0x1p-21;
-      for (std::int64_t d = 0; d < c.dim; ++d) {
-        const std::size_t i = std::size_t(row * c.dim + d);
-        const float x = test::elem(co, t, h, d), y = test::elem(go, t, h, d);
-        // exp/log a few ulp apart can move a bf16 result across a rounding boundary: one ulp.
-        const double rounding =
-            c.dtype == DType::kBF16 && x != 0.0f
-                ? std::ldexp(1.0, std::ilogb(std::max(std::fabs(x), std::fabs(y))) - 7)
-                : 0.0;
-        ok = ok &&
-             (one_sided ? x == y
-                        : std::fabs(x - y) <= o_rel * (std::fabs(ref.a[i]) + std::fabs(ref.b[i])) +
-                                                  rounding + 1e-30);
-      }
-      if (!ok && ++failures <= 5) {
-        ADD_FAILURE() << "row (" << t << ", " << h << "): cpu lse " << a << ", cuda lse " << b;
-      }
-    }
-  }
-  EXPECT_EQ(failures, 0);
+  test::expect_near_cpu(c, ref, cpu_bases, gpu_bases);
 }
 
 TEST(MergeStatesCuda, MatchesCpu) {

@@ -195,6 +195,45 @@ inline void expect_rest_unchanged(const MergeCase& c, const std::vector<HostBuff
   }
 }
 
+// The GPU's outputs (viewed through host buffers at gpu_bases) against the CPU's (cpu_bases):
+// within a few ulp on o (a bf16 ulp more for bf16) and 1e-6 + 2^-21 relative on lse (expf/logf
+// against std::exp/std::log), exactly on empty and one-sided rows.
+inline void expect_near_cpu(const MergeCase& c, const MergeRef& ref,
+                            std::span<void* const> cpu_bases, std::span<void* const> gpu_bases) {
+  const std::vector<Spec> s = c.specs();
+  const TensorView co = s[c.out_index()].view(cpu_bases[c.out_index()]);
+  const TensorView go = s[c.out_index()].view(gpu_bases[c.out_index()]);
+  const TensorView cl = s[c.lse_index()].view(cpu_bases[c.lse_index()]);
+  const TensorView gl = s[c.lse_index()].view(gpu_bases[c.lse_index()]);
+  const double o_rel = c.dtype == DType::kBF16 ? 0x1p-8 : 0x1p-20;
+  int failures = 0;
+  for (std::int64_t t = 0; t < c.tokens; ++t) {
+    for (std::int64_t h = 0; h < c.heads; ++h) {
+      const std::int64_t row = t * c.heads + h;
+      const float a = elem(cl, t, h), b = elem(gl, t, h);
+      const bool one_sided = ref.la[row] == kNegInf || ref.lb[row] == kNegInf;
+      bool ok = one_sided ? a == b : std::fabs(a - b) <= 1e-6 + std::fabs(a) * 0x1p-21;
+      for (std::int64_t d = 0; d < c.dim; ++d) {
+        const std::size_t i = std::size_t(row * c.dim + d);
+        const float x = elem(co, t, h, d), y = elem(go, t, h, d);
+        // exp/log a few ulp apart can move a bf16 result across a rounding boundary: one ulp.
+        const double rounding =
+            c.dtype == DType::kBF16 && x != 0.0f
+                ? std::ldexp(1.0, std::ilogb(std::max(std::fabs(x), std::fabs(y))) - 7)
+                : 0.0;
+        ok = ok &&
+             (one_sided ? x == y
+                        : std::fabs(x - y) <= o_rel * (std::fabs(ref.a[i]) + std::fabs(ref.b[i])) +
+                                                  rounding + 1e-30);
+      }
+      if (!ok && ++failures <= 5) {
+        ADD_FAILURE() << "row (" << t << ", " << h << "): cpu lse " << a << ", cuda lse " << b;
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
 // Calls fn(c) for each case of the dtype, shape and form sweep (seeds from 1) whose tokens * heads
 // is at most max_rows.
 template <typename Fn>

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_reference.hpp"
 #include "buffer_test_util.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda_test_util.hpp"
@@ -33,15 +34,15 @@
 namespace fp8mla {
 namespace {
 
+using test::bf16_round;
 using test::DeviceBuffer;
+using test::reference_row;
+using test::RowRef;
+using test::rows_to_check;
 
 constexpr int kDqk = 192;
 constexpr int kDv = 128;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-double bf16_round(double x) {
-  return double(decode_bf16(encode_bf16(float(x))));
-}
 
 struct Case {
   std::vector<int> q_lens;
@@ -71,11 +72,8 @@ struct Case {
 };
 
 // Inputs on the host (codes and dequantized values, logical [T, H, D]) and on the device.
-struct Problem {
+struct Problem : test::AttentionInputs {  // the dequantized inputs, for the reference
   Case c;
-  std::vector<std::int32_t> cu_q{0}, cu_k{0};
-  std::int64_t tq = 0, tk = 0;
-  std::vector<double> q, k, v;  // dequantized
   // Device storage and views.
   std::vector<DeviceBuffer> buffers;
   TensorView q_view, k_view, v_view, out_view, lse_view, cu_q_view, cu_k_view;
@@ -119,6 +117,8 @@ void fill(std::vector<std::uint8_t>& bytes, std::vector<double>& values, bool fp
 Problem make_problem(const Case& c, std::uint32_t seed) {
   Problem p;
   p.c = c;
+  p.heads = c.heads;
+  p.causal = c.causal;
   std::mt19937 rng(seed);
   const std::vector<int>& k_lens = c.k_lens.empty() ? c.q_lens : c.k_lens;
   for (std::size_t b = 0; b < c.q_lens.size(); ++b) {
@@ -243,83 +243,6 @@ float lse_at(const Problem& p, const Outputs& o, std::int64_t t, int h) {
   float x;
   std::memcpy(&x, &o.lse[std::size_t(at * 4)], 4);
   return x;
-}
-
-// Rows to compare with the reference: every row of small problems; otherwise boundary rows of
-// each sequence and random ones.
-std::vector<std::pair<std::int64_t, int>> rows_to_check(const Problem& p, std::mt19937& rng) {
-  std::vector<std::pair<std::int64_t, int>> rows;
-  const std::int64_t all_work = p.tq * p.c.heads * std::max<std::int64_t>(p.tk, 1);
-  std::vector<int> heads(std::size_t(p.c.heads));
-  std::iota(heads.begin(), heads.end(), 0);
-  if (p.c.heads > 8) heads = {0, 1, p.c.heads / 2, p.c.heads - 1};
-  for (std::size_t b = 0; b + 1 < p.cu_q.size(); ++b) {
-    const int q_len = p.cu_q[b + 1] - p.cu_q[b];
-    std::set<int> local;
-    if (all_work <= (1 << 22)) {
-      for (int i = 0; i < q_len; ++i) local.insert(i);
-    } else {
-      for (int i : {0, 1, 2, 63, 64, 65, 127, 128, 129, 255, 256}) local.insert(i);
-      for (int i = 1; i <= 3; ++i) local.insert(q_len - i);
-      std::uniform_int_distribution<int> pick(0, std::max(q_len - 1, 0));
-      for (int i = 0; i < 24; ++i) local.insert(pick(rng));
-    }
-    for (int i : local) {
-      if (i < 0 || i >= q_len) continue;
-      for (int h : heads) rows.emplace_back(p.cu_q[b] + i, h);
-    }
-  }
-  return rows;
-}
-
-struct RowRef {
-  std::vector<double> o;     // float64 attention
-  std::vector<double> o_bf;  // the BF16 attention of the error rule
-  double lse;
-};
-
-RowRef reference_row(const Problem& p, std::int64_t t, int h) {
-  const auto it = std::upper_bound(p.cu_q.begin(), p.cu_q.end(), std::int32_t(t));
-  const std::size_t b = std::size_t(it - p.cu_q.begin()) - 1;
-  const std::int64_t q_len = p.cu_q[b + 1] - p.cu_q[b], i = t - p.cu_q[b];
-  const std::int64_t k0 = p.cu_k[b], k_len = p.cu_k[b + 1] - k0;
-  const std::int64_t visible =
-      p.c.causal ? std::clamp<std::int64_t>(i + k_len - q_len + 1, 0, k_len) : k_len;
-  const int H = p.c.heads;
-  const double scale = double(float(1.0 / std::sqrt(double(kDqk))));
-  RowRef r{std::vector<double>(kDv, 0.0), std::vector<double>(kDv, 0.0), -kInf};
-  if (visible == 0) return r;
-  std::vector<double> s(static_cast<std::size_t>(visible)), s_bf(s.size());
-  const double* q = &p.q[std::size_t((t * H + h) * kDqk)];
-  for (std::int64_t j = 0; j < visible; ++j) {
-    const double* k = &p.k[std::size_t(((k0 + j) * H + h) * kDqk)];
-    double dot = 0.0, dot_bf = 0.0;
-    for (int d = 0; d < kDqk; ++d) {
-      dot += q[d] * k[d];
-      dot_bf += bf16_round(q[d]) * bf16_round(k[d]);
-    }
-    s[std::size_t(j)] = dot * scale;
-    s_bf[std::size_t(j)] = bf16_round(bf16_round(dot_bf) * double(float(scale)));
-  }
-  const double m = *std::max_element(s.begin(), s.end());
-  const double m_bf = *std::max_element(s_bf.begin(), s_bf.end());
-  double l = 0.0, l_bf = 0.0;
-  for (std::int64_t j = 0; j < visible; ++j) {
-    l += std::exp(s[std::size_t(j)] - m);
-    l_bf += double(std::exp(float(s_bf[std::size_t(j)] - m_bf)));
-  }
-  for (std::int64_t j = 0; j < visible; ++j) {
-    const double w = std::exp(s[std::size_t(j)] - m) / l;
-    const double w_bf = bf16_round(double(std::exp(float(s_bf[std::size_t(j)] - m_bf))) / l_bf);
-    const double* v = &p.v[std::size_t(((k0 + j) * H + h) * kDv)];
-    for (int d = 0; d < kDv; ++d) {
-      r.o[std::size_t(d)] += w * v[d];
-      r.o_bf[std::size_t(d)] += w_bf * bf16_round(v[d]);
-    }
-  }
-  for (double& x : r.o_bf) x = bf16_round(x);
-  r.lse = m + std::log(l);
-  return r;
 }
 
 // Every row of every sequence written (finite O, LSE finite or -inf), bytes outside the out view
