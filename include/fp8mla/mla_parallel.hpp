@@ -74,4 +74,22 @@ class MlaCommunicator {
 // contiguous host bf16 / f32 tensors is a kInvalidArgument error on every rank. size in 1..8.
 std::vector<std::unique_ptr<MlaCommunicator>> make_cpu_communicators(int size);
 
+// NCCL communicators, for CUDA tensors. fp8mla loads NCCL when first asked (libnccl.so.2, as the
+// nvidia-nccl-cu13 wheel or a system package installs it; in a process that already loaded NCCL,
+// that copy), so a build with NCCL links nothing more. A build without NCCL's header, or a process
+// that cannot load the library, gets an ErrorCategory::kUnsupported error saying which. Calls are
+// enqueued on the given stream only (ncclAllReduce in place, ncclReduceScatter), allocate and
+// synchronize nothing, and may be captured in a CUDA graph; tensors must be contiguous bf16 or
+// f32 on the communicator's device (else kInvalidArgument), and an NCCL failure is a kCuda error.
+//
+// `nccl_comm`: the caller's initialized ncclComm_t (an engine has one), borrowed: it must outlive
+// the communicator, which never destroys it. rank() and size() are the NCCL communicator's.
+std::unique_ptr<MlaCommunicator> make_nccl_communicator(void* nccl_comm);
+
+// A group over `devices` (1 to 8 CUDA ordinals) of this process, made by ncclCommInitAll: rank i
+// on devices[i], each owning its NCCL communicator. One process driving several GPUs calls each
+// rank from its own thread (NCCL's rule without group calls), as with make_cpu_communicators.
+std::vector<std::unique_ptr<MlaCommunicator>> make_nccl_communicators(
+    const std::vector<int>& devices);
+
 }  // namespace fp8mla

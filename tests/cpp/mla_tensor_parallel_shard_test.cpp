@@ -250,6 +250,16 @@ TEST(MlaTensorParallelCommunicator, MismatchedCallsFailOnEveryRank) {
 }
 
 // The loader with a spec gives the shard of the file's full weights, byte for byte.
+// A build without NCCL's header says so; with it, nccl_communicator_cuda_test covers the group.
+#ifndef FP8MLA_WITH_NCCL
+TEST(MlaTensorParallelCommunicator, NcclNeedsABuildWithNccl) {
+  test::expect_error([] { make_nccl_communicators({0}); }, ErrorCategory::kUnsupported,
+                     {"make_nccl_communicators", "built without NCCL"});
+  test::expect_error([] { make_nccl_communicator(nullptr); }, ErrorCategory::kUnsupported,
+                     {"make_nccl_communicator", "built without NCCL"});
+}
+#endif
+
 TEST(MlaTensorParallelShard, LoaderShardsTheFullCheckpoint) {
   const MlaConfig c = mla_preset("tiny");
   const MlaWeights generated = generate_mla_weights(c, WeightFormat::kFp8Block, 8);
