@@ -36,6 +36,14 @@ struct MlaTensorParallel {
   int size = 1;
 };
 
+// This process's place in a context-parallel group over the tokens (docs/parallelism.md): each
+// sequence's new tokens split over the ranks, the latent cache rows all-gathered
+// (MlaContextParallelBatch, fp8mla/mla_layer.hpp); {0, 1}: no parallelism.
+struct MlaContextParallel {
+  int rank = 0;
+  int size = 1;
+};
+
 // "deepseek-v2-lite", "deepseek-v2", "deepseek-v3" (DeepSeek's config.json values) and "tiny"
 // (MLA dims with a small hidden size and 4 heads, for the CPU). Unknown names are an
 // ErrorCategory::kInvalidArgument error listing the known ones.

@@ -64,6 +64,11 @@ class MlaCommunicator {
   // sum (sequence-sharded output, a reduce-scatter over tokens).
   virtual void reduce_scatter_sum(const TensorView& in, const TensorView& out,
                                   CudaStream stream) = 0;
+  // in: [rows, ...] of any dtype, the same dtype and shape on every rank, contiguous; out:
+  // [size() * rows, ...] of in's dtype, contiguous: every rank's `in`, rank q's at rows
+  // [q * rows, (q + 1) * rows). Bytes are copied, not converted. In place when `in` is rank()'s
+  // rows of `out` (how context parallelism gathers the FP8 latent cache rows).
+  virtual void all_gather(const TensorView& in, const TensorView& out, CudaStream stream) = 0;
 };
 
 // `size` communicators of one in-process group, rank i at index i, for host tensors: each call is

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -215,6 +217,70 @@ TEST(MlaTensorParallelCommunicator, SumsInRankOrderAndScattersRows) {
       EXPECT_EQ(out[std::size_t(r)][std::size_t(i)], float((r * 6 + i) * 10));
 }
 
+// Rank r's bytes for an all-gather: distinct per rank and position. Any bit pattern will do (f32
+// NaN payloads included), as the bytes are copied, not converted.
+std::vector<std::byte> rank_bytes(std::size_t n, int rank) {
+  std::vector<std::byte> b(n);
+  for (std::size_t i = 0; i < n; ++i)
+    b[i] = std::byte((std::size_t(rank) * 37 + i * 11 + 1) & 0xFF);
+  return b;
+}
+
+// An all-gather of `shape` rows on n ranks, out of place or in place (in = rank r's rows of out):
+// rank q's bytes at rows [q * rows, (q + 1) * rows) of every rank's out, nothing written past it.
+void check_all_gather(int n, DType dtype, std::vector<std::int64_t> shape, bool in_place) {
+  SCOPED_TRACE(::testing::Message()
+               << n << " ranks, " << dtype_name(dtype) << " rows of " << shape.back()
+               << (in_place ? ", in place" : ", out of place"));
+  std::vector<std::unique_ptr<MlaCommunicator>> comms = make_cpu_communicators(n);
+  std::size_t slice = std::size_t(dtype_size(dtype));
+  for (const std::int64_t d : shape) slice *= std::size_t(d);
+  std::vector<std::int64_t> out_shape = shape;
+  out_shape[0] *= n;
+  const std::size_t guard = 16;
+  const std::byte poison{0xA5};
+  std::vector<std::vector<std::byte>> ins, outs;
+  for (int r = 0; r < n; ++r) {
+    ins.push_back(rank_bytes(slice, r));
+    outs.emplace_back(slice * std::size_t(n) + guard, poison);
+    if (in_place && slice > 0) {
+      std::memcpy(outs.back().data() + std::size_t(r) * slice, ins.back().data(), slice);
+    }
+  }
+  on_ranks(n, [&](int r) {
+    std::byte* out = outs[std::size_t(r)].data();
+    void* in = in_place ? out + std::size_t(r) * slice : ins[std::size_t(r)].data();
+    comms[std::size_t(r)]->all_gather(TensorView(in, dtype, shape),
+                                      TensorView(out, dtype, out_shape), nullptr);
+  });
+  for (int r = 0; r < n; ++r) {
+    const std::vector<std::byte>& out = outs[std::size_t(r)];
+    for (int q = 0; q < n; ++q) {
+      const auto rows = out.begin() + std::ptrdiff_t(std::size_t(q) * slice);
+      EXPECT_TRUE(std::equal(rows, rows + std::ptrdiff_t(slice), ins[std::size_t(q)].begin()))
+          << "rank " << r << "'s out, rank " << q << "'s rows";
+    }
+    EXPECT_TRUE(std::all_of(out.end() - std::ptrdiff_t(guard), out.end(),
+                            [&](std::byte b) { return b == poison; }))
+        << "rank " << r << ": written past out";
+    EXPECT_EQ(ins[std::size_t(r)], rank_bytes(slice, r)) << "rank " << r << "'s in changed";
+  }
+}
+
+TEST(MlaTensorParallelCommunicator, GathersEveryRanksRowsByteForByte) {
+  for (int n = 1; n <= 4; ++n) {
+    for (const bool in_place : {false, true}) {
+      check_all_gather(n, DType::kE4M3, {3, 576}, in_place);  // latent cache rows
+      check_all_gather(n, DType::kUE8M0, {2, 5}, in_place);
+      check_all_gather(n, DType::kF32, {3, 2, 3}, in_place);
+      check_all_gather(n, DType::kBF16, {1, 7}, in_place);
+      check_all_gather(n, DType::kI32, {5}, in_place);
+      check_all_gather(n, DType::kI64, {2, 1}, in_place);
+      check_all_gather(n, DType::kE4M3, {0, 576}, in_place);  // no rows on any rank
+    }
+  }
+}
+
 TEST(MlaTensorParallelCommunicator, MismatchedCallsFailOnEveryRank) {
   std::vector<std::unique_ptr<MlaCommunicator>> comms = make_cpu_communicators(2);
   std::vector<float> a(8), b(6);
@@ -247,6 +313,82 @@ TEST(MlaTensorParallelCommunicator, MismatchedCallsFailOnEveryRank) {
   EXPECT_EQ(errors, 2);
   expect_error([] { make_cpu_communicators(0); }, ErrorCategory::kInvalidArgument,
                {"expected 1 <= size <= 8, got 0"});
+}
+
+// Runs fn(rank) on `size` ranks; every rank must throw a kInvalidArgument error containing
+// `want`.
+template <typename Fn>
+void fails_on_every_rank(int size, const std::string& want, Fn fn) {
+  SCOPED_TRACE(want);
+  std::vector<int> errors(std::size_t(size), 0);
+  on_ranks(size, [&](int r) {
+    try {
+      fn(r);
+    } catch (const Error& e) {
+      errors[std::size_t(r)] = 1;
+      EXPECT_EQ(e.category(), ErrorCategory::kInvalidArgument);
+      EXPECT_NE(e.message().find(want), std::string::npos) << e.message();
+    }
+  });
+  for (int r = 0; r < size; ++r) EXPECT_EQ(errors[std::size_t(r)], 1) << "rank " << r;
+}
+
+TEST(MlaTensorParallelCommunicator, MismatchedGathersFailOnEveryRank) {
+  const int n = 2;
+  std::vector<std::unique_ptr<MlaCommunicator>> comms = make_cpu_communicators(n);
+  std::vector<std::vector<float>> ins(n, std::vector<float>(8)), outs(n, std::vector<float>(16));
+  auto view = [](std::vector<float>& v, std::initializer_list<std::int64_t> shape,
+                 std::size_t offset = 0,
+                 DType dtype = DType::kF32) { return TensorView(v.data() + offset, dtype, shape); };
+  auto comm = [&](int r) -> MlaCommunicator& { return *comms[std::size_t(r)]; };
+  // Another shape on rank 1.
+  fails_on_every_rank(n, "differs from rank 0's f32[4, 2]", [&](int r) {
+    comm(r).all_gather(r == 0 ? view(ins[0], {4, 2}) : view(ins[1], {3, 2}),
+                       r == 0 ? view(outs[0], {8, 2}) : view(outs[1], {6, 2}), nullptr);
+  });
+  // Out without size() times in's rows, of another dtype, of other trailing dims.
+  fails_on_every_rank(n, "expected out of in's dtype with 2 x 4 rows and in's trailing dims",
+                      [&](int r) {
+                        comm(r).all_gather(view(ins[std::size_t(r)], {4, 2}),
+                                           view(outs[std::size_t(r)], {4, 2}), nullptr);
+                      });
+  fails_on_every_rank(n, "got i32[8, 2]", [&](int r) {
+    comm(r).all_gather(view(ins[std::size_t(r)], {4, 2}),
+                       view(outs[std::size_t(r)], {8, 2}, 0, DType::kI32), nullptr);
+  });
+  fails_on_every_rank(n, "got f32[8, 1, 2]", [&](int r) {
+    comm(r).all_gather(view(ins[std::size_t(r)], {4, 2}), view(outs[std::size_t(r)], {8, 1, 2}),
+                       nullptr);
+  });
+  // In overlapping out other than as this rank's rows.
+  fails_on_every_rank(n, "exactly rank 0's rows of it, got in at byte 4 of out", [&](int r) {
+    comm(r).all_gather(view(outs[std::size_t(r)], {4, 2}, r == 0 ? 1 : 8),
+                       view(outs[std::size_t(r)], {8, 2}), nullptr);
+  });
+  // A device tensor, a scalar.
+  fails_on_every_rank(n, "expected contiguous host tensors of at least one dimension", [&](int r) {
+    comm(r).all_gather(TensorView(ins[std::size_t(r)].data(), DType::kF32, {4, 2}, Device::cuda(0)),
+                       view(outs[std::size_t(r)], {8, 2}), nullptr);
+  });
+  fails_on_every_rank(n, "got f32[] strides", [&](int r) {
+    comm(r).all_gather(view(ins[std::size_t(r)], {}), view(outs[std::size_t(r)], {2}), nullptr);
+  });
+  // Another collective on rank 1: which rank arrives first varies, the error does not.
+  fails_on_every_rank(n, "but the first rank to arrive called", [&](int r) {
+    if (r == 0) {
+      comm(r).all_gather(view(ins[0], {4, 2}), view(outs[0], {8, 2}), nullptr);
+    } else {
+      comm(r).all_reduce_sum(view(ins[1], {4, 2}), nullptr);
+    }
+  });
+  // The group still works after the errors.
+  on_ranks(n, [&](int r) {
+    ins[std::size_t(r)].assign(8, float(r + 1));
+    comm(r).all_gather(view(ins[std::size_t(r)], {4, 2}), view(outs[std::size_t(r)], {8, 2}),
+                       nullptr);
+  });
+  for (int r = 0; r < n; ++r)
+    for (std::size_t k = 0; k < 16; ++k) EXPECT_EQ(outs[std::size_t(r)][k], k < 8 ? 1.0f : 2.0f);
 }
 
 // The loader with a spec gives the shard of the file's full weights, byte for byte.

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8mla/dtype.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_parallel.hpp"
 
@@ -26,6 +27,7 @@ struct NcclApi {
   decltype(&ncclCommCuDevice) cu_device = nullptr;
   decltype(&ncclAllReduce) all_reduce = nullptr;
   decltype(&ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
   decltype(&ncclCommInitAll) init_all = nullptr;
   decltype(&ncclCommDestroy) destroy = nullptr;
   std::string failure;  // why NCCL is unusable; empty when every entry point resolved
@@ -58,6 +60,7 @@ const NcclApi& nccl_api() {
     resolve(lib, "ncclCommCuDevice", a.cu_device, a.failure);
     resolve(lib, "ncclAllReduce", a.all_reduce, a.failure);
     resolve(lib, "ncclReduceScatter", a.reduce_scatter, a.failure);
+    resolve(lib, "ncclAllGather", a.all_gather, a.failure);
     resolve(lib, "ncclCommInitAll", a.init_all, a.failure);
     resolve(lib, "ncclCommDestroy", a.destroy, a.failure);
     return a;
@@ -124,7 +127,39 @@ class NcclCommunicator final : public MlaCommunicator {
                "ncclReduceScatter");
   }
 
+  // Bytes (ncclUint8), so that any dtype is gathered unchanged.
+  void all_gather(const TensorView& in, const TensorView& out, CudaStream stream) override {
+    check_tensor(in, "all_gather", "`in`");
+    check_tensor(out, "all_gather", "`out`");
+    const bool shapes_ok =
+        out.dtype() == in.dtype() && in.ndim() >= 1 && out.ndim() == in.ndim() &&
+        out.size(0) == std::int64_t(size_) * in.size(0) &&
+        std::equal(out.shape().begin() + 1, out.shape().end(), in.shape().begin() + 1);
+    if (!shapes_ok) {
+      throw Error(ErrorCategory::kInvalidArgument,
+                  concat("all_gather over ", size_, " ranks: expected `out` of `in`'s dtype with ",
+                         size_, " times its rows and its trailing dims, got ", in.describe(),
+                         " and ", out.describe()));
+    }
+    const std::size_t in_bytes = std::size_t(in.numel()) * std::size_t(dtype_size(in.dtype()));
+    check_in_place(in, out, in_bytes);
+    check_nccl(nccl_api().all_gather(in.data(), out.data(), in_bytes, ncclUint8, comm_, stream),
+               "ncclAllGather");
+  }
+
  private:
+  // NCCL's all-gather is in place only when `in` is exactly this rank's rows of `out`; any other
+  // overlap would be read while it is written.
+  void check_in_place(const TensorView& in, const TensorView& out, std::size_t in_bytes) const {
+    const std::uintptr_t a = std::uintptr_t(in.data()), b = std::uintptr_t(out.data());
+    const bool apart = in_bytes == 0 || a + in_bytes <= b || b + in_bytes * size_ <= a;
+    if (apart || a == b + std::size_t(rank_) * in_bytes) return;
+    throw Error(ErrorCategory::kInvalidArgument,
+                concat("all_gather: expected `in` apart from `out` or exactly rank ", rank_,
+                       "'s rows of it, got `in` at byte ", std::int64_t(a - b), " of `out` (",
+                       in.describe(), " and ", out.describe(), ")"));
+  }
+
   // A contiguous tensor on the communicator's GPU (NCCL reads and writes it in place).
   void check_tensor(const TensorView& t, const char* op, const char* name) const {
     if (!t.device().is_cuda() || t.device().index != device_ || !t.is_contiguous() ||
