@@ -121,6 +121,9 @@ struct MlaWorkspaceLimits {
   std::int64_t max_tokens = 0;  // extend tokens
   std::int64_t max_sequences = 0;
   std::int64_t max_prefix_tokens = 0;  // prefix tokens of all sequences together
+  // Context parallelism: the latent rows of one all-gather, size * rows_per_rank
+  // (MlaContextParallelBatch::workspace_limits gives all four for a rank's batch).
+  std::int64_t max_gathered_rows = 0;
 };
 
 // Time of each stage of the last prefill, in milliseconds (wall time on the CPU, CUDA events on
@@ -133,9 +136,43 @@ struct MlaStageTimes {
   double merge = 0;
   double output = 0;  // o_proj
   double reduce = 0;  // the all-reduce of o_proj's partial sums (tensor parallelism)
+  // Context parallelism: the rank's latent rows packed, all-gathered, the others' written to
+  // the cache.
+  double gather = 0;
   MlaOutputQuant output_quant = MlaOutputQuant::kNone;  // how o_proj's input was made
-  double total() const { return projections + prep + prefix + attention + merge + output + reduce; }
+  double total() const {
+    return projections + prep + gather + prefix + attention + merge + output + reduce;
+  }
 };
+
+// Context parallelism (docs/parallelism.md): rank r of N of a batch split over the tokens. Each
+// sequence's extend tokens are cut into 2N chunks of equal length (to a token), and rank r takes
+// chunks r and 2N - 1 - r, so that every rank gets the same causal work (an early chunk has
+// few keys, its mirror many); rank N - 1's two chunks are adjacent and make one. A rank's chunk
+// is a sequence of the rank's batch whose prefix is everything before it: the sequence's own
+// prefix and the chunks before, whoever computes them. The rank projects its own tokens and
+// writes their latent rows to its cache; prefill_context_parallel all-gathers every rank's rows
+// and writes the others' into the rank's cache, then attends as a prefill of the rank's batch.
+// Rank q's rows go into the all-gather in its batch's token order, padded to rows_per_rank.
+struct MlaContextParallelBatch {
+  MlaContextParallel cp;
+  MlaBatch batch;  // this rank's chunks, in the full batch's sequence order
+  // [batch.extend_tokens()]: each of this rank's tokens as a row of the full batch (its index
+  // among the full batch's extend tokens): the rank's `hidden` and `out` rows.
+  std::vector<std::int64_t> tokens;
+  std::int64_t rows_per_rank = 0;  // the most tokens any rank has
+  // [cp.size * rows_per_rank]: the cache slot of each row of the all-gather, rank by rank; -1
+  // past a rank's tokens.
+  std::vector<std::int64_t> gathered_slots;
+  // The workspace limits of this rank's prefill_context_parallel on this batch.
+  MlaWorkspaceLimits workspace_limits() const;
+};
+
+// Rank cp.rank's share of `full` (every rank passes the same batch and gets its own share). A
+// size below 1, a rank outside [0, size) or a sequence whose slots are not prefix + extend is an
+// ErrorCategory::kInvalidArgument error naming the values. Sequences without new tokens are left
+// out (they attend nothing); size 1 keeps every other sequence whole.
+MlaContextParallelBatch mla_context_parallel_batch(const MlaBatch& full, MlaContextParallel cp);
 
 class MlaLayer {
  public:
@@ -191,6 +228,22 @@ class MlaLayer {
                const TensorView& out, const TensorView& workspace = {},
                MlaStageTimes* times = nullptr, CudaStream stream = nullptr);
 
+  // prefill for rank batch.cp.rank of a context-parallel group (MlaContextParallelBatch):
+  // hidden and out hold the rank's tokens (batch.tokens: [T_rank, config.hidden]); cache is the
+  // rank's own copy, holding every sequence's prefix rows. After the rank's projections and
+  // cache write, `communicator` (rank and size equal to batch.cp's; every rank of the group calls
+  // this, with its share of the same full batch) all-gathers every rank's FP8 latent rows in
+  // place in the workspace, on `stream`, and the other ranks' are written to the cache, which then
+  // holds every row of the full batch as one rank's prefill would write it; the attention is
+  // then a prefill of batch.batch. A rank without tokens still takes part in the all-gather.
+  // The workspace must hold workspace_bytes(batch.workspace_limits(), ...); the rest is as
+  // prefill's, including tensor parallelism (the layer's own communicator reduces o_proj).
+  void prefill_context_parallel(const TensorView& hidden, const MlaContextParallelBatch& batch,
+                                MlaCommunicator& communicator, const TensorView& cache,
+                                const AttentionBackend& backend, const MlaPrefillOptions& options,
+                                const TensorView& out, const TensorView& workspace = {},
+                                MlaStageTimes* times = nullptr, CudaStream stream = nullptr);
+
   // The static scales for `batch` (docs/design.md section 5): the amax of each FP8 input over
   // its extend tokens, computed with the layer's own steps as the BF16 path runs them (the
   // projections, bf16 RoPE at each token's position; a sequence's prefix sets the positions,
@@ -205,6 +258,11 @@ class MlaLayer {
   class Impl;
 
  private:
+  // prefill's checks of its arguments against the layer; errors name `caller`.
+  void check_prefill(const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,
+                     const MlaPrefillOptions& options, const TensorView& out,
+                     std::string_view caller) const;
+
   MlaConfig config_;
   Device device_;
   MlaTensorParallel tp_;

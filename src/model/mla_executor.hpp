@@ -39,6 +39,14 @@ struct MlaBatchPlan {
   // Chunked: chunk c holds prefix_rows[chunk_first_row[c], + chunks[c].keys()).
   std::vector<PrefixChunk> chunks;
   std::vector<std::int64_t> chunk_first_row;
+  // Context parallelism: the all-gather of gather_ranks * gather_rows_per_rank latent rows (0:
+  // none). This rank's block is filled from the cache rows pack_rows ([rows_per_rank], -1: a
+  // padding row of zeros); after the all-gather row j goes to cache slot unpack_rows[j] (-1:
+  // this rank's own rows, already in its cache, and padding).
+  int gather_rank = 0, gather_ranks = 1;
+  std::int64_t gather_rows_per_rank = 0;
+  std::vector<std::int64_t> pack_rows, unpack_rows;
+  std::int64_t gathered_rows() const { return gather_rows_per_rank * gather_ranks; }
 };
 
 // Checks the batch against `config` (lengths, slot counts, positions) and plans it into `plan`,
@@ -47,6 +55,9 @@ struct MlaBatchPlan {
 void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
                     const MlaPrefillOptions& options, MlaBatchPlan& plan,
                     std::string_view caller = "MlaLayer::prefill");
+// The all-gather of a context-parallel rank's batch into `plan` (planned from batch.batch);
+// without it a plan gathers nothing.
+void plan_mla_gather(const MlaContextParallelBatch& batch, MlaBatchPlan& plan);
 
 // The path a backend runs: its prepare_prefill_qkv hook decides; and how o_proj gets its input
 // (fused: the last writer of the attention output writes it, the FP8 path only).
@@ -77,6 +88,8 @@ struct MlaPrefillCall {
   CudaStream stream;
   // Tensor parallelism: sums the ranks' partial `out` after o_proj; null: none (or the caller's).
   MlaCommunicator* communicator;
+  // Context parallelism: all-gathers the plan's latent rows (the plan gathers some).
+  MlaCommunicator* gather_communicator = nullptr;
 };
 
 // The keys of one attention call: the extend tokens' (cu_seqlens_k = the plan's cu_q), each
@@ -120,7 +133,8 @@ struct MlaVLayoutNeed {
 };
 
 // A device's implementation of the prefill's steps, called by run_mla_prefill in this order:
-// check_batch, begin, project, prep, then per the plan's prefix attention prefix_keys,
+// check_batch, begin, project, prep, (with context parallelism) pack_latent_rows and
+// unpack_latent_rows around the all-gather, then per the plan's prefix attention prefix_keys,
 // assemble_one_shot, attend and merge, then output and finish; each step between start_stage
 // and stop_stage of the stage it counts to.
 class MlaExecutor {
@@ -141,6 +155,11 @@ class MlaExecutor {
   virtual void stop_stage() = 0;
   virtual void project() = 0;  // q, kv_a, RMSNorm, kv_b of the extend tokens
   virtual void prep() = 0;     // RoPE, FP8 Q/K/V (the hook) or bf16 RoPE, latent cache write
+  // Context parallelism, after prep: this rank's latent rows packed into its block of the
+  // all-gather's buffer, which is returned ([gathered rows, 576] e4m3); once the rows are
+  // gathered, unpack_latent_rows writes the other ranks' into the cache.
+  virtual TensorView pack_latent_rows() = 0;
+  virtual void unpack_latent_rows() = 0;
   // The attention keys of prefix_rows[first_row, + rows): gathered, kv_b, packed or assembled.
   virtual void prefix_keys(std::int64_t first_row, std::int64_t rows) = 0;
   // Each sequence's prefix keys (from prefix_keys over all of them), then its extend keys.

@@ -22,8 +22,12 @@ std::int64_t MlaBatch::extend_tokens() const {
 void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
                     const MlaPrefillOptions& options, MlaBatchPlan& p, std::string_view caller) {
   p.sequences = std::int64_t(batch.sequences.size());
-  for (auto* v : {&p.positions, &p.slots, &p.prefix_lens, &p.prefix_rows, &p.chunk_first_row})
+  for (auto* v : {&p.positions, &p.slots, &p.prefix_lens, &p.prefix_rows, &p.chunk_first_row,
+                  &p.pack_rows, &p.unpack_rows})
     v->clear();
+  p.gather_rank = 0;
+  p.gather_ranks = 1;
+  p.gather_rows_per_rank = 0;
   p.cu_q.assign(1, 0);
   p.cu_k_one_shot.assign(1, 0);
   p.max_q = p.max_k_one_shot = 0;
@@ -242,16 +246,36 @@ void check_layer_inputs(const MlaConfig& c, const MlaWeights& w) {
 
 void run_mla_prefill(MlaExecutor& x, const MlaPrefillCall& call) {
   x.check_batch(call);
-  // No extend token: no query to attend and no cache row to write.
-  if (call.plan.tokens == 0) {
+  const MlaBatchPlan& p = call.plan;
+  // No extend token: no query to attend and no cache row to write, except that a
+  // context-parallel rank without tokens still takes its part in the all-gather.
+  if (p.tokens == 0 && p.gathered_rows() == 0) {
     if (call.times != nullptr) *call.times = {.output_quant = call.path.output_quant};
     return;
   }
   x.begin(call);
   MlaStageTimes t{};
   t.output_quant = call.path.output_quant;
-  timed(x, &t.projections, [&] { x.project(); });
-  timed(x, &t.prep, [&] { x.prep(); });
+  if (p.tokens > 0) {
+    timed(x, &t.projections, [&] { x.project(); });
+    timed(x, &t.prep, [&] { x.prep(); });
+  }
+  if (p.gathered_rows() > 0) {
+    timed(x, &t.gather, [&] {
+      const TensorView all = x.pack_latent_rows();
+      const std::int64_t R = p.gather_rows_per_rank;
+      const TensorView mine(
+          static_cast<std::uint8_t*>(all.data()) + std::int64_t(p.gather_rank) * R * kMlaLatentDim,
+          DType::kE4M3, {R, kMlaLatentDim}, all.device());
+      call.gather_communicator->all_gather(mine, all, call.stream);
+      x.unpack_latent_rows();
+    });
+  }
+  if (p.tokens == 0) {
+    x.finish();
+    if (call.times != nullptr) *call.times = t;
+    return;
+  }
   attend_batch(x, call.plan, t);
   timed(x, &t.output, [&] { x.output(); });
   // o_proj has no bias, so each rank's partial sum is its heads' share of the output and the sum
@@ -320,10 +344,49 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
                        const AttentionBackend& backend, const MlaPrefillOptions& options,
                        const TensorView& out, const TensorView& workspace, MlaStageTimes* times,
                        CudaStream stream) {
+  check_prefill(hidden, batch, cache, options, out, "MlaLayer::prefill");
+  plan_mla_batch(config_, batch, options, impl_->plan);
+  const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
+  check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
+  run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, &backend, options, out, workspace,
+                                     path, times, stream, impl_->communicator});
+}
+
+void MlaLayer::prefill_context_parallel(
+    const TensorView& hidden, const MlaContextParallelBatch& batch, MlaCommunicator& communicator,
+    const TensorView& cache, const AttentionBackend& backend, const MlaPrefillOptions& options,
+    const TensorView& out, const TensorView& workspace, MlaStageTimes* times, CudaStream stream) {
+  constexpr std::string_view kCaller = "MlaLayer::prefill_context_parallel";
+  const MlaContextParallel cp = batch.cp;
+  if (communicator.rank() != cp.rank || communicator.size() != cp.size ||
+      std::int64_t(batch.gathered_slots.size()) != cp.size * batch.rows_per_rank ||
+      std::int64_t(batch.tokens.size()) != batch.batch.extend_tokens()) {
+    throw Error(
+        ErrorCategory::kInvalidArgument,
+        concat(kCaller, ": the communicator is rank ", communicator.rank(), " of ",
+               communicator.size(), "; expected the batch's rank ", cp.rank, " of ", cp.size,
+               ", with ", cp.size, " x ", batch.rows_per_rank,
+               " gathered slots and a row per token (", batch.batch.extend_tokens(), "); got ",
+               batch.gathered_slots.size(), " slots and ", batch.tokens.size(), " rows"));
+  }
+  check_prefill(hidden, batch.batch, cache, options, out, kCaller);
+  plan_mla_batch(config_, batch.batch, options, impl_->plan, kCaller);
+  plan_mla_gather(batch, impl_->plan);
+  const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
+  check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
+  MlaPrefillCall call{hidden, impl_->plan, cache,  &backend,           options, out, workspace,
+                      path,   times,       stream, impl_->communicator};
+  call.gather_communicator = &communicator;
+  run_mla_prefill(*impl_->executor, call);
+}
+
+void MlaLayer::check_prefill(const TensorView& hidden, const MlaBatch& batch,
+                             const TensorView& cache, const MlaPrefillOptions& options,
+                             const TensorView& out, std::string_view caller) const {
   const MlaConfig& c = config_;
   // The message is built only when the check fails.
-  const auto require = [](bool ok, auto&& what) {
-    if (!ok) throw Error(ErrorCategory::kInvalidArgument, concat("MlaLayer::prefill: ", what()));
+  const auto require = [caller](bool ok, auto&& what) {
+    if (!ok) throw Error(ErrorCategory::kInvalidArgument, concat(caller, ": ", what()));
   };
   for (const auto& [t, name] : {std::pair{&hidden, "hidden"}, {&cache, "cache"}, {&out, "out"}}) {
     require(t->device() == device_, [&] {
@@ -355,16 +418,12 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
             return concat("expected `out` contiguous bf16 [", T, ", ", c.hidden, "], got ",
                           out.describe());
           });
-  require(cache.dtype() == DType::kE4M3 && cache.ndim() == 3 && cache.size(2) == kMlaLatentDim,
+  require(cache.dtype() == DType::kE4M3 && cache.ndim() == 3 && cache.size(2) == kMlaLatentDim &&
+              cache.stride(2) == 1,
           [&] {
-            return concat("expected `cache` e4m3 [pages, page_size, ", kMlaLatentDim, "], got ",
-                          cache.describe());
+            return concat("expected `cache` e4m3 [pages, page_size, ", kMlaLatentDim,
+                          "] with contiguous rows, got ", cache.describe());
           });
-  plan_mla_batch(c, batch, options, impl_->plan);
-  const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
-  check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
-  run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, &backend, options, out, workspace,
-                                     path, times, stream, impl_->communicator});
 }
 
 }  // namespace fp8mla

@@ -68,6 +68,7 @@ struct CpuWork {
   // and its group-128 scales, f32 [T, H] row-major (what linear_fp8 reads).
   std::vector<std::uint8_t> o_proj_x;
   std::vector<float> o_proj_scales;
+  std::vector<std::uint8_t> gathered;  // context parallelism: every rank's latent rows
 };
 
 class CpuMlaExecutor final : public MlaExecutor {
@@ -126,6 +127,8 @@ class CpuMlaExecutor final : public MlaExecutor {
   }
   void project() override;
   void prep() override;
+  TensorView pack_latent_rows() override;
+  void unpack_latent_rows() override;
   void prefix_keys(std::int64_t first_row, std::int64_t rows) override;
   void assemble_one_shot() override;
   void attend(const MlaAttendStep& step) override;
@@ -181,6 +184,7 @@ class CpuMlaExecutor final : public MlaExecutor {
                       {c_.heads * 256, 256, 1});
   }
   void size_extend_qkv();  // the attention's Q and the extend K/V in the path's dtype
+  std::uint8_t* cache_row(std::int64_t slot) const;
   void prep_fp8(const LatentCacheWrite& write);
   void assemble_bf16();
 
@@ -244,6 +248,45 @@ void CpuMlaExecutor::prep() {
   assemble_bf16();
   mla_kv_cache_write(TensorView(w_.kv_c.data(), DType::kBF16, {T, c_.kv_lora_rank}),
                      TensorView(w_.k_pe.data(), DType::kBF16, {T, kMlaRopeDim}), write);
+}
+
+// The cache row of `slot`, checked: the CUDA executor checks every slot before it runs.
+std::uint8_t* CpuMlaExecutor::cache_row(std::int64_t slot) const {
+  const TensorView& cache = call_->cache;
+  const std::int64_t page_size = cache.size(1), rows = cache.size(0) * page_size;
+  if (slot < 0 || slot >= rows) {
+    throw Error(ErrorCategory::kInvalidArgument,
+                concat("MlaLayer::prefill_context_parallel: slot ", slot,
+                       " is outside the cache's ", rows, " rows"));
+  }
+  return cache.data_as<std::uint8_t>() + (slot / page_size) * cache.stride(0) +
+         (slot % page_size) * cache.stride(1);
+}
+
+// This rank's rows from its cache (written by prep) into its block, padding as zeros.
+TensorView CpuMlaExecutor::pack_latent_rows() {
+  const MlaBatchPlan& p = call_->plan;
+  const std::int64_t n = p.gathered_rows();
+  w_.gathered.resize(std::size_t(n * kMlaLatentDim));
+  std::uint8_t* block = w_.gathered.data() + p.gather_rank * p.gather_rows_per_rank * kMlaLatentDim;
+  for (std::size_t i = 0; i < p.pack_rows.size(); ++i) {
+    std::uint8_t* to = block + std::int64_t(i) * kMlaLatentDim;
+    if (p.pack_rows[i] < 0) {
+      std::memset(to, 0, kMlaLatentDim);
+    } else {
+      std::memcpy(to, cache_row(p.pack_rows[i]), kMlaLatentDim);
+    }
+  }
+  return TensorView(w_.gathered.data(), DType::kE4M3, {n, kMlaLatentDim});
+}
+
+void CpuMlaExecutor::unpack_latent_rows() {
+  const MlaBatchPlan& p = call_->plan;
+  for (std::size_t j = 0; j < p.unpack_rows.size(); ++j) {
+    if (p.unpack_rows[j] >= 0)
+      std::memcpy(cache_row(p.unpack_rows[j]), w_.gathered.data() + j * kMlaLatentDim,
+                  kMlaLatentDim);
+  }
 }
 
 // RoPE and e4m3 Q/K, e4m3 V and the cache write: the backend's hook.

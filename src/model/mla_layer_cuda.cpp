@@ -131,6 +131,8 @@ class CudaMlaExecutor final : public MlaExecutor {
   void stop_stage() override { timer_.stop(stream_); }
   void project() override;
   void prep() override;
+  TensorView pack_latent_rows() override;
+  void unpack_latent_rows() override;
   void prefix_keys(std::int64_t first_row, std::int64_t rows) override;
   void assemble_one_shot() override;
   void attend(const MlaAttendStep& step) override;
@@ -203,6 +205,8 @@ class CudaMlaExecutor final : public MlaExecutor {
   }
   void prep_fp8(const LatentCacheWrite& write, const TensorView& kv_c);
   void assemble_bf16();
+  void copy_latent_rows(const std::int64_t* slots, std::int64_t count, std::uint8_t* rows,
+                        bool to_cache);
   void prep_bf16(const LatentCacheWrite& write, const TensorView& kv_c);
 
   MlaConfig c_;
@@ -227,8 +231,12 @@ class CudaMlaExecutor final : public MlaExecutor {
 // Every slot in the cache: the CUDA ops would skip a bad one without telling the host.
 void CudaMlaExecutor::check_batch(const MlaPrefillCall& call) {
   const std::int64_t cache_rows = call.cache.size(0) * call.cache.size(1);
-  for (const std::vector<std::int64_t>* slots : {&call.plan.slots, &call.plan.prefix_rows}) {
+  const MlaBatchPlan& p = call.plan;
+  for (const std::vector<std::int64_t>* slots :
+       {&p.slots, &p.prefix_rows, &p.pack_rows, &p.unpack_rows}) {
+    const bool gathered = slots == &p.pack_rows || slots == &p.unpack_rows;
     for (std::int64_t s : *slots) {
+      if (gathered && s == -1) continue;  // a padding row, or (unpack) this rank's own
       if (s < 0 || s >= cache_rows) {
         throw Error(
             ErrorCategory::kInvalidArgument,
@@ -250,11 +258,11 @@ void CudaMlaExecutor::begin(const MlaPrefillCall& call) {
   const std::size_t ws_bytes = std::size_t(ws.numel()) * std::size_t(dtype_size(ws.dtype()));
   if (ws.ndim() != 1 || ws.stride(0) != 1 || ws.device() != d || ws_bytes < needed ||
       reinterpret_cast<std::uintptr_t>(ws.data()) % kMlaWorkspaceAlign != 0) {
-    throw Error(
-        ErrorCategory::kInvalidArgument,
-        concat("MlaLayer::prefill: expected `workspace` 1-d contiguous, >= ", needed, " bytes on ",
-               to_string(d), ", 256-byte aligned (what this batch needs: ", T, " tokens, ", B,
-               " sequences, ", s.prefix_rows, " prefix tokens); got ", ws.describe()));
+    throw Error(ErrorCategory::kInvalidArgument,
+                concat("MlaLayer::prefill: expected `workspace` 1-d contiguous, >= ", needed,
+                       " bytes on ", to_string(d), ", 256-byte aligned (what this batch needs: ", T,
+                       " tokens, ", B, " sequences, ", s.prefix_rows, " prefix tokens, ",
+                       s.gathered_rows, " gathered latent rows); got ", ws.describe()));
   }
   check(cudaSetDevice(d.index), "cudaSetDevice(MlaLayer)");
   b_ = carve_mla_workspace(static_cast<std::byte*>(ws.data()), c_, s);
@@ -280,6 +288,8 @@ void CudaMlaExecutor::begin(const MlaPrefillCall& call) {
   const float descales[3] = {1.0f / scales.q_scale_inv, 1.0f / scales.k_scale_inv,
                              1.0f / scales.v_scale_inv};
   stage(b_.descales, descales, sizeof(descales));
+  stage(b_.pack_rows, plan.pack_rows.data(), plan.pack_rows.size() * 8);
+  stage(b_.unpack_rows, plan.unpack_rows.data(), plan.unpack_rows.size() * 8);
   check(cudaMemcpyAsync(b_.meta_begin, staging_.data(), staging_.size(), cudaMemcpyHostToDevice,
                         stream_),
         "cudaMemcpyAsync(MlaLayer batch metadata)");
@@ -364,6 +374,26 @@ void CudaMlaExecutor::prep_bf16(const LatentCacheWrite& write, const TensorView&
   assemble_bf16();
   mla_kv_cache_write(kv_c, TensorView(b_.k_pe16, DType::kBF16, {T, kMlaRopeDim}, device_), write,
                      call_->stream);
+}
+
+void CudaMlaExecutor::copy_latent_rows(const std::int64_t* slots, std::int64_t count,
+                                       std::uint8_t* rows, bool to_cache) {
+  const TensorView& cache = call_->cache;
+  cuda::model::copy_latent_rows({cache.data_as<std::uint8_t>(), cache.size(1), cache.stride(0),
+                                 cache.stride(1), rows, slots, count, to_cache},
+                                stream_);
+}
+
+// This rank's rows from its cache (written by prep) into its block, padding as zeros.
+TensorView CudaMlaExecutor::pack_latent_rows() {
+  const MlaBatchPlan& p = call_->plan;
+  const std::int64_t R = p.gather_rows_per_rank;
+  copy_latent_rows(b_.pack_rows, R, b_.gathered + p.gather_rank * R * kMlaLatentDim, false);
+  return TensorView(b_.gathered, DType::kE4M3, {p.gathered_rows(), kMlaLatentDim}, device_);
+}
+
+void CudaMlaExecutor::unpack_latent_rows() {
+  copy_latent_rows(b_.unpack_rows, call_->plan.gathered_rows(), b_.gathered, true);
 }
 
 TensorView CudaMlaExecutor::calibration_workspace(const MlaBatchPlan& plan, MlaPath path) {

@@ -46,6 +46,8 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
   b.cu_k_one_shot = w.take<std::int32_t>(B + 1);
   b.chunk_cu_k = w.take<std::int32_t>(s.chunks * (B + 1));
   b.descales = w.take<float>(3);
+  b.pack_rows = w.take<std::int64_t>(s.gathered_rows);
+  b.unpack_rows = w.take<std::int64_t>(s.gathered_rows);
   b.meta_end = reinterpret_cast<std::byte*>(w.take<std::byte>(0));
   const std::int64_t gemm_rows = std::max(T, P);
   const std::int64_t widest_in = std::max({c.hidden, c.q_lora_rank, c.kv_lora_rank, c.o_width()});
@@ -84,6 +86,7 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
   b.lse = w.take<float>(T * H);
   b.chunk_out = w.take<std::uint16_t>(s.chunks > 0 ? T * H * kMlaVDim : 0);
   b.chunk_lse = w.take<float>(s.chunks > 0 ? T * H : 0);
+  b.gathered = w.take<std::uint8_t>(s.gathered_rows * kMlaLatentDim);
   // cuBLASLt's workspace, and room for the widest fp8 GEMM's scratch at these row counts.
   std::size_t scratch = 0;
   const auto need = [&](std::int64_t out, std::int64_t in, std::int64_t rows) {
@@ -120,6 +123,7 @@ WorkSizes work_sizes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& 
   }
   s.fp8 = path.fp8;
   s.fused_output_quant = path.output_quant == MlaOutputQuant::kFused;
+  s.gathered_rows = limits.max_gathered_rows;
   return s;
 }
 
@@ -133,6 +137,7 @@ WorkSizes work_sizes(const MlaBatchPlan& plan, MlaPath path) {
   s.chunks = std::int64_t(plan.chunks.size());
   s.fp8 = path.fp8;
   s.fused_output_quant = path.output_quant == MlaOutputQuant::kFused;
+  s.gathered_rows = plan.gathered_rows();
   return s;
 }
 

@@ -29,6 +29,7 @@ struct WorkSizes {
   // The attention writes o_proj's FP8 input (fused output quantization): without chunks, no
   // bf16 attention output is kept.
   bool fused_output_quant = false;
+  std::int64_t gathered_rows = 0;  // context parallelism: the all-gather's latent rows
   std::int64_t prefix_keys() const { return std::max(one_shot_prefix, chunk_keys); }
 };
 
@@ -43,7 +44,8 @@ struct MlaBuffers {
   std::byte *meta_begin, *meta_end;
   std::int64_t *positions, *slots, *prefix_rows;
   std::int32_t *cu_q, *cu_k_one_shot, *chunk_cu_k;
-  float* descales;  // q, k, v
+  float* descales;                        // q, k, v
+  std::int64_t *pack_rows, *unpack_rows;  // context parallelism: the plan's, each of gathered rows
   // GEMM inputs quantized per 128-group, and their column-major scales.
   std::uint8_t* gemm_x;
   float* gemm_x_scales;
@@ -58,6 +60,7 @@ struct MlaBuffers {
   float* lse;
   std::uint16_t* chunk_out;
   float* chunk_lse;
+  std::uint8_t* gathered;  // context parallelism: [gathered rows, 576] e4m3
   std::byte* cublas;
   std::size_t cublas_bytes;
 };

@@ -4,6 +4,7 @@
 
 #include "cuda/common/convert.cuh"
 #include "cuda/common/launch.cuh"
+#include "fp8mla/mla_prep.hpp"
 #include "fp8mla/numerics.hpp"
 
 namespace fp8mla::cuda::model {
@@ -132,7 +133,43 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(AmaxParams p) {
   pdl_launch_dependents();
 }
 
+// Grid-stride over the words of the rows; Word is uint4 or a byte.
+template <typename Word>
+__global__ void __launch_bounds__(kThreads) latent_rows_kernel(LatentRowsParams p) {
+  constexpr std::int64_t kWords = kMlaLatentDim / sizeof(Word);
+  pdl_wait();
+  for (std::int64_t i = blockIdx.x * std::int64_t(kThreads) + threadIdx.x; i < p.count * kWords;
+       i += std::int64_t(gridDim.x) * kThreads) {
+    const std::int64_t r = i / kWords, w = i % kWords, slot = p.slots[r];
+    Word* row = reinterpret_cast<Word*>(p.rows + r * kMlaLatentDim) + w;
+    Word* cached = slot < 0
+                       ? nullptr
+                       : reinterpret_cast<Word*>(p.cache + (slot / p.page_size) * p.page_stride +
+                                                 (slot % p.page_size) * p.row_stride) +
+                             w;
+    if (p.to_cache) {
+      if (cached != nullptr) *cached = *row;
+    } else {
+      *row = cached != nullptr ? *cached : Word{};
+    }
+  }
+  pdl_launch_dependents();
+}
+
 }  // namespace
+
+void copy_latent_rows(const LatentRowsParams& p, cudaStream_t stream) {
+  if (p.count == 0) return;
+  const bool wide = reinterpret_cast<std::uintptr_t>(p.cache) % 16 == 0 &&
+                    p.page_stride % 16 == 0 && p.row_stride % 16 == 0;
+  const LaunchConfig config{grid_for(p.count * kMlaLatentDim, kThreads * 16, 1024), dim3(kThreads),
+                            0, stream, true};
+  if (wide) {
+    launch("copy_latent_rows", latent_rows_kernel<uint4>, config, p);
+  } else {
+    launch("copy_latent_rows", latent_rows_kernel<std::uint8_t>, config, p);
+  }
+}
 
 void amax_bf16(const AmaxParams& p, cudaStream_t stream) {
   if (p.rows == 0 || p.cols == 0) return;

@@ -52,4 +52,19 @@ struct AmaxParams {
 };
 void amax_bf16(const AmaxParams& p, cudaStream_t stream);
 
+// Latent cache rows (576 e4m3 bytes) to or from a contiguous buffer of `count` rows, by slot:
+// to_cache false (pack): buffer row i = the cache row of slots[i], zeros where slots[i] < 0;
+// to_cache true (unpack): the cache row of slots[i] = buffer row i, none where slots[i] < 0.
+// Slots are in the cache (the caller checks). 16-byte words where the cache's base and strides
+// allow them, bytes otherwise.
+struct LatentRowsParams {
+  std::uint8_t* cache = nullptr;
+  std::int64_t page_size = 0, page_stride = 0, row_stride = 0;  // strides in bytes
+  std::uint8_t* rows = nullptr;                                 // [count, 576] contiguous
+  const std::int64_t* slots = nullptr;                          // [count]
+  std::int64_t count = 0;
+  bool to_cache = false;
+};
+void copy_latent_rows(const LatentRowsParams& p, cudaStream_t stream);
+
 }  // namespace fp8mla::cuda::model
