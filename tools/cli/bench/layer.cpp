@@ -8,6 +8,7 @@
 //   bf16w: bf16 weights, "bf16-hopper" (the BF16 path of a BF16 checkpoint).
 // Time: CUDA events around prefill (metadata upload included), warm-up, median; then one run
 // with the per-stage events. bench/layer.py times an eager PyTorch BF16 layer on the same shapes.
+// --cp N times context parallelism's per-rank compute instead (bench_context_parallel).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
@@ -78,6 +79,80 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const std
   write_json_document(path, header, "rows", objects);
 }
 
+// A random hidden state per token and a random FP8 cache of `pages` pages.
+std::vector<std::uint16_t> random_hidden(std::int64_t tokens, std::int64_t width) {
+  std::mt19937 rng{7};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::uint16_t> hidden(std::size_t(tokens * width));
+  for (auto& h : hidden) h = encode_bf16(normal(rng));
+  return hidden;
+}
+std::vector<std::uint8_t> random_cache(std::int64_t pages) {
+  std::mt19937 rng{11};
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::uint8_t> cache(std::size_t(pages * kPageSize * kMlaLatentDim));
+  for (auto& b : cache) b = encode_e4m3(normal(rng));
+  return cache;
+}
+
+// --cp N: each context-parallel rank's compute for one sequence of T new tokens, timed one rank
+// after another on this GPU: the prefill of the rank's batch (its two zigzag chunks, each over
+// everything before it as a cached prefix) over a cache that already holds every row, which is
+// what the rank runs after the all-gather. The all-gather itself needs N GPUs and is not timed;
+// its bytes are printed. Every prefix is attended one-shot. Against the one-rank prefill of the
+// whole sequence: efficiency = one-rank time / (N x the slowest rank's).
+void bench_context_parallel(const MlaConfig& config, const MlaWeights& weights,
+                            const std::vector<const AttentionBackend*>& backends, int cp,
+                            const std::vector<std::int64_t>& token_counts, EventTimer& timer,
+                            int warmup) {
+  std::printf("%-6s %7s %4s %6s %10s %9s %11s %12s\n", "path", "tokens", "cp", "rank", "ms",
+              "tokens", "prefix", "gather MB");
+  for (std::int64_t T : token_counts) {
+    MlaBatch full;
+    MlaSequence s{0, T, {}};
+    for (std::int64_t i = 0; i < T; ++i) s.slots.push_back(i);
+    full.sequences.push_back(std::move(s));
+    const std::int64_t pages = (T + kPageSize - 1) / kPageSize;
+    const std::vector<std::uint16_t> hidden = random_hidden(T, config.hidden);
+    const std::vector<std::uint8_t> cache = random_cache(pages);
+    MlaPrefillOptions options;
+    options.one_shot_max_prefix = T;
+    for (const AttentionBackend* backend : backends) {
+      const char* path = backend->capabilities().prepare_prefill_qkv ? "fp8" : "bf16";
+      double one = 0, slowest = 0;
+      for (int rank = -1; rank < cp; ++rank) {  // -1: the one-rank prefill of the whole sequence
+        const MlaContextParallelBatch b =
+            mla_context_parallel_batch(full, {std::max(rank, 0), rank < 0 ? 1 : cp});
+        std::vector<std::uint16_t> rows;
+        for (std::int64_t t : b.tokens)
+          rows.insert(rows.end(), hidden.begin() + t * config.hidden,
+                      hidden.begin() + (t + 1) * config.hidden);
+        GpuLayerHarness h(config, weights, b.batch, rows, pages, kPageSize, options, {backend});
+        h.set_cache(cache);
+        const double ms = timer.median_us([&](int) { h.prefill(*backend); }, warmup) / 1e3;
+        if (rank < 0) {
+          one = ms;
+        } else {
+          slowest = std::max(slowest, ms);
+        }
+        std::int64_t prefix = 0;
+        for (const MlaSequence& q : b.batch.sequences) prefix += q.prefix;
+        const double gather_mb =
+            rank < 0 ? 0 : double(cp - 1) * double(b.rows_per_rank) * kMlaLatentDim / 1e6;
+        std::printf(
+            "%-6s %7lld %4d %6s %10.3f %9lld %11lld %12.1f\n", path, static_cast<long long>(T),
+            rank < 0 ? 1 : cp, rank < 0 ? "all" : std::to_string(rank).c_str(), ms,
+            static_cast<long long>(b.tokens.size()), static_cast<long long>(prefix), gather_mb);
+        std::fflush(stdout);
+      }
+      std::printf(
+          "# %s %lld tokens, cp %d: slowest rank %.3f ms, efficiency %.3f (one rank "
+          "%.3f ms / (%d x slowest))\n",
+          path, static_cast<long long>(T), cp, slowest, one / (cp * slowest), one, cp);
+    }
+  }
+}
+
 }  // namespace
 
 void add_bench_layer_command(CLI::App& bench) {
@@ -87,6 +162,7 @@ void add_bench_layer_command(CLI::App& bench) {
     int iters = 5;
     std::string json;
     std::string output_quant = "fused";
+    int cp = 1;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand(
@@ -100,6 +176,11 @@ void add_bench_layer_command(CLI::App& bench) {
                   "separately (row fp8-sq), or both rows")
       ->check(CLI::IsMember({"fused", "separate", "both"}))
       ->capture_default_str();
+  cmd->add_option("--cp", options->cp,
+                  "Context parallelism instead: each of N ranks' share of one sequence (no "
+                  "prefix), timed one rank after another on this GPU, against the whole "
+                  "sequence; the all-gather is not timed")
+      ->check(CLI::Range(1, 64));
   cmd->callback([options] {
     const MlaConfig config = mla_preset("deepseek-v3");
     const MlaWeights fp8_weights = generate_mla_weights(config, WeightFormat::kFp8Block, 1);
@@ -110,6 +191,12 @@ void add_bench_layer_command(CLI::App& bench) {
     const std::string device = cuda::current_device_props().name;
     const std::vector<PathSpec> paths = paths_for(options->output_quant);
     std::printf("fp8mla bench layer: deepseek-v3 on %s\n", device.c_str());
+    if (options->cp > 1) {
+      EventTimer timer(options->iters);
+      bench_context_parallel(config, fp8_weights, backends, options->cp, options->tokens, timer,
+                             options->warmup);
+      return;
+    }
     std::printf("%-6s %7s %7s %10s %8s %8s %8s %8s %8s %8s\n", "path", "tokens", "prefix", "ms",
                 "proj", "prep", "prefix", "attn", "merge", "o_proj");
     std::vector<Row> rows;
@@ -121,12 +208,8 @@ void add_bench_layer_command(CLI::App& bench) {
         for (std::int64_t i = 0; i < prefix + T; ++i) s.slots.push_back(i);
         batch.sequences.push_back(std::move(s));
         const std::int64_t pages = (prefix + T + kPageSize - 1) / kPageSize;
-        std::mt19937 rng{7};
-        std::normal_distribution<float> normal(0.0f, 1.0f);
-        std::vector<std::uint16_t> hidden(std::size_t(T * config.hidden));
-        for (auto& h : hidden) h = encode_bf16(normal(rng));
-        std::vector<std::uint8_t> cache(std::size_t(pages * kPageSize * kMlaLatentDim));
-        for (auto& b : cache) b = encode_e4m3(normal(rng));
+        const std::vector<std::uint16_t> hidden = random_hidden(T, config.hidden);
+        const std::vector<std::uint8_t> cache = random_cache(pages);
         const double pairs = double(T) * double(prefix) + 0.5 * double(T) * double(T + 1);
         for (const PathSpec& path : paths) {
           MlaPrefillOptions prefill_options;
