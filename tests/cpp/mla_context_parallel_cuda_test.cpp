@@ -50,6 +50,9 @@ class OneGpuGroup {
           EXPECT_EQ(cudaMemcpy(at, in_[from].data(), bytes, cudaMemcpyDeviceToDevice), cudaSuccess);
       }
     }
+    // A device-to-device cudaMemcpy may return before it is done, and the ranks' streams do not
+    // wait for the legacy stream it ran on.
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     arrived_ = 0;
     ++generation_;
     done_.notify_all();
