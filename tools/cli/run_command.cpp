@@ -10,6 +10,7 @@
 // come from a Hugging Face model directory (--model, --layer). With --calibrate the layer's static
 // scales are calibrated on the accuracy batch first (MlaLayer::calibrate), reported, and the FP8
 // path's accuracy with them is shown next to the unit scales'; the timed runs then use them.
+// --tp N --cp M run the layer on N x M ranks driven by this process (parallel_run.hpp).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -31,35 +32,13 @@
 #include "fp8mla/numerics.hpp"
 #include "fp8mla/runtime_info.hpp"
 #include "fp8mla/safetensors.hpp"
+#include "parallel_run.hpp"
+#include "run_common.hpp"
 #if defined(FP8MLA_WITH_CUDA)
 #include "gpu_layer.hpp"
 #endif
 
 namespace fp8mla::cli {
-namespace {
-
-constexpr std::int64_t kPageSize = 64;
-
-struct RunOptions {
-  std::string device = "auto";  // auto, cpu or cuda
-  std::string preset;           // empty: deepseek-v3 on the GPU, tiny on the CPU
-  std::string weights;          // safetensors file; empty: generated
-  std::string model;            // Hugging Face model directory: config and weights
-  int layer = 0;
-  std::string weight_format;  // empty: fp8 on the GPU, bf16 on the CPU
-  std::uint64_t seed = 1;
-  std::int64_t chunk_capacity = 0;
-  bool calibrate = false;
-  float headroom = kMlaCalibrationHeadroom;
-  std::string json;
-};
-
-struct PathResult {
-  std::string name;
-  MlaStageTimes times;
-  double total_ms = 0;
-  double max_abs = 0, mean_abs = 0, cosine = 0;
-};
 
 // Accuracy of bf16 `out` against `ref`.
 void score(const std::vector<std::uint16_t>& out, const std::vector<double>& ref, PathResult& r) {
@@ -75,38 +54,6 @@ void score(const std::vector<std::uint16_t>& out, const std::vector<double>& ref
   r.mean_abs = sum / double(ref.size());
   r.cosine = dot / std::sqrt(nn * rr);
 }
-
-// Progress on stderr for the steps of a run that takes more than a second.
-class Progress {
- public:
-  explicit Progress(int steps) : steps_(steps), start_(std::chrono::steady_clock::now()) {}
-  void step(const char* what) {
-    ++done_;
-    if (std::chrono::steady_clock::now() - start_ > std::chrono::seconds(1) || done_ > 1) {
-      std::fprintf(stderr, "\r[%-*s] %d/%d %-40s", steps_,
-                   std::string(std::size_t(done_), '#').c_str(), done_, steps_, what);
-      std::fflush(stderr);
-    }
-  }
-  ~Progress() { std::fprintf(stderr, "\r%*s\r", steps_ + 60, ""); }
-
- private:
-  int steps_, done_ = 0;
-  std::chrono::steady_clock::time_point start_;
-};
-
-using Lens = std::vector<std::pair<std::int64_t, std::int64_t>>;  // (prefix, extend) per sequence
-
-// A batch's inputs on the host: pages handed out in order, random hidden states and cached latent
-// rows (the prefixes' cache contents).
-struct BatchInputs {
-  Lens lens;
-  MlaBatch batch;
-  std::vector<std::uint16_t> hidden;
-  std::vector<std::uint8_t> cache;
-  std::int64_t tokens = 0, prefix_tokens = 0, pages = 0;
-  double attention_flop = 0;  // every extend query against its prefix and the keys up to it
-};
 
 BatchInputs make_inputs(const MlaConfig& config, const Lens& lens, std::uint64_t seed) {
   BatchInputs in;
@@ -142,96 +89,6 @@ std::string describe(const BatchInputs& in, std::int64_t chunk_capacity) {
                     : std::string("one-shot prefix attention"));
 }
 
-struct Report {
-  std::string device, preset, weights;
-  std::vector<std::string> notes;  // how each projection runs, and o_proj's input
-  std::string accuracy_batch, timing_batch;
-  std::vector<PathResult> paths;  // FP8 path, BF16 path
-  PathResult between{"fp8 vs bf16"};
-  std::optional<MlaCalibration> calibration;  // --calibrate
-  PathResult calibrated{"fp8 calibrated"};    // the FP8 path with the calibrated scales
-  std::int64_t timing_tokens = 0;
-  double attention_flop = 0;  // of the timing batch
-};
-
-void print(const Report& r) {
-  std::printf("fp8mla run: one MLA layer prefill, preset %s, %s weights, on %s\n", r.preset.c_str(),
-              r.weights.c_str(), r.device.c_str());
-  for (const std::string& n : r.notes) std::printf("  %s\n", n.c_str());
-  if (r.accuracy_batch == r.timing_batch) {
-    std::printf("  batch: %s\n\n", r.timing_batch.c_str());
-  } else {
-    std::printf("  timed batch: %s\n  accuracy batch: %s\n\n", r.timing_batch.c_str(),
-                r.accuracy_batch.c_str());
-  }
-  std::printf("%-14s %12s %12s\n", "stage (ms)", "FP8 path", "BF16 path");
-  auto row = [&](const char* name, auto get) {
-    std::printf("%-14s %12.3f %12.3f\n", name, get(r.paths[0]), get(r.paths[1]));
-  };
-  row("projections", [](const PathResult& p) { return p.times.projections; });
-  row("prep", [](const PathResult& p) { return p.times.prep; });
-  row("prefix keys", [](const PathResult& p) { return p.times.prefix; });
-  row("attention", [](const PathResult& p) { return p.times.attention; });
-  row("merge", [](const PathResult& p) { return p.times.merge; });
-  row("o_proj", [](const PathResult& p) { return p.times.output; });
-  row("total", [](const PathResult& p) { return p.total_ms; });
-  std::printf("%-14s %12.0f %12.0f\n", "tokens/s",
-              double(r.timing_tokens) / (r.paths[0].total_ms * 1e-3),
-              double(r.timing_tokens) / (r.paths[1].total_ms * 1e-3));
-  std::printf("%-14s %12.4g %12.4g\n", "attn TFLOP/s",
-              r.attention_flop / (r.paths[0].times.attention * 1e-3) / 1e12,
-              r.attention_flop / (r.paths[1].times.attention * 1e-3) / 1e12);
-  std::printf("\n%-24s %12s %12s %12s\n", "accuracy", "max abs", "mean abs", "cosine");
-  std::vector<const PathResult*> rows = {&r.paths[0], &r.paths[1], &r.between};
-  if (r.calibration) rows.insert(rows.begin() + 1, &r.calibrated);
-  for (const PathResult* p : rows) {
-    std::printf("%-24s %12.4g %12.4g %12.6f\n",
-                (p == &r.between ? p->name : p->name + " vs float64").c_str(), p->max_abs,
-                p->mean_abs, p->cosine);
-  }
-  if (!r.calibration) return;
-  const MlaCalibration& c = *r.calibration;
-  std::printf("\ncalibration on the accuracy batch (headroom %g): fp8 and fp8 calibrated above\n",
-              c.headroom);
-  std::printf("%-24s %12s %12s %12s %12s\n", "", "Q", "K", "V", "cache");
-  std::printf("%-24s %12.4g %12.4g %12.4g %12.4g\n", "amax", c.amax.q, c.amax.k, c.amax.v,
-              c.amax.cache);
-  std::printf("%-24s %12.4g %12.4g %12.4g %12.4g\n", "scale_inv (unit: 1)", c.fp8.q_scale_inv,
-              c.fp8.k_scale_inv, c.fp8.v_scale_inv, c.cache_scale_inv);
-}
-
-void write_json(const Report& r, const std::string& path) {
-  std::ofstream f(path);
-  if (!f) throw Error(ErrorCategory::kIo, concat("--json: cannot open '", path, "' for writing"));
-  f << "{\n  \"preset\": \"" << r.preset << "\",\n  \"device\": \"" << r.device
-    << "\",\n  \"weights\": \"" << r.weights << "\",\n  \"timing_batch\": \"" << r.timing_batch
-    << "\",\n  \"accuracy_batch\": \"" << r.accuracy_batch
-    << "\",\n  \"tokens\": " << r.timing_tokens
-    << ",\n  \"attention_tflop\": " << r.attention_flop / 1e12 << ",\n  \"paths\": [\n";
-  for (std::size_t i = 0; i < r.paths.size(); ++i) {
-    const PathResult& p = r.paths[i];
-    f << "    {\"path\": \"" << p.name << "\", \"total_ms\": " << p.total_ms
-      << ", \"projections_ms\": " << p.times.projections << ", \"prep_ms\": " << p.times.prep
-      << ", \"prefix_ms\": " << p.times.prefix << ", \"attention_ms\": " << p.times.attention
-      << ", \"merge_ms\": " << p.times.merge << ", \"output_ms\": " << p.times.output
-      << ", \"max_abs\": " << p.max_abs << ", \"mean_abs\": " << p.mean_abs
-      << ", \"cosine\": " << p.cosine << "}" << (i + 1 < r.paths.size() ? ",\n" : "\n");
-  }
-  f << "  ],\n  \"fp8_vs_bf16\": {\"max_abs\": " << r.between.max_abs
-    << ", \"mean_abs\": " << r.between.mean_abs << ", \"cosine\": " << r.between.cosine << "}";
-  if (r.calibration) {
-    const MlaCalibration& c = *r.calibration;
-    f << ",\n  \"calibration\": {\"headroom\": " << c.headroom << ", \"amax\": {\"q\": " << c.amax.q
-      << ", \"k\": " << c.amax.k << ", \"v\": " << c.amax.v << ", \"cache\": " << c.amax.cache
-      << "}, \"scale_inv\": {\"q\": " << c.fp8.q_scale_inv << ", \"k\": " << c.fp8.k_scale_inv
-      << ", \"v\": " << c.fp8.v_scale_inv << ", \"cache\": " << c.cache_scale_inv
-      << "}, \"fp8_calibrated\": {\"max_abs\": " << r.calibrated.max_abs
-      << ", \"mean_abs\": " << r.calibrated.mean_abs << ", \"cosine\": " << r.calibrated.cosine
-      << "}}";
-  }
-  f << "\n}\n";
-}
-
 MlaPrefillOptions prefill_options(const RunOptions& opt) {
   MlaPrefillOptions o;
   if (opt.chunk_capacity > 0) {  // chunked whatever the prefix length
@@ -255,6 +112,118 @@ std::vector<double> reference(const MlaConfig& config, const MlaWeights& weights
   return ref;
 }
 
+// Scores the two paths' outputs against the reference and against each other.
+void score_paths(const std::vector<std::vector<std::uint16_t>>& outputs,
+                 const std::vector<double>& ref, Report& r) {
+  for (std::size_t i = 0; i < 2; ++i) score(outputs[i], ref, r.paths[i]);
+  std::vector<double> bf16(outputs[1].size());
+  for (std::size_t i = 0; i < bf16.size(); ++i) bf16[i] = decode_bf16(outputs[1][i]);
+  score(outputs[0], bf16, r.between);
+}
+
+namespace {
+
+constexpr std::int64_t kPageSize = 64;
+
+void print(const Report& r) {
+  std::printf("fp8mla run: one MLA layer prefill, preset %s, %s weights, on %s\n", r.preset.c_str(),
+              r.weights.c_str(), r.device.c_str());
+  const bool parallel = r.tp * r.cp > 1;
+  if (parallel) {
+    std::printf("  tensor parallel %d x context parallel %d, one process, %d ranks on threads\n",
+                r.tp, r.cp, r.tp * r.cp);
+  }
+  for (const std::string& n : r.notes) std::printf("  %s\n", n.c_str());
+  if (r.accuracy_batch == r.timing_batch) {
+    std::printf("  batch: %s\n\n", r.timing_batch.c_str());
+  } else {
+    std::printf("  timed batch: %s\n  accuracy batch: %s\n\n", r.timing_batch.c_str(),
+                r.accuracy_batch.c_str());
+  }
+  std::printf("%-14s %12s %12s\n", "stage (ms)", "FP8 path", "BF16 path");
+  auto row = [&](const char* name, auto get) {
+    std::printf("%-14s %12.3f %12.3f\n", name, get(r.paths[0]), get(r.paths[1]));
+  };
+  row("projections", [](const PathResult& p) { return p.times.projections; });
+  row("prep", [](const PathResult& p) { return p.times.prep; });
+  row("prefix keys", [](const PathResult& p) { return p.times.prefix; });
+  row("attention", [](const PathResult& p) { return p.times.attention; });
+  row("merge", [](const PathResult& p) { return p.times.merge; });
+  if (parallel) row("gather", [](const PathResult& p) { return p.times.gather; });
+  row("o_proj", [](const PathResult& p) { return p.times.output; });
+  if (parallel) row("reduce", [](const PathResult& p) { return p.times.reduce; });
+  row("total", [](const PathResult& p) { return p.total_ms; });
+  std::printf("%-14s %12.0f %12.0f\n", "tokens/s",
+              double(r.timing_tokens) / (r.paths[0].total_ms * 1e-3),
+              double(r.timing_tokens) / (r.paths[1].total_ms * 1e-3));
+  std::printf("%-14s %12.4g %12.4g\n", "attn TFLOP/s",
+              r.attention_flop / (r.paths[0].times.attention * 1e-3) / 1e12,
+              r.attention_flop / (r.paths[1].times.attention * 1e-3) / 1e12);
+  std::printf("\n%-24s %12s %12s %12s\n", "accuracy", "max abs", "mean abs", "cosine");
+  std::vector<const PathResult*> rows = {&r.paths[0], &r.paths[1], &r.between};
+  if (r.calibration) rows.insert(rows.begin() + 1, &r.calibrated);
+  for (const PathResult& p : r.one_rank) rows.push_back(&p);
+  for (const PathResult* p : rows) {
+    std::printf("%-24s %12.4g %12.4g %12.6f\n",
+                (p == &r.between ? p->name : p->name + " vs float64").c_str(), p->max_abs,
+                p->mean_abs, p->cosine);
+  }
+  for (const PathResult& p : r.vs_one_rank) {
+    std::printf("%-24s %12.4g %12.4g %12.6f\n", p.name.c_str(), p.max_abs, p.mean_abs, p.cosine);
+  }
+  if (parallel) std::printf("\nstage times: the slowest rank's (per stage, and its total)\n");
+  if (!r.calibration) return;
+  const MlaCalibration& c = *r.calibration;
+  std::printf("\ncalibration on the accuracy batch (headroom %g): fp8 and fp8 calibrated above\n",
+              c.headroom);
+  std::printf("%-24s %12s %12s %12s %12s\n", "", "Q", "K", "V", "cache");
+  std::printf("%-24s %12.4g %12.4g %12.4g %12.4g\n", "amax", c.amax.q, c.amax.k, c.amax.v,
+              c.amax.cache);
+  std::printf("%-24s %12.4g %12.4g %12.4g %12.4g\n", "scale_inv (unit: 1)", c.fp8.q_scale_inv,
+              c.fp8.k_scale_inv, c.fp8.v_scale_inv, c.cache_scale_inv);
+}
+
+void write_json(const Report& r, const std::string& path) {
+  std::ofstream f(path);
+  if (!f) throw Error(ErrorCategory::kIo, concat("--json: cannot open '", path, "' for writing"));
+  f << "{\n  \"preset\": \"" << r.preset << "\",\n  \"device\": \"" << r.device
+    << "\",\n  \"weights\": \"" << r.weights << "\",\n  \"timing_batch\": \"" << r.timing_batch
+    << "\",\n  \"accuracy_batch\": \"" << r.accuracy_batch
+    << "\",\n  \"tokens\": " << r.timing_tokens
+    << ",\n  \"attention_tflop\": " << r.attention_flop / 1e12 << ",\n  \"tp\": " << r.tp
+    << ",\n  \"cp\": " << r.cp << ",\n  \"paths\": [\n";
+  for (std::size_t i = 0; i < r.paths.size(); ++i) {
+    const PathResult& p = r.paths[i];
+    f << "    {\"path\": \"" << p.name << "\", \"total_ms\": " << p.total_ms
+      << ", \"projections_ms\": " << p.times.projections << ", \"prep_ms\": " << p.times.prep
+      << ", \"prefix_ms\": " << p.times.prefix << ", \"attention_ms\": " << p.times.attention
+      << ", \"merge_ms\": " << p.times.merge << ", \"output_ms\": " << p.times.output
+      << ", \"gather_ms\": " << p.times.gather << ", \"reduce_ms\": " << p.times.reduce
+      << ", \"max_abs\": " << p.max_abs << ", \"mean_abs\": " << p.mean_abs
+      << ", \"cosine\": " << p.cosine << "}" << (i + 1 < r.paths.size() ? ",\n" : "\n");
+  }
+  f << "  ],\n  \"fp8_vs_bf16\": {\"max_abs\": " << r.between.max_abs
+    << ", \"mean_abs\": " << r.between.mean_abs << ", \"cosine\": " << r.between.cosine << "}";
+  for (std::size_t i = 0; i < r.vs_one_rank.size(); ++i) {
+    const PathResult &o = r.one_rank[i], &v = r.vs_one_rank[i];
+    f << ",\n  \"" << r.paths[i].name << "_one_rank\": {\"max_abs\": " << o.max_abs
+      << ", \"mean_abs\": " << o.mean_abs << ", \"cosine\": " << o.cosine << "},\n  \""
+      << r.paths[i].name << "_vs_one_rank\": {\"max_abs\": " << v.max_abs
+      << ", \"mean_abs\": " << v.mean_abs << ", \"cosine\": " << v.cosine << "}";
+  }
+  if (r.calibration) {
+    const MlaCalibration& c = *r.calibration;
+    f << ",\n  \"calibration\": {\"headroom\": " << c.headroom << ", \"amax\": {\"q\": " << c.amax.q
+      << ", \"k\": " << c.amax.k << ", \"v\": " << c.amax.v << ", \"cache\": " << c.amax.cache
+      << "}, \"scale_inv\": {\"q\": " << c.fp8.q_scale_inv << ", \"k\": " << c.fp8.k_scale_inv
+      << ", \"v\": " << c.fp8.v_scale_inv << ", \"cache\": " << c.cache_scale_inv
+      << "}, \"fp8_calibrated\": {\"max_abs\": " << r.calibrated.max_abs
+      << ", \"mean_abs\": " << r.calibrated.mean_abs << ", \"cosine\": " << r.calibrated.cosine
+      << "}}";
+  }
+  f << "\n}\n";
+}
+
 // --calibrate: the prefill options with the calibrated scales. The FP8 path's output with them
 // is scored against a reference at the calibrated cache scale: the batch's cached prefix bytes
 // stand for other values at another scale.
@@ -266,15 +235,6 @@ MlaPrefillOptions calibrated_options(const RunOptions& opt, const MlaCalibration
 void score_calibrated(const MlaConfig& config, const MlaWeights& weights, const BatchInputs& in,
                       const std::vector<std::uint16_t>& out, Report& r) {
   score(out, reference(config, weights, in, r.calibration->cache_scale_inv), r.calibrated);
-}
-
-// Scores the two paths' outputs against the reference and against each other.
-void score_paths(const std::vector<std::vector<std::uint16_t>>& outputs,
-                 const std::vector<double>& ref, Report& r) {
-  for (std::size_t i = 0; i < 2; ++i) score(outputs[i], ref, r.paths[i]);
-  std::vector<double> bf16(outputs[1].size());
-  for (std::size_t i = 0; i < bf16.size(); ++i) bf16[i] = decode_bf16(outputs[1][i]);
-  score(outputs[0], bf16, r.between);
 }
 
 // The FP8 path through a backend with the prepare_prefill_qkv hook, the BF16 path without.
@@ -447,6 +407,8 @@ void run(const RunOptions& opt) {
     throw Error(ErrorCategory::kUnsupported, "--device cuda: this build has no CUDA");
   }
 #endif
+  const bool parallel = opt.tp * opt.cp > 1;  // --tp 1 --cp 1: the one-rank run
+  if (parallel) check_parallel_devices(opt, gpu);
   if (gpu && !gpu_present) {
     throw Error(ErrorCategory::kUnsupported, concat("--device cuda: no usable CUDA device (",
                                                     cuda_devices().unavailable_reason, ")"));
@@ -455,15 +417,28 @@ void run(const RunOptions& opt) {
   const LayerSource source(opt, gpu, r);
   const MlaConfig& config = source.config;
   const MlaWeights& weights = source.weights;
+  if (parallel) {
+    check_parallel_run(opt, config, weights.format);
 #if defined(FP8MLA_WITH_CUDA)
-  if (gpu) {
-    run_on_gpu(config, weights, opt, r);
-  } else {
-    run_on_cpu(config, weights, opt, r);
-  }
+    if (gpu) {
+      run_parallel_on_gpu(config, weights, opt, r);
+    } else {
+      run_parallel_on_cpu(config, weights, opt, r);
+    }
 #else
-  run_on_cpu(config, weights, opt, r);
+    run_parallel_on_cpu(config, weights, opt, r);
 #endif
+  } else {
+#if defined(FP8MLA_WITH_CUDA)
+    if (gpu) {
+      run_on_gpu(config, weights, opt, r);
+    } else {
+      run_on_cpu(config, weights, opt, r);
+    }
+#else
+    run_on_cpu(config, weights, opt, r);
+#endif
+  }
   print(r);
   if (!opt.json.empty()) write_json(r, opt.json);
 }
@@ -503,6 +478,18 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::Range(1.0f, 1e6f))
       ->capture_default_str();
   cmd->add_option("--json", opt->json, "write the report as JSON to this file");
+  cmd->add_option("--tp", opt->tp,
+                  "tensor-parallel ranks over the heads: 1, 2, 4 or 8, dividing the heads (FP8 "
+                  "weights: an even number of heads per rank)")
+      ->check(CLI::IsMember({1, 2, 4, 8}))
+      ->capture_default_str();
+  cmd->add_option("--cp", opt->cp,
+                  "context-parallel ranks over the new tokens (1 to 8). With --tp, N x M ranks, "
+                  "all driven by this one process on threads (no launcher; on the GPU one device "
+                  "each, N x M devices), so the assembled output is compared with the one-rank "
+                  "layer and the float64 reference in the same run")
+      ->check(CLI::Range(1, 8))
+      ->capture_default_str();
   cmd->callback([opt] { run(*opt); });
 }
 
