@@ -72,10 +72,23 @@ The MLA layer (docs/design.md section 5; fp8mla/mla_layer.hpp), see fp8mla._laye
     load_mla_weights(model_dir, layer, tensor_parallel=None) -> MlaWeights
         (weights.config: the directory's; tensor_parallel=(rank, size): that rank's shard)
     shard_mla_weights(weights, rank, size) -> MlaWeights   (docs/parallelism.md)
-    MlaLayer(config, weights, device="cpu", backend=None)
+    MlaLayer(config, weights, device="cpu", backend=None, communicator=None)
+        (a shard with a communicator of its rank and size: prefill all-reduces o_proj)
     layer.prefill(hidden, batch, cache, *, out=None, one_shot_max_prefix=8192,
                   chunk_capacity=8192, cache_scale_inv=1.0, ...) -> out bf16 [T, hidden]
         batch: [MlaSequence(prefix, extend, slots) or (prefix, extend, slots), ...]
+    layer.prefill_context_parallel(hidden, cp_batch, communicator, cache, *, out=None, ...)
+        -> out bf16 [rank's tokens, hidden]
+
+Tensor and context parallelism (docs/parallelism.md; fp8mla/mla_parallel.hpp), see
+fp8mla._parallel:
+
+    make_cpu_communicators(size) -> [MlaCommunicator]   (in-process group, one thread a rank)
+    make_nccl_communicators(devices) -> [MlaCommunicator]
+    nccl_communicator(comm_ptr) -> MlaCommunicator   (an engine's ncclComm_t, borrowed)
+    comm.all_reduce_sum(inout) / comm.reduce_scatter_sum(in_, out) / comm.all_gather(in_, out)
+    context_parallel_batch(batch, rank, size) -> ContextParallelBatch
+        (batch, tokens, rows_per_rank, gathered_slots, workspace_limits)
     layer.calibrate(hidden, batch, *, headroom=2.0) -> MlaCalibration
         (static FP8 scales: layer.prefill(..., **calibration.prefill_options()))
     mla_prefill_reference(weights, hidden, batch, cache, *, cache_scale_inv=1.0) -> f64 numpy
@@ -116,6 +129,14 @@ from ._layer import (
     shard_mla_weights,
 )
 from ._common import yarn_tuple as _yarn_tuple
+from ._parallel import (
+    ContextParallelBatch,
+    MlaCommunicator,
+    context_parallel_batch,
+    make_cpu_communicators,
+    make_nccl_communicators,
+    nccl_communicator,
+)
 from ._ops import OPS as _OPS
 
 __version__ = _C.__version__
@@ -148,11 +169,14 @@ def info() -> dict:
     return _C.info()
 
 
-__all__ = ["AttentionBackend", "BackendCapabilities", "Error", "InvalidArgumentError",
-           "MLA_CALIBRATION_HEADROOM", "MlaCalibration", "MlaConfig", "MlaLayer", "MlaSequence", "MlaWeights", "UnsupportedError",
-           "attention_backend_names", "check_backend", "enable_output_quant_fusion",
-           "generate_mla_weights", "info", "load_mla_weights", "make_attention_backend",
-           "mla_config", "mla_prefill_reference", "shard_mla_weights", "softmax_mscale",
+__all__ = ["AttentionBackend", "BackendCapabilities", "ContextParallelBatch", "Error",
+           "InvalidArgumentError", "MLA_CALIBRATION_HEADROOM", "MlaCalibration",
+           "MlaCommunicator", "MlaConfig", "MlaLayer", "MlaSequence", "MlaWeights",
+           "UnsupportedError", "attention_backend_names", "check_backend",
+           "context_parallel_batch", "enable_output_quant_fusion", "generate_mla_weights", "info",
+           "load_mla_weights", "make_attention_backend", "make_cpu_communicators",
+           "make_nccl_communicators", "mla_config", "mla_prefill_reference", "nccl_communicator",
+           "shard_mla_weights", "softmax_mscale",
            *(op.name for op in _OPS)]
 
 # Engines import torch first: register the custom ops now, so that torch.compile traces straight

@@ -6,8 +6,10 @@
         model directory; tensor_parallel=(rank, size): that rank's shard, docs/parallelism.md)
     shard_mla_weights(weights, rank, size) -> MlaWeights   (rank's heads of the full weights)
     weights.save(path, layer=0)   (a safetensors file under that layer's tensor names)
-    MlaLayer(config, weights, device="cpu", backend=None)
+    MlaLayer(config, weights, device="cpu", backend=None, communicator=None)
     layer.prefill(hidden, batch, cache, *, out=None, ...) -> out
+    layer.prefill_context_parallel(hidden, cp_batch, communicator, cache, *, out=None, ...)
+        -> out   (cp_batch: fp8mla.context_parallel_batch; docs/parallelism.md)
     layer.calibrate(hidden, batch, *, headroom=2.0) -> MlaCalibration   (static FP8 scales)
     layer.prefill(..., **calibration.prefill_options())
     mla_prefill_reference(weights, hidden, batch, cache, *, cache_scale_inv=1.0) -> f64 numpy
@@ -29,6 +31,7 @@ from . import _C
 from ._arrays import adapter_for
 from ._backend import _device, make_attention_backend
 from ._common import invalid_argument
+from ._parallel import ContextParallelBatch, MlaCommunicator
 
 MlaConfig = _C.MlaConfig
 MlaWeights = _C.MlaWeights
@@ -115,9 +118,13 @@ class MlaLayer:
     `config` (mla_config's sources) must be the weights' own (None: weights.config). The
     one-time work (e4m3 dequantization on the CPU, the device copy and GEMM plans on CUDA) is
     done here. With a tensor-parallel shard (shard_mla_weights) the layer runs the rank's heads
-    and prefill returns o_proj's partial sum, for the caller to sum over the ranks."""
+    and prefill returns o_proj's partial sum, for the caller to sum over the ranks; with a
+    `communicator` of the shard's rank and size (fp8mla.make_cpu_communicators, ...) prefill
+    all-reduces it and returns the full output on every rank. The layer keeps the communicator
+    alive."""
 
-    def __init__(self, config, weights: MlaWeights, device="cpu", backend=None):
+    def __init__(self, config, weights: MlaWeights, device="cpu", backend=None,
+                 communicator=None):
         kind, index = _device(device)
         self.config = weights.config
         if config is not None and _fields(mla_config(config)) != _fields(self.config):
@@ -126,7 +133,10 @@ class MlaLayer:
         self.device = device
         self.backend = make_attention_backend(
             backend or ("cpu" if kind == "cpu" else "fp8-hopper"))
-        self._layer = _C.MlaLayer(self.config, weights, kind, index)
+        _check_type("MlaLayer", "communicator", communicator, MlaCommunicator, none=True)
+        self.communicator = communicator  # the C++ layer points to it: it must outlive it
+        self._layer = _C.MlaLayer(self.config, weights, kind, index,
+                                  None if communicator is None else communicator._c)
         self.tensor_parallel = weights.tensor_parallel  # (rank, size); a shard: partial sums
         self._workspace = None  # CUDA: grown to the largest batch seen
 
@@ -140,11 +150,14 @@ class MlaLayer:
         the line saying why)."""
         return tuple(self._layer.output_quant_plan(_options(**options), self.backend.name))
 
-    def workspace_bytes(self, max_tokens, max_sequences, max_prefix_tokens, **options) -> int:
+    def workspace_bytes(self, max_tokens, max_sequences, max_prefix_tokens, max_gathered_rows=0,
+                        **options) -> int:
         """Bytes of device workspace prefill needs for batches within these limits (0 on the
-        CPU); `options` as prefill's."""
-        return self._layer.workspace_bytes((max_tokens, max_sequences, max_prefix_tokens),
-                                           _options(**options), self.backend.name)
+        CPU); max_gathered_rows: the rows of prefill_context_parallel's all-gather
+        (ContextParallelBatch.workspace_limits gives all four); `options` as prefill's."""
+        return self._layer.workspace_bytes(
+            (int(max_tokens), int(max_sequences), int(max_prefix_tokens), int(max_gathered_rows)),
+            _options(**options), self.backend.name)
 
     def prefill(self, hidden, batch, cache, *, out=None, one_shot_max_prefix=8192,
                 chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0, k_scale_inv=1.0,
@@ -165,7 +178,8 @@ class MlaLayer:
         if out is None:
             out = arrays.empty((sum(r[1] for r in rows), self.config.hidden), "bf16", hidden)
         if _device(self.device)[0] == "cuda":
-            workspace = self._cuda_workspace(workspace, rows, options, hidden)
+            limits = (sum(r[1] for r in rows), len(rows), sum(r[0] for r in rows), 0)
+            workspace = self._cuda_workspace(workspace, limits, options, hidden)
             if stream is None:
                 import torch
 
@@ -194,12 +208,45 @@ class MlaLayer:
         return MlaCalibration({"q": q, "k": k, "v": v, "cache": cache}, room, q_si, k_si, v_si,
                               cache_si)
 
-    def _cuda_workspace(self, workspace, rows, options, hidden):
+    def prefill_context_parallel(self, hidden, cp_batch, communicator, cache, *, out=None,
+                                 one_shot_max_prefix=8192, chunk_capacity=8192,
+                                 cache_scale_inv=1.0, q_scale_inv=1.0, k_scale_inv=1.0,
+                                 v_scale_inv=1.0, fuse_output_quant=True, workspace=None,
+                                 stream=None):
+        """prefill for rank cp_batch.rank of a context-parallel group (docs/parallelism.md):
+        cp_batch is fp8mla.context_parallel_batch(full_batch, rank, size), hidden the rank's
+        rows (bf16 [len(cp_batch.tokens), hidden], the full batch's hidden[cp_batch.tokens]),
+        cache the rank's own copy holding every sequence's prefix rows. Every rank of the group
+        calls this at once, each from its own thread or process, with `communicator` of its
+        rank and size: the ranks' latent rows are all-gathered and written to every rank's
+        cache, which then holds the whole batch's rows; returns out, bf16 [len(cp_batch.tokens),
+        hidden], the rank's rows of the output (all-reduced too when the layer has a
+        tensor-parallel communicator). Options, workspace and stream as prefill's; the CUDA
+        workspace is sized from cp_batch.workspace_limits."""
+        op = "MlaLayer.prefill_context_parallel"
+        _check_type(op, "cp_batch", cp_batch, ContextParallelBatch)
+        _check_type(op, "communicator", communicator, MlaCommunicator)
+        arrays = adapter_for(hidden)
+        options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,
+                           k_scale_inv, v_scale_inv, fuse_output_quant)
+        if out is None:
+            out = arrays.empty((len(cp_batch.tokens), self.config.hidden), "bf16", hidden)
+        if _device(self.device)[0] == "cuda":
+            workspace = self._cuda_workspace(workspace, cp_batch.workspace_limits, options, hidden)
+            if stream is None:
+                import torch
+
+                stream = torch.cuda.current_stream(hidden.device).cuda_stream
+        self._layer.prefill_context_parallel(
+            arrays.tensor(hidden, "bf16"), cp_batch._c, communicator._c,
+            arrays.tensor(cache, "e4m3"), self.backend.name, options, arrays.tensor(out, "bf16"),
+            None if workspace is None else _workspace_bytes(workspace), int(stream or 0))
+        return out
+
+    def _cuda_workspace(self, workspace, limits, options, hidden):
         if workspace is not None:
             return workspace
-        needed = self._layer.workspace_bytes(
-            (sum(r[1] for r in rows), len(rows), sum(r[0] for r in rows)), options,
-            self.backend.name)
+        needed = self._layer.workspace_bytes(tuple(limits), options, self.backend.name)
         if self._workspace is None or self._workspace.numel() < needed:
             import torch
 
@@ -215,6 +262,12 @@ def _workspace_bytes(workspace):
     """The workspace as _C takes it: any dtype; uint8 (how engines and _cuda_workspace hold raw
     bytes) is named as e4m3, the 1-byte type _C reads uint8 arrays as."""
     return (workspace, "e4m3") if str(workspace.dtype) in ("uint8", "torch.uint8") else workspace
+
+
+def _check_type(op: str, name: str, value, cls, none: bool = False) -> None:
+    if not isinstance(value, cls) and not (none and value is None):
+        expected = f"an fp8mla.{cls.__name__}" + (" or None" if none else "")
+        raise invalid_argument(f"{op}: expected {name} {expected}, got {type(value).__name__}")
 
 
 def _fields(c: MlaConfig) -> tuple:

@@ -4,8 +4,8 @@
 // allocates the outputs and the CUDA workspace; this file only converts.
 //
 // Lifetime: loaded weights are views into the model directory's mapped shards, so a Weights
-// object holds the SafetensorsModel, and a Layer holds its Weights (nb::keep_alive), which makes
-// every order of deletion from Python safe.
+// object holds the SafetensorsModel, and a Layer holds its Weights and its communicator
+// (nb::keep_alive), which makes every order of deletion from Python safe.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -213,19 +213,24 @@ void def_weights(nb::module_& m) {
   m.def("shard_mla_weights", &shard, "weights"_a, "rank"_a, "size"_a);
 }
 
-// The layer; the Python object keeps the Weights it was made from alive (keep_alive).
+// The layer; the Python object keeps the Weights it was made from, and its communicator (the
+// C++ layer holds a raw pointer to it), alive (keep_alive).
 struct Layer {
-  Layer(const MlaConfig& config, const Weights& w, fp8mla::Device device)
-      : layer(config.c, w.weights, device, w.tp) {}
+  Layer(const MlaConfig& config, const Weights& w, fp8mla::Device device,
+        fp8mla::MlaCommunicator* communicator)
+      : layer(config.c, w.weights, device, w.tp, communicator) {}
   fp8mla::MlaLayer layer;
 };
 
-std::size_t workspace_bytes(const Layer& self,
-                            const std::tuple<std::int64_t, std::int64_t, std::int64_t>& limits,
-                            const PyOptions& options, const std::string& backend) {
-  const auto [max_tokens, max_sequences, max_prefix_tokens] = limits;
-  return self.layer.workspace_bytes({max_tokens, max_sequences, max_prefix_tokens},
-                                    to_options(options), backend_named(backend));
+// (max_tokens, max_sequences, max_prefix_tokens, max_gathered_rows)
+using PyLimits = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t>;
+
+std::size_t workspace_bytes(const Layer& self, const PyLimits& limits, const PyOptions& options,
+                            const std::string& backend) {
+  const auto [max_tokens, max_sequences, max_prefix_tokens, max_gathered_rows] = limits;
+  return self.layer.workspace_bytes(
+      {max_tokens, max_sequences, max_prefix_tokens, max_gathered_rows}, to_options(options),
+      backend_named(backend));
 }
 
 // (mode, note): "fused", "separate" or "none", and the line saying why.
@@ -251,6 +256,40 @@ void prefill(Layer& self, nb::handle hidden, const PyBatch& batch, nb::handle ca
   nb::gil_scoped_release release;
   self.layer.prefill(hidden_view, b, cache_view, be, o, out_view, workspace_view, nullptr,
                      to_stream(stream));
+}
+
+// Rank `rank` of `size`'s share of a batch (fp8mla::mla_context_parallel_batch), kept whole for
+// prefill_context_parallel; its fields are read-only properties.
+struct ContextParallelBatch {
+  fp8mla::MlaContextParallelBatch b;
+};
+
+PyBatch from_batch(const fp8mla::MlaBatch& batch) {
+  PyBatch py;
+  for (const fp8mla::MlaSequence& s : batch.sequences) py.emplace_back(s.prefix, s.extend, s.slots);
+  return py;
+}
+
+PyLimits limits_of(const ContextParallelBatch& cp) {
+  const fp8mla::MlaWorkspaceLimits l = cp.b.workspace_limits();
+  return {l.max_tokens, l.max_sequences, l.max_prefix_tokens, l.max_gathered_rows};
+}
+
+void prefill_context_parallel(Layer& self, nb::handle hidden, const ContextParallelBatch& batch,
+                              Communicator& communicator, nb::handle cache,
+                              const std::string& backend, const PyOptions& options, nb::handle out,
+                              nb::handle workspace, std::uintptr_t stream) {
+  Args args("MlaLayer.prefill_context_parallel");
+  const TensorView hidden_view = args.input(hidden, "hidden");
+  const TensorView cache_view = args.output(cache, "cache");
+  const TensorView out_view = args.output(out, "out");
+  const TensorView workspace_view =
+      workspace.is_none() ? TensorView() : args.output(workspace, "workspace");
+  const fp8mla::MlaPrefillOptions o = to_options(options);
+  const fp8mla::AttentionBackend& be = backend_named(backend);
+  nb::gil_scoped_release release;  // the all-gather waits for the other ranks
+  self.layer.prefill_context_parallel(hidden_view, batch.b, *communicator.c, cache_view, be, o,
+                                      out_view, workspace_view, nullptr, to_stream(stream));
 }
 
 // (amax q, k, v, cache, headroom, q_scale_inv, k_scale_inv, v_scale_inv, cache_scale_inv)
@@ -299,21 +338,44 @@ void def_layer(nb::module_& m) {
       .def(
           "__init__",
           [](Layer* self, const MlaConfig& config, const Weights& w, const std::string& device_type,
-             int device_index) {
+             int device_index, Communicator* communicator) {
             Args args("MlaLayer");
             const fp8mla::Device device{
                 choice<fp8mla::DeviceType>("device").convert(args, device_type), device_index};
             nb::gil_scoped_release release;
-            new (self) Layer(config, w, device);
+            new (self) Layer(config, w, device, communicator ? communicator->c.get() : nullptr);
           },
-          "config"_a, "weights"_a, "device_type"_a, "device_index"_a, nb::keep_alive<1, 3>())
+          "config"_a, "weights"_a, "device_type"_a, "device_index"_a,
+          "communicator"_a.none() = nb::none(), nb::keep_alive<1, 3>(), nb::keep_alive<1, 6>())
       .def_prop_ro("projection_notes",
                    [](const Layer& self) { return self.layer.projection_notes(); })
       .def("workspace_bytes", &workspace_bytes, "limits"_a, "options"_a, "backend"_a)
       .def("output_quant_plan", &output_quant_plan, "options"_a, "backend"_a)
       .def("prefill", &prefill, "hidden"_a, "batch"_a, "cache"_a, "backend"_a, "options"_a, "out"_a,
            "workspace"_a.none(), "stream"_a = 0)
+      .def("prefill_context_parallel", &prefill_context_parallel, "hidden"_a, "batch"_a,
+           "communicator"_a, "cache"_a, "backend"_a, "options"_a, "out"_a, "workspace"_a.none(),
+           "stream"_a = 0)
       .def("calibrate", &calibrate, "hidden"_a, "batch"_a, "headroom"_a, "stream"_a = 0);
+  nb::class_<ContextParallelBatch>(m, "MlaContextParallelBatch",
+                                   "One rank's share of a context-parallel batch "
+                                   "(fp8mla/mla_layer.hpp)")
+      .def_prop_ro("rank", [](const ContextParallelBatch& cp) { return cp.b.cp.rank; })
+      .def_prop_ro("size", [](const ContextParallelBatch& cp) { return cp.b.cp.size; })
+      .def_prop_ro("batch", [](const ContextParallelBatch& cp) { return from_batch(cp.b.batch); })
+      .def_prop_ro("tokens", [](const ContextParallelBatch& cp) { return cp.b.tokens; })
+      .def_prop_ro("rows_per_rank",
+                   [](const ContextParallelBatch& cp) { return cp.b.rows_per_rank; })
+      .def_prop_ro("gathered_slots",
+                   [](const ContextParallelBatch& cp) { return cp.b.gathered_slots; })
+      .def_prop_ro("workspace_limits", &limits_of);
+  m.def(
+      "mla_context_parallel_batch",
+      [](const PyBatch& batch, int rank, int size) {
+        return ContextParallelBatch{
+            fp8mla::mla_context_parallel_batch(to_batch(batch), {rank, size})};
+      },
+      "batch"_a, "rank"_a, "size"_a);
   m.attr("MLA_CALIBRATION_HEADROOM") = fp8mla::kMlaCalibrationHeadroom;
   m.def("mla_prefill_reference", &reference, "weights"_a, "hidden"_a, "batch"_a, "cache"_a,
         "cache_scale_inv"_a = 1.0f);

@@ -296,6 +296,7 @@ NB_MODULE(_C, m) {
   def_prep_ops(m);
   def_attention_ops(m);
   def_backends(m);
+  def_parallel_bindings(m);
   def_layer_bindings(m);
   m.def("use_torch", &fp8mla_python::use_torch, nb::arg("torch"),
         "Reads torch tensors directly from now on (torch_ops.py calls it once)");

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +19,7 @@
 
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/error.hpp"
+#include "fp8mla/mla_parallel.hpp"
 #include "fp8mla/mla_prep.hpp"
 #include "fp8mla/quantize.hpp"
 #include "fp8mla/tensor_view.hpp"
@@ -215,5 +217,13 @@ void def_backends(nb::module_& m);
 
 // The MLA layer, its config and weights (layer.cpp).
 void def_layer_bindings(nb::module_& m);
+
+// An fp8mla::MlaCommunicator owned by its Python object (parallel.cpp binds it as
+// fp8mla._C.MlaCommunicator). A type of this namespace for the reason MlaConfig is (layer.cpp).
+struct Communicator {
+  std::unique_ptr<fp8mla::MlaCommunicator> c;
+};
+// The communicators: the class, its collectives and the factories (parallel.cpp).
+void def_parallel_bindings(nb::module_& m);
 
 }  // namespace fp8mla_python

@@ -1,11 +1,13 @@
 """Tensor parallelism of fp8mla.MlaLayer through numpy on the CPU (docs/parallelism.md): the
 shards' slices of the full weights (through save), the sum of the rank layers' partial outputs
-against the one-rank layer within the bound of the C++ tests, size 1 bit-identical, and the
-errors for bad specs."""
+against the one-rank layer within the bound of the C++ tests, size 1 bit-identical, the rank
+layers with an in-process communicator on their own threads (the once-rounded f32 sum of the
+partials, bit for bit, on every rank), and the errors for bad specs."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -124,3 +126,64 @@ def test_bad_specs_are_clear_errors():
     hidden, batch, cache = inputs(config, [(0, 3)])
     with pytest.raises(fp8mla.InvalidArgumentError, match="tensor-parallel shard"):
         fp8mla.mla_prefill_reference(shard, hidden, batch, cache)
+
+
+def on_threads(fn, size, timeout=120):
+    """fn(rank) for every rank on its own thread (a rendezvous needs them all); the results in
+    rank order, or the first rank's exception."""
+    results, errors = [None] * size, [None] * size
+
+    def body(rank):
+        try:
+            results[rank] = fn(rank)
+        except Exception as e:  # noqa: BLE001  (re-raised below, on the test's thread)
+            errors[rank] = e
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), "a rank is still waiting in a rendezvous"
+    for e in errors:
+        if e is not None:
+            raise e
+    return results
+
+
+@pytest.mark.parametrize("fmt,size", [("bf16", 2), ("bf16", 4), ("fp8", 2)])
+@pytest.mark.parametrize("backend", ["cpu", "cpu-bf16"])
+def test_communicator_all_reduces_the_partials(fmt, size, backend):
+    config = fp8mla.mla_config("tiny")
+    full = fp8mla.generate_mla_weights(config, fmt, seed=3)
+    hidden, batch, cache = inputs(config, [(0, 11), (40, 6)])
+    shards = [fp8mla.shard_mla_weights(full, r, size) for r in range(size)]
+    partials = [run(fp8mla.MlaLayer(None, s, backend=backend), hidden, batch, cache)
+                for s in shards]
+    # The layers keep their communicators: the group's list is not kept here.
+    layers = [fp8mla.MlaLayer(None, s, backend=backend, communicator=c)
+              for s, c in zip(shards, fp8mla.make_cpu_communicators(size))]
+    outs = on_threads(lambda r: layers[r].prefill(hidden, batch, cache.copy()), size)
+    # The CPU communicator's sum: f32 in rank order, rounded once to bf16.
+    total = np.zeros_like(partials[0])
+    for p in partials:
+        total += p
+    expected = total.astype(BF16)
+    for out in outs:
+        assert out.dtype == BF16
+        assert np.array_equal(out.view(np.uint16), expected.view(np.uint16))
+
+
+def test_communicator_of_another_rank_is_an_error():
+    config = fp8mla.mla_config("tiny")
+    shard = fp8mla.shard_mla_weights(fp8mla.generate_mla_weights(config, "bf16"), 0, 2)
+    comms = fp8mla.make_cpu_communicators(2)
+    with pytest.raises(fp8mla.InvalidArgumentError,
+                       match="communicator is rank 1 of 2; the layer's tensor parallel is rank 0 "
+                             "of 2"):
+        fp8mla.MlaLayer(None, shard, communicator=comms[1])
+    with pytest.raises(fp8mla.InvalidArgumentError, match="rank 0 of 2"):
+        fp8mla.MlaLayer(None, shard, communicator=fp8mla.make_cpu_communicators(4)[0])
+    with pytest.raises(fp8mla.InvalidArgumentError, match="expected communicator an fp8mla."
+                                                          "MlaCommunicator or None, got int"):
+        fp8mla.MlaLayer(None, shard, communicator=3)
