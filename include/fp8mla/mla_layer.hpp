@@ -41,6 +41,21 @@ struct MlaBatch {
   std::int64_t extend_tokens() const;
 };
 
+// A batch of new tokens whose metadata is already on the layer's device, as an engine holds it
+// (docs/design.md section 5): prefill reads it there, so a prefill needs no host copy and can be
+// captured in a CUDA graph for a padded shape (tokens, sequences, max_seqlen_q) and replayed for
+// any batch of that shape. Sequences have no cached prefix (a prefix needs the host MlaBatch).
+// Rows past cu_seqlens_q[B] up to `tokens` are padding: they take their slot_mapping entry, -1
+// (no cache write), their position (any in [0, max_position)), and their output rows hold
+// whatever the projections make of their hidden rows.
+struct MlaDeviceBatch {
+  TensorView cu_seqlens_q;        // i32 [B + 1], contiguous: each sequence's first row; [0] = 0
+  TensorView positions;           // i64 [tokens], contiguous: each row's position
+  TensorView slot_mapping;        // i64 [tokens], contiguous: each row's cache slot, -1: none
+  std::int64_t tokens = 0;        // rows of hidden and out, padding included
+  std::int32_t max_seqlen_q = 0;  // >= every sequence's tokens (the attention grid's bound)
+};
+
 // Static per-tensor scales of the FP8 path's attention inputs: e4m3 = x * scale_inv, as an engine
 // calibrates them per layer; 1 is the unit scale. Prefix chunks use the same scales.
 struct MlaFp8Scales {
@@ -228,6 +243,18 @@ class MlaLayer {
                const TensorView& out, const TensorView& workspace = {},
                MlaStageTimes* times = nullptr, CudaStream stream = nullptr);
 
+  // prefill of a batch described on the device (MlaDeviceBatch), the same steps and bytes as the
+  // host MlaBatch of the same sequences for their rows. hidden and out: bf16 [batch.tokens,
+  // config.hidden]; the workspace must hold workspace_bytes({tokens, B, 0}, ...). The CUDA path
+  // copies nothing from the host, allocates and synchronizes nothing (without `times`), and may
+  // be captured in a CUDA graph; the metadata are not read on the host, so a slot outside the
+  // cache is skipped by the cache write, not reported. On the CPU the views are host memory,
+  // read and checked as the host batch's.
+  void prefill(const TensorView& hidden, const MlaDeviceBatch& batch, const TensorView& cache,
+               const AttentionBackend& backend, const MlaPrefillOptions& options,
+               const TensorView& out, const TensorView& workspace = {},
+               MlaStageTimes* times = nullptr, CudaStream stream = nullptr);
+
   // prefill for rank batch.cp.rank of a context-parallel group (MlaContextParallelBatch):
   // hidden and out hold the rank's tokens (batch.tokens: [T_rank, config.hidden]); cache is the
   // rank's own copy, holding every sequence's prefix rows. After the rank's projections and
@@ -258,8 +285,8 @@ class MlaLayer {
   class Impl;
 
  private:
-  // prefill's checks of its arguments against the layer; errors name `caller`.
-  void check_prefill(const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,
+  // prefill's checks of its arguments against the layer for `tokens` rows; errors name `caller`.
+  void check_prefill(const TensorView& hidden, std::int64_t tokens, const TensorView& cache,
                      const MlaPrefillOptions& options, const TensorView& out,
                      std::string_view caller) const;
 

@@ -47,6 +47,9 @@ struct MlaBatchPlan {
   std::int64_t gather_rows_per_rank = 0;
   std::vector<std::int64_t> pack_rows, unpack_rows;
   std::int64_t gathered_rows() const { return gather_rows_per_rank * gather_ranks; }
+  // A batch described on the device (CUDA only): its cu_seqlens_q, positions and slots are read
+  // there; positions, slots and cu_q above stay empty, tokens counts the padded rows.
+  const MlaDeviceBatch* device = nullptr;
 };
 
 // Checks the batch against `config` (lengths, slot counts, positions) and plans it into `plan`,

@@ -28,6 +28,7 @@ void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
   p.gather_rank = 0;
   p.gather_ranks = 1;
   p.gather_rows_per_rank = 0;
+  p.device = nullptr;
   p.cu_q.assign(1, 0);
   p.cu_k_one_shot.assign(1, 0);
   p.max_q = p.max_k_one_shot = 0;
@@ -344,8 +345,86 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
                        const AttentionBackend& backend, const MlaPrefillOptions& options,
                        const TensorView& out, const TensorView& workspace, MlaStageTimes* times,
                        CudaStream stream) {
-  check_prefill(hidden, batch, cache, options, out, "MlaLayer::prefill");
+  check_prefill(hidden, batch.extend_tokens(), cache, options, out, "MlaLayer::prefill");
   plan_mla_batch(config_, batch, options, impl_->plan);
+  const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
+  check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
+  run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, &backend, options, out, workspace,
+                                     path, times, stream, impl_->communicator});
+}
+
+namespace {
+
+// The plan of a device-described batch. A CUDA batch's metadata stay on the device (the plan
+// points at them); on the CPU they are host memory, copied into the plan and checked as the
+// host batch's are.
+void plan_mla_device_batch(const MlaConfig& c, const MlaDeviceBatch& batch, Device device,
+                           MlaBatchPlan& p) {
+  constexpr std::string_view kCaller = "MlaLayer::prefill (device batch)";
+  const auto require = [&](bool ok, auto&& what) {
+    if (!ok) throw Error(ErrorCategory::kInvalidArgument, concat(kCaller, ": ", what()));
+  };
+  const TensorView& cu = batch.cu_seqlens_q;
+  require(batch.tokens >= 0 && batch.max_seqlen_q >= 0, [&] {
+    return concat("expected tokens, max_seqlen_q >= 0, got ", batch.tokens, ", ",
+                  batch.max_seqlen_q);
+  });
+  require(cu.dtype() == DType::kI32 && cu.ndim() == 1 && cu.size(0) >= 1 && cu.is_contiguous() &&
+              cu.device() == device,
+          [&] {
+            return concat("expected `cu_seqlens_q` contiguous int32 [B + 1] on ", to_string(device),
+                          ", got ", cu.describe());
+          });
+  for (const auto& [t, name] :
+       {std::pair{&batch.positions, "positions"}, {&batch.slot_mapping, "slot_mapping"}}) {
+    require(t->dtype() == DType::kI64 && t->ndim() == 1 && t->size(0) == batch.tokens &&
+                t->is_contiguous() && t->device() == device,
+            [&] {
+              return concat("expected `", name, "` contiguous int64 [", batch.tokens, "] on ",
+                            to_string(device), ", got ", t->describe());
+            });
+  }
+  plan_mla_batch(c, MlaBatch{}, MlaPrefillOptions{}, p, kCaller);
+  p.tokens = batch.tokens;
+  p.sequences = cu.size(0) - 1;
+  p.max_q = batch.max_seqlen_q;
+  if (device.is_cuda()) {
+    p.device = &batch;
+    return;
+  }
+  const auto* offsets = cu.data_as<const std::int32_t>();
+  p.cu_q.assign(offsets, offsets + cu.size(0));
+  require(p.cu_q[0] == 0 && p.cu_q.back() <= batch.tokens, [&] {
+    return concat("expected cu_seqlens_q from 0 to at most tokens ", batch.tokens, ", got ",
+                  p.cu_q[0], " to ", p.cu_q.back());
+  });
+  for (std::int64_t b = 0; b < p.sequences; ++b) {
+    const std::int64_t n = p.cu_q[std::size_t(b + 1)] - p.cu_q[std::size_t(b)];
+    require(n >= 0 && n <= batch.max_seqlen_q, [&] {
+      return concat("sequence ", b, ": expected 0 to max_seqlen_q ", batch.max_seqlen_q,
+                    " tokens, got ", n);
+    });
+  }
+  const auto* pos = batch.positions.data_as<const std::int64_t>();
+  p.positions.assign(pos, pos + batch.tokens);
+  for (std::size_t i = 0; i < p.positions.size(); ++i) {
+    require(p.positions[i] >= 0 && p.positions[i] < c.max_position, [&] {
+      return concat("row ", i, ": expected a position in [0, ", c.max_position, "), got ",
+                    p.positions[i]);
+    });
+  }
+  const auto* slots = batch.slot_mapping.data_as<const std::int64_t>();
+  p.slots.assign(slots, slots + batch.tokens);
+}
+
+}  // namespace
+
+void MlaLayer::prefill(const TensorView& hidden, const MlaDeviceBatch& batch,
+                       const TensorView& cache, const AttentionBackend& backend,
+                       const MlaPrefillOptions& options, const TensorView& out,
+                       const TensorView& workspace, MlaStageTimes* times, CudaStream stream) {
+  plan_mla_device_batch(config_, batch, device_, impl_->plan);
+  check_prefill(hidden, batch.tokens, cache, options, out, "MlaLayer::prefill (device batch)");
   const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
   check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
   run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, &backend, options, out, workspace,
@@ -369,7 +448,7 @@ void MlaLayer::prefill_context_parallel(
                " gathered slots and a row per token (", batch.batch.extend_tokens(), "); got ",
                batch.gathered_slots.size(), " slots and ", batch.tokens.size(), " rows"));
   }
-  check_prefill(hidden, batch.batch, cache, options, out, kCaller);
+  check_prefill(hidden, batch.batch.extend_tokens(), cache, options, out, kCaller);
   plan_mla_batch(config_, batch.batch, options, impl_->plan, kCaller);
   plan_mla_gather(batch, impl_->plan);
   const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
@@ -380,9 +459,9 @@ void MlaLayer::prefill_context_parallel(
   run_mla_prefill(*impl_->executor, call);
 }
 
-void MlaLayer::check_prefill(const TensorView& hidden, const MlaBatch& batch,
-                             const TensorView& cache, const MlaPrefillOptions& options,
-                             const TensorView& out, std::string_view caller) const {
+void MlaLayer::check_prefill(const TensorView& hidden, std::int64_t tokens, const TensorView& cache,
+                             const MlaPrefillOptions& options, const TensorView& out,
+                             std::string_view caller) const {
   const MlaConfig& c = config_;
   // The message is built only when the check fails.
   const auto require = [caller](bool ok, auto&& what) {
@@ -405,7 +484,7 @@ void MlaLayer::check_prefill(const TensorView& hidden, const MlaBatch& batch,
                 options.cache_scale_inv, ", fp8 scale_inv q/k/v ", options.fp8.q_scale_inv, "/",
                 options.fp8.k_scale_inv, "/", options.fp8.v_scale_inv);
           });
-  const std::int64_t T = batch.extend_tokens();
+  const std::int64_t T = tokens;
   require(hidden.dtype() == DType::kBF16 && hidden.ndim() == 2 && hidden.size(0) == T &&
               hidden.size(1) == c.hidden && hidden.is_contiguous(),
           [&] {

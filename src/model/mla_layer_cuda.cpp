@@ -266,6 +266,19 @@ void CudaMlaExecutor::begin(const MlaPrefillCall& call) {
   }
   check(cudaSetDevice(d.index), "cudaSetDevice(MlaLayer)");
   b_ = carve_mla_workspace(static_cast<std::byte*>(ws.data()), c_, s);
+  timer_.begin(call.times != nullptr);
+  const MlaFp8Scales& scales = call.options.fp8;
+  const float descales[3] = {1.0f / scales.q_scale_inv, 1.0f / scales.k_scale_inv,
+                             1.0f / scales.v_scale_inv};
+  if (plan.device != nullptr) {
+    // The caller's metadata in place of the workspace's; only the descales are written, by a
+    // kernel, so that nothing is copied from the host.
+    b_.positions = plan.device->positions.data_as<std::int64_t>();
+    b_.slots = plan.device->slot_mapping.data_as<std::int64_t>();
+    b_.cu_q = plan.device->cu_seqlens_q.data_as<std::int32_t>();
+    cuda::model::fill_f32({b_.descales, {descales[0], descales[1], descales[2]}, 3}, stream_);
+    return;
+  }
 
   // The batch's metadata: one copy from the host. Every piece is written below; the alignment
   // gaps between them are never read.
@@ -284,16 +297,12 @@ void CudaMlaExecutor::begin(const MlaPrefillCall& call) {
     stage(b_.chunk_cu_k + i * std::size_t(B + 1), plan.chunks[i].cu_seqlens_k.data(),
           std::size_t(B + 1) * 4);
   }
-  const MlaFp8Scales& scales = call.options.fp8;
-  const float descales[3] = {1.0f / scales.q_scale_inv, 1.0f / scales.k_scale_inv,
-                             1.0f / scales.v_scale_inv};
   stage(b_.descales, descales, sizeof(descales));
   stage(b_.pack_rows, plan.pack_rows.data(), plan.pack_rows.size() * 8);
   stage(b_.unpack_rows, plan.unpack_rows.data(), plan.unpack_rows.size() * 8);
   check(cudaMemcpyAsync(b_.meta_begin, staging_.data(), staging_.size(), cudaMemcpyHostToDevice,
                         stream_),
         "cudaMemcpyAsync(MlaLayer batch metadata)");
-  timer_.begin(call.times != nullptr);
 }
 
 void CudaMlaExecutor::project() {

@@ -156,7 +156,18 @@ __global__ void __launch_bounds__(kThreads) latent_rows_kernel(LatentRowsParams 
   pdl_launch_dependents();
 }
 
+__global__ void fill_kernel(FillParams p) {
+  pdl_wait();  // an earlier kernel may still read the cells
+  if (int(threadIdx.x) < p.count) p.dst[threadIdx.x] = p.values[threadIdx.x];
+  pdl_launch_dependents();
+}
+
 }  // namespace
+
+void fill_f32(const FillParams& p, cudaStream_t stream) {
+  if (p.count == 0) return;
+  launch("fill_f32", fill_kernel, {dim3(1), dim3(32), 0, stream, true}, p);
+}
 
 void copy_latent_rows(const LatentRowsParams& p, cudaStream_t stream) {
   if (p.count == 0) return;

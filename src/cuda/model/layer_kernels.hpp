@@ -67,4 +67,13 @@ struct LatentRowsParams {
 };
 void copy_latent_rows(const LatentRowsParams& p, cudaStream_t stream);
 
+// dst[i] = values[i] for i < count (at most 4): small constants written on the stream rather than
+// copied from the host, so that a CUDA graph holds them.
+struct FillParams {
+  float* dst = nullptr;
+  float values[4] = {};
+  int count = 0;
+};
+void fill_f32(const FillParams& p, cudaStream_t stream);
+
 }  // namespace fp8mla::cuda::model
