@@ -41,19 +41,31 @@ struct MlaBatch {
   std::int64_t extend_tokens() const;
 };
 
-// A batch of new tokens whose metadata is already on the layer's device, as an engine holds it
-// (docs/design.md section 5): prefill reads it there, so a prefill needs no host copy and can be
-// captured in a CUDA graph for a padded shape (tokens, sequences, max_seqlen_q) and replayed for
-// any batch of that shape. Sequences have no cached prefix (a prefix needs the host MlaBatch).
-// Rows past cu_seqlens_q[B] up to `tokens` are padding: they take their slot_mapping entry, -1
-// (no cache write), their position (any in [0, max_position)), and their output rows hold
-// whatever the projections make of their hidden rows.
+// A batch whose metadata is already on the layer's device, as an engine holds it (docs/design.md
+// section 5): prefill reads it there, so a prefill needs no host copy and can be captured in a
+// CUDA graph for a padded shape (the counts and bounds below) and replayed for any batch of that
+// shape. Rows past cu_seqlens_q[B] up to `tokens` are padding: they take their slot_mapping
+// entry, -1 (no cache write), their position (any in [0, max_position)), and their output rows
+// hold whatever the projections make of their hidden rows. Positions are taken as given (a
+// sequence with a cached prefix of P tokens has its new tokens at P, P + 1, ...).
+//
+// Cached prefixes (optional: an empty cu_seqlens_prefix means none): sequence b's prefix keys are
+// the cache rows prefix_slots[cu_seqlens_prefix[b], cu_seqlens_prefix[b + 1]); entries past
+// cu_seqlens_prefix[B] up to prefix_tokens are padding (gathered, never attended; -1 reads
+// zeros). The new tokens attend their sequence's new keys causally, then all prefix keys in one
+// pass, merged by LSE: the host batch's chunked path with a single chunk (the options'
+// one_shot_max_prefix and chunk_capacity do not apply).
 struct MlaDeviceBatch {
-  TensorView cu_seqlens_q;        // i32 [B + 1], contiguous: each sequence's first row; [0] = 0
-  TensorView positions;           // i64 [tokens], contiguous: each row's position
-  TensorView slot_mapping;        // i64 [tokens], contiguous: each row's cache slot, -1: none
-  std::int64_t tokens = 0;        // rows of hidden and out, padding included
-  std::int32_t max_seqlen_q = 0;  // >= every sequence's tokens (the attention grid's bound)
+  TensorView cu_seqlens_q;         // i32 [B + 1], contiguous: each sequence's first row; [0] = 0
+  TensorView positions;            // i64 [tokens], contiguous: each row's position
+  TensorView slot_mapping;         // i64 [tokens], contiguous: each row's cache slot, -1: none
+  std::int64_t tokens = 0;         // rows of hidden and out, padding included
+  std::int32_t max_seqlen_q = 0;   // >= every sequence's new tokens (the attention grid's bound)
+  TensorView cu_seqlens_prefix;    // i32 [B + 1], contiguous, or empty: no prefixes
+  TensorView prefix_slots;         // i64 [prefix_tokens], contiguous
+  std::int64_t prefix_tokens = 0;  // entries of prefix_slots, padding included
+  std::int32_t max_seqlen_prefix = 0;  // >= every sequence's prefix tokens
+  bool has_prefix() const { return cu_seqlens_prefix.data() != nullptr; }
 };
 
 // Static per-tensor scales of the FP8 path's attention inputs: e4m3 = x * scale_inv, as an engine
@@ -243,9 +255,15 @@ class MlaLayer {
                const TensorView& out, const TensorView& workspace = {},
                MlaStageTimes* times = nullptr, CudaStream stream = nullptr);
 
-  // prefill of a batch described on the device (MlaDeviceBatch), the same steps and bytes as the
-  // host MlaBatch of the same sequences for their rows. hidden and out: bf16 [batch.tokens,
-  // config.hidden]; the workspace must hold workspace_bytes({tokens, B, 0}, ...). The CUDA path
+  // Bytes of device workspace prefill needs for device batches of `batch`'s padded shape (its
+  // counts and bounds; the views' contents are not read); 0 on the CPU.
+  std::size_t workspace_bytes(const MlaDeviceBatch& batch, const MlaPrefillOptions& options,
+                              const AttentionBackend& backend) const;
+
+  // prefill of a batch described on the device (MlaDeviceBatch), the same steps and bytes for its
+  // rows as the host MlaBatch of the same sequences (with prefixes: the host batch's chunked path
+  // with one chunk). hidden and out: bf16 [batch.tokens, config.hidden]; the workspace must hold
+  // workspace_bytes(batch, ...). The CUDA path
   // copies nothing from the host, allocates and synchronizes nothing (without `times`), and may
   // be captured in a CUDA graph; the metadata are not read on the host, so a slot outside the
   // cache is skipped by the cache write, not reported. On the CPU the views are host memory,

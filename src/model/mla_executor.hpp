@@ -61,6 +61,11 @@ void plan_mla_batch(const MlaConfig& config, const MlaBatch& batch,
 // The all-gather of a context-parallel rank's batch into `plan` (planned from batch.batch);
 // without it a plan gathers nothing.
 void plan_mla_gather(const MlaContextParallelBatch& batch, MlaBatchPlan& plan);
+// The plan of a device-described batch (mla_device_batch.cpp): checked for its dtypes, shapes and
+// device; a CUDA batch's metadata stay on the device (plan.device points at them), a CPU batch's
+// are host memory, copied into the plan and checked as a host batch's.
+void plan_mla_device_batch(const MlaConfig& config, const MlaDeviceBatch& batch, Device device,
+                           MlaBatchPlan& plan);
 
 // The path a backend runs: its prepare_prefill_qkv hook decides; and how o_proj gets its input
 // (fused: the last writer of the attention output writes it, the FP8 path only).
@@ -146,6 +151,7 @@ class MlaExecutor {
   virtual const std::vector<std::string>& projection_notes() const = 0;
   virtual std::size_t workspace_bytes(const MlaWorkspaceLimits& limits,
                                       const MlaPrefillOptions& options, MlaPath path) const = 0;
+  virtual std::size_t workspace_bytes(const MlaBatchPlan& plan, MlaPath path) const = 0;
   virtual MlaVLayoutNeed fp8_v_layout() const = 0;
   virtual bool fp8_o_proj() const = 0;  // o_proj runs as an FP8 GEMM on e4m3 input
 

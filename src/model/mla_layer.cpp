@@ -353,71 +353,14 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
                                      path, times, stream, impl_->communicator});
 }
 
-namespace {
-
-// The plan of a device-described batch. A CUDA batch's metadata stay on the device (the plan
-// points at them); on the CPU they are host memory, copied into the plan and checked as the
-// host batch's are.
-void plan_mla_device_batch(const MlaConfig& c, const MlaDeviceBatch& batch, Device device,
-                           MlaBatchPlan& p) {
-  constexpr std::string_view kCaller = "MlaLayer::prefill (device batch)";
-  const auto require = [&](bool ok, auto&& what) {
-    if (!ok) throw Error(ErrorCategory::kInvalidArgument, concat(kCaller, ": ", what()));
-  };
-  const TensorView& cu = batch.cu_seqlens_q;
-  require(batch.tokens >= 0 && batch.max_seqlen_q >= 0, [&] {
-    return concat("expected tokens, max_seqlen_q >= 0, got ", batch.tokens, ", ",
-                  batch.max_seqlen_q);
-  });
-  require(cu.dtype() == DType::kI32 && cu.ndim() == 1 && cu.size(0) >= 1 && cu.is_contiguous() &&
-              cu.device() == device,
-          [&] {
-            return concat("expected `cu_seqlens_q` contiguous int32 [B + 1] on ", to_string(device),
-                          ", got ", cu.describe());
-          });
-  for (const auto& [t, name] :
-       {std::pair{&batch.positions, "positions"}, {&batch.slot_mapping, "slot_mapping"}}) {
-    require(t->dtype() == DType::kI64 && t->ndim() == 1 && t->size(0) == batch.tokens &&
-                t->is_contiguous() && t->device() == device,
-            [&] {
-              return concat("expected `", name, "` contiguous int64 [", batch.tokens, "] on ",
-                            to_string(device), ", got ", t->describe());
-            });
-  }
-  plan_mla_batch(c, MlaBatch{}, MlaPrefillOptions{}, p, kCaller);
-  p.tokens = batch.tokens;
-  p.sequences = cu.size(0) - 1;
-  p.max_q = batch.max_seqlen_q;
-  if (device.is_cuda()) {
-    p.device = &batch;
-    return;
-  }
-  const auto* offsets = cu.data_as<const std::int32_t>();
-  p.cu_q.assign(offsets, offsets + cu.size(0));
-  require(p.cu_q[0] == 0 && p.cu_q.back() <= batch.tokens, [&] {
-    return concat("expected cu_seqlens_q from 0 to at most tokens ", batch.tokens, ", got ",
-                  p.cu_q[0], " to ", p.cu_q.back());
-  });
-  for (std::int64_t b = 0; b < p.sequences; ++b) {
-    const std::int64_t n = p.cu_q[std::size_t(b + 1)] - p.cu_q[std::size_t(b)];
-    require(n >= 0 && n <= batch.max_seqlen_q, [&] {
-      return concat("sequence ", b, ": expected 0 to max_seqlen_q ", batch.max_seqlen_q,
-                    " tokens, got ", n);
-    });
-  }
-  const auto* pos = batch.positions.data_as<const std::int64_t>();
-  p.positions.assign(pos, pos + batch.tokens);
-  for (std::size_t i = 0; i < p.positions.size(); ++i) {
-    require(p.positions[i] >= 0 && p.positions[i] < c.max_position, [&] {
-      return concat("row ", i, ": expected a position in [0, ", c.max_position, "), got ",
-                    p.positions[i]);
-    });
-  }
-  const auto* slots = batch.slot_mapping.data_as<const std::int64_t>();
-  p.slots.assign(slots, slots + batch.tokens);
+std::size_t MlaLayer::workspace_bytes(const MlaDeviceBatch& batch, const MlaPrefillOptions& options,
+                                      const AttentionBackend& backend) const {
+  if (!device_.is_cuda()) return 0;
+  MlaBatchPlan plan;  // not the hot path: a plan of its own
+  plan_mla_device_batch(config_, batch, device_, plan);
+  return impl_->executor->workspace_bytes(
+      plan, mla_path(backend, options, impl_->executor->fp8_o_proj()));
 }
-
-}  // namespace
 
 void MlaLayer::prefill(const TensorView& hidden, const MlaDeviceBatch& batch,
                        const TensorView& cache, const AttentionBackend& backend,

@@ -100,6 +100,7 @@ class CpuMlaExecutor final : public MlaExecutor {
                               MlaPath) const override {
     return 0;
   }
+  std::size_t workspace_bytes(const MlaBatchPlan&, MlaPath) const override { return 0; }
   MlaVLayoutNeed fp8_v_layout() const override {
     return {VLayout::kTokenMajor, "the CPU layer concatenates token-major V"};
   }

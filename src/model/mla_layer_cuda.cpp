@@ -120,6 +120,9 @@ class CudaMlaExecutor final : public MlaExecutor {
                               MlaPath path) const override {
     return mla_workspace_bytes(c_, work_sizes(limits, options, path));
   }
+  std::size_t workspace_bytes(const MlaBatchPlan& plan, MlaPath path) const override {
+    return mla_workspace_bytes(c_, work_sizes(plan, path));
+  }
   MlaVLayoutNeed fp8_v_layout() const override {
     return {VLayout::kTransposed, "FP8 attention on Hopper reads it transposed"};
   }
@@ -276,6 +279,10 @@ void CudaMlaExecutor::begin(const MlaPrefillCall& call) {
     b_.positions = plan.device->positions.data_as<std::int64_t>();
     b_.slots = plan.device->slot_mapping.data_as<std::int64_t>();
     b_.cu_q = plan.device->cu_seqlens_q.data_as<std::int32_t>();
+    if (plan.device->has_prefix()) {  // the one chunk of every prefix key
+      b_.prefix_rows = plan.device->prefix_slots.data_as<std::int64_t>();
+      b_.chunk_cu_k = plan.device->cu_seqlens_prefix.data_as<std::int32_t>();
+    }
     cuda::model::fill_f32({b_.descales, {descales[0], descales[1], descales[2]}, 3}, stream_);
     return;
   }

@@ -1,8 +1,9 @@
 // MlaLayer::prefill of an MlaDeviceBatch on cuda:0: the host MlaBatch's bytes on the real rows
-// and in the cache (padding rows, slot -1, write nothing); captured once in a CUDA graph with one
-// batch's metadata and replayed after the device buffers were given another batch of the same
-// padded shape (other sequence lengths, hidden states and slots): the eager prefill of that
-// batch, both paths. Nothing is copied from the host inside the capture (it would fail).
+// and in the cache (padding rows, slot -1, write nothing; with cached prefixes the host batch's
+// chunked path with one chunk); captured once in a CUDA graph with one batch's metadata and
+// replayed after the device buffers were given another batch of the same padded shape (other
+// sequence and prefix lengths, hidden states and slots): the eager prefill of that batch, both
+// paths. Nothing is copied from the host inside the capture (it would fail).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -20,9 +21,13 @@
 namespace fp8mla {
 namespace {
 
-constexpr std::int64_t kTokens = 112;  // the padded shape: rows, sequences, max_seqlen_q
+// The padded shape: rows, sequences, max_seqlen_q, and with prefixes prefix_tokens and
+// max_seqlen_prefix.
+constexpr std::int64_t kTokens = 112;
 constexpr std::int64_t kSequences = 4;
 constexpr std::int32_t kMaxSeqlenQ = 64;
+constexpr std::int64_t kPrefixTokens = 136;
+constexpr std::int32_t kMaxSeqlenPrefix = 64;
 
 template <typename T>
 struct Buffer {
@@ -46,14 +51,16 @@ struct Buffer {
 // A layer's device tensors for the padded shape, and its two ways of running a batch.
 struct DeviceRun {
   const MlaConfig& config;
-  Buffer<std::int32_t> cu{kSequences + 1};
-  Buffer<std::int64_t> positions{kTokens}, slots{kTokens};
+  Buffer<std::int32_t> cu{kSequences + 1}, cu_prefix{kSequences + 1};
+  Buffer<std::int64_t> positions{kTokens}, slots{kTokens}, prefix_slots{kPrefixTokens};
+  bool prefixes = false;
   Buffer<std::uint16_t> hidden, out;
   Buffer<std::uint8_t> cache{std::size_t(kPages * kPageSize * kMlaLatentDim)}, workspace;
   std::size_t workspace_bytes;
 
-  DeviceRun(const MlaConfig& c, std::size_t bytes)
+  DeviceRun(const MlaConfig& c, std::size_t bytes, bool with_prefixes)
       : config(c),
+        prefixes(with_prefixes),
         hidden(std::size_t(kTokens * c.hidden)),
         out(std::size_t(kTokens * c.hidden)),
         workspace(bytes),
@@ -62,11 +69,23 @@ struct DeviceRun {
     return TensorView(p, t, shape, Device::cuda(0));
   }
   MlaDeviceBatch batch() {
-    return {view(cu.p, DType::kI32, {kSequences + 1}), view(positions.p, DType::kI64, {kTokens}),
-            view(slots.p, DType::kI64, {kTokens}), kTokens, kMaxSeqlenQ};
+    MlaDeviceBatch b{view(cu.p, DType::kI32, {kSequences + 1}),
+                     view(positions.p, DType::kI64, {kTokens}),
+                     view(slots.p, DType::kI64, {kTokens}), kTokens, kMaxSeqlenQ};
+    if (prefixes) {
+      b.cu_seqlens_prefix = view(cu_prefix.p, DType::kI32, {kSequences + 1});
+      b.prefix_slots = view(prefix_slots.p, DType::kI64, {kPrefixTokens});
+      b.prefix_tokens = kPrefixTokens;
+      b.max_seqlen_prefix = kMaxSeqlenPrefix;
+    }
+    return b;
   }
   void load(const PaddedBatch& p, const std::vector<std::uint8_t>& cache_bytes) {
     cu.set(p.cu_seqlens_q);
+    if (prefixes) {
+      cu_prefix.set(p.cu_seqlens_prefix);
+      prefix_slots.set(p.prefix_slots);
+    }
     positions.set(p.positions);
     slots.set(p.slots);
     hidden.set(p.hidden);
@@ -94,8 +113,8 @@ struct DeviceRun {
     }());
     const std::int64_t H = config.hidden;
     layer.prefill(view(hidden.p, DType::kBF16, {f.tokens, H}), f.batch,
-                  view(cache.p, DType::kE4M3, {kPages, kPageSize, kMlaLatentDim}), backend, {},
-                  view(out.p, DType::kBF16, {f.tokens, H}),
+                  view(cache.p, DType::kE4M3, {kPages, kPageSize, kMlaLatentDim}), backend,
+                  one_prefix_chunk(), view(out.p, DType::kBF16, {f.tokens, H}),
                   view(workspace.p, DType::kE4M3, {std::int64_t(workspace_bytes)}));
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     std::vector<std::uint16_t> o = out.get();
@@ -109,26 +128,37 @@ std::vector<std::uint16_t> real_rows(std::vector<std::uint16_t> out, const Fixtu
   return out;
 }
 
-class MlaDeviceBatchCuda : public testing::TestWithParam<std::tuple<WeightFormat, const char*>> {};
+using Case = std::tuple<WeightFormat, const char*, bool>;  // weights, backend, prefixes
+class MlaDeviceBatchCuda : public testing::TestWithParam<Case> {};
 
 TEST_P(MlaDeviceBatchCuda, EqualsTheHostBatchEagerAndReplayedForAnotherBatch) {
   FP8MLA_REQUIRE_HOPPER();
-  const auto [format, backend_name] = GetParam();
-  Fixture a({{0, 37}, {0, 50}, {0, 1}, {0, 9}}, 41), b({{0, 64}, {0, 3}, {0, 30}, {0, 12}}, 42);
+  const auto [format, backend_name, prefixes] = GetParam();
+  Fixture a = prefixes ? Fixture({{20, 37}, {0, 50}, {40, 1}, {7, 9}}, 41)
+                       : Fixture({{0, 37}, {0, 50}, {0, 1}, {0, 9}}, 41);
+  Fixture b = prefixes ? Fixture({{0, 64}, {33, 3}, {5, 30}, {60, 12}}, 42)
+                       : Fixture({{0, 64}, {0, 3}, {0, 30}, {0, 12}}, 42);
   const MlaWeights w = generate_mla_weights(a.config, format, 9);
   const std::unique_ptr<AttentionBackend> backend = make_attention_backend(backend_name);
   MlaLayer layer(a.config, w, Device::cuda(0));
-  DeviceRun d(a.config,
-              layer.workspace_bytes({kTokens, kSequences, 0}, MlaPrefillOptions{}, *backend));
+  const std::int64_t P = prefixes ? kPrefixTokens : 0;
+  const std::int32_t longest_prefix = prefixes ? kMaxSeqlenPrefix : 0;
+  const PaddedBatch pa = pad_batch(a, kTokens, kMaxSeqlenQ, 1, P, longest_prefix);
+  const PaddedBatch pb = pad_batch(b, kTokens, kMaxSeqlenQ, 2, P, longest_prefix);
+  // A workspace for the device batch's shape and for the host batches' prefills.
+  std::size_t bytes = layer.workspace_bytes({kTokens, kSequences, P}, one_prefix_chunk(), *backend);
+  {
+    DeviceRun probe(a.config, 1, prefixes);
+    bytes = std::max(bytes, layer.workspace_bytes(probe.batch(), {}, *backend));
+  }
+  DeviceRun d(a.config, bytes, prefixes);
   const auto [a_out, a_cache] = d.host_prefill(layer, *backend, a);
   const auto [b_out, b_cache] = d.host_prefill(layer, *backend, b);
-  const PaddedBatch pa = pad_batch(a, kTokens, kMaxSeqlenQ, 1);
-  const PaddedBatch pb = pad_batch(b, kTokens, kMaxSeqlenQ, 2);
   const test::TestStream stream;
 
   d.load(pa, a.cache);  // eager, the device batch
   d.device_prefill(layer, *backend, stream.get());
-  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  stream.sync();
   EXPECT_TRUE(real_rows(d.out.get(), a) == a_out);
   EXPECT_TRUE(d.cache.get() == a_cache);
 
@@ -137,19 +167,21 @@ TEST_P(MlaDeviceBatchCuda, EqualsTheHostBatchEagerAndReplayedForAnotherBatch) {
                                   [&] { d.device_prefill(layer, *backend, stream.get()); });
   d.load(pb, b.cache);
   graph.launch(stream.get());
-  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  stream.sync();
   EXPECT_TRUE(real_rows(d.out.get(), b) == b_out);
   EXPECT_TRUE(d.cache.get() == b_cache);
   d.load(pa, a.cache);  // and back
   graph.launch(stream.get());
-  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  stream.sync();
   EXPECT_TRUE(real_rows(d.out.get(), a) == a_out);
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, MlaDeviceBatchCuda,
-                         testing::Values(std::tuple{WeightFormat::kFp8Block, "fp8-hopper"},
-                                         std::tuple{WeightFormat::kFp8Block, "bf16-hopper"},
-                                         std::tuple{WeightFormat::kBf16, "fp8-hopper"}));
+                         testing::Values(Case{WeightFormat::kFp8Block, "fp8-hopper", false},
+                                         Case{WeightFormat::kFp8Block, "bf16-hopper", false},
+                                         Case{WeightFormat::kBf16, "fp8-hopper", false},
+                                         Case{WeightFormat::kFp8Block, "fp8-hopper", true},
+                                         Case{WeightFormat::kFp8Block, "bf16-hopper", true}));
 
 }  // namespace
 }  // namespace fp8mla
