@@ -79,6 +79,9 @@ The MLA layer (docs/design.md section 5; fp8mla/mla_layer.hpp), see fp8mla._laye
         batch: [MlaSequence(prefix, extend, slots) or (prefix, extend, slots), ...]
     layer.prefill_context_parallel(hidden, cp_batch, communicator, cache, *, out=None, ...)
         -> out bf16 [rank's tokens, hidden]
+    layer.prefill_device_batch(hidden, cu_seqlens_q, positions, slot_mapping, cache, *,
+                               max_seqlen_q, out=None, ...) -> out bf16 [padded T, hidden]
+        (new tokens only, metadata on the device; CUDA-graph capturable with out, workspace)
 
 Tensor and context parallelism (docs/parallelism.md; fp8mla/mla_parallel.hpp), see
 fp8mla._parallel:

@@ -10,6 +10,8 @@
     layer.prefill(hidden, batch, cache, *, out=None, ...) -> out
     layer.prefill_context_parallel(hidden, cp_batch, communicator, cache, *, out=None, ...)
         -> out   (cp_batch: fp8mla.context_parallel_batch; docs/parallelism.md)
+    layer.prefill_device_batch(hidden, cu_seqlens_q, positions, slot_mapping, cache, *,
+        max_seqlen_q, out=None, ...) -> out   (a padded batch of new tokens, CUDA-graph safe)
     layer.calibrate(hidden, batch, *, headroom=2.0) -> MlaCalibration   (static FP8 scales)
     layer.prefill(..., **calibration.prefill_options())
     mla_prefill_reference(weights, hidden, batch, cache, *, cache_scale_inv=1.0) -> f64 numpy
@@ -188,6 +190,48 @@ class MlaLayer:
                             self.backend.name, options, arrays.tensor(out, "bf16"),
                             None if workspace is None else _workspace_bytes(workspace),
                             int(stream or 0))
+        return out
+
+    def prefill_device_batch(self, hidden, cu_seqlens_q, positions, slot_mapping, cache, *,
+                             max_seqlen_q, out=None, one_shot_max_prefix=8192,
+                             chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0,
+                             k_scale_inv=1.0, v_scale_inv=1.0, fuse_output_quant=True,
+                             workspace=None, stream=None):
+        """prefill of a batch of new tokens (no cached prefix) described by arrays on the
+        layer's device (fp8mla::MlaDeviceBatch), for a batch padded to a fixed shape that a CUDA
+        graph captures once and replays for other batches of that shape. hidden: bf16 [T,
+        hidden], T the padded row count; cu_seqlens_q: int32 [B + 1], each sequence's first row
+        from 0, rows cu_seqlens_q[B] to T are padding; positions: int64 [T], each row's RoPE
+        position (a sequence's own 0, 1, ...; padding: any valid one, e.g. 0); slot_mapping:
+        int64 [T], each row's cache slot, -1 for a padding row (no cache write); max_seqlen_q
+        bounds every sequence's tokens (the attention grid). Returns out, bf16 [T, hidden]: the
+        real rows are what prefill of the same sequences gives, the padding rows are not to be
+        used. Options as prefill's. On the CPU the metadata are read and checked as prefill's
+        batch; on CUDA they are not read on the host (a slot outside the cache is skipped, not
+        reported), the workspace is sized for (T, B, 0, 0) and allocated (and kept) when not
+        given, and `stream` defaults to torch's current stream. For CUDA graphs give `out` and
+        `workspace` (workspace_bytes(T, B, 0)): then this call allocates nothing and reads no
+        device tensor on the host, so torch.cuda.graph can capture it; replay after copying
+        another batch's metadata and hidden states into the same tensors (in place)."""
+        arrays = adapter_for(hidden)
+        options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,
+                           k_scale_inv, v_scale_inv, fuse_output_quant)
+        # Shapes only: len() of a device tensor reads no device memory (graph capture).
+        tokens, sequences = hidden.shape[0], len(cu_seqlens_q) - 1
+        if out is None:
+            out = arrays.empty((tokens, self.config.hidden), "bf16", hidden)
+        if _device(self.device)[0] == "cuda":
+            workspace = self._cuda_workspace(workspace, (tokens, sequences, 0, 0), options,
+                                             hidden)
+            if stream is None:
+                import torch
+
+                stream = torch.cuda.current_stream(hidden.device).cuda_stream
+        self._layer.prefill_device_batch(
+            arrays.tensor(hidden, "bf16"), arrays.tensor(cu_seqlens_q), arrays.tensor(positions),
+            arrays.tensor(slot_mapping), int(max_seqlen_q), arrays.tensor(cache, "e4m3"),
+            self.backend.name, options, arrays.tensor(out, "bf16"),
+            None if workspace is None else _workspace_bytes(workspace), int(stream or 0))
         return out
 
     def calibrate(self, hidden, batch, *, headroom: float = MLA_CALIBRATION_HEADROOM,

@@ -258,6 +258,31 @@ void prefill(Layer& self, nb::handle hidden, const PyBatch& batch, nb::handle ca
                      to_stream(stream));
 }
 
+// prefill of a batch described by tensors on the layer's device (fp8mla::MlaDeviceBatch): the
+// row count is hidden's, as MlaLayer::prefill checks it against out's.
+void prefill_device_batch(Layer& self, nb::handle hidden, nb::handle cu_seqlens_q,
+                          nb::handle positions, nb::handle slot_mapping, std::int32_t max_seqlen_q,
+                          nb::handle cache, const std::string& backend, const PyOptions& options,
+                          nb::handle out, nb::handle workspace, std::uintptr_t stream) {
+  Args args("MlaLayer.prefill_device_batch");
+  const TensorView hidden_view = args.input(hidden, "hidden");
+  fp8mla::MlaDeviceBatch b;
+  b.cu_seqlens_q = args.input(cu_seqlens_q, "cu_seqlens_q");
+  b.positions = args.input(positions, "positions");
+  b.slot_mapping = args.input(slot_mapping, "slot_mapping");
+  b.tokens = hidden_view.ndim() >= 1 ? hidden_view.size(0) : 0;
+  b.max_seqlen_q = max_seqlen_q;
+  const TensorView cache_view = args.output(cache, "cache");
+  const TensorView out_view = args.output(out, "out");
+  const TensorView workspace_view =
+      workspace.is_none() ? TensorView() : args.output(workspace, "workspace");
+  const fp8mla::MlaPrefillOptions o = to_options(options);
+  const fp8mla::AttentionBackend& be = backend_named(backend);
+  nb::gil_scoped_release release;
+  self.layer.prefill(hidden_view, b, cache_view, be, o, out_view, workspace_view, nullptr,
+                     to_stream(stream));
+}
+
 // Rank `rank` of `size`'s share of a batch (fp8mla::mla_context_parallel_batch), kept whole for
 // prefill_context_parallel; its fields are read-only properties.
 struct ContextParallelBatch {
@@ -353,6 +378,9 @@ void def_layer(nb::module_& m) {
       .def("output_quant_plan", &output_quant_plan, "options"_a, "backend"_a)
       .def("prefill", &prefill, "hidden"_a, "batch"_a, "cache"_a, "backend"_a, "options"_a, "out"_a,
            "workspace"_a.none(), "stream"_a = 0)
+      .def("prefill_device_batch", &prefill_device_batch, "hidden"_a, "cu_seqlens_q"_a,
+           "positions"_a, "slot_mapping"_a, "max_seqlen_q"_a, "cache"_a, "backend"_a, "options"_a,
+           "out"_a, "workspace"_a.none(), "stream"_a = 0)
       .def("prefill_context_parallel", &prefill_context_parallel, "hidden"_a, "batch"_a,
            "communicator"_a, "cache"_a, "backend"_a, "options"_a, "out"_a, "workspace"_a.none(),
            "stream"_a = 0)
