@@ -193,11 +193,12 @@ class MlaLayer:
         return out
 
     def prefill_device_batch(self, hidden, cu_seqlens_q, positions, slot_mapping, cache, *,
-                             max_seqlen_q, out=None, one_shot_max_prefix=8192,
+                             max_seqlen_q, cu_seqlens_prefix=None, prefix_slots=None,
+                             max_seqlen_prefix=0, out=None, one_shot_max_prefix=8192,
                              chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0,
                              k_scale_inv=1.0, v_scale_inv=1.0, fuse_output_quant=True,
                              workspace=None, stream=None):
-        """prefill of a batch of new tokens (no cached prefix) described by arrays on the
+        """prefill of a batch of new tokens described by arrays on the
         layer's device (fp8mla::MlaDeviceBatch), for a batch padded to a fixed shape that a CUDA
         graph captures once and replays for other batches of that shape. hidden: bf16 [T,
         hidden], T the padded row count; cu_seqlens_q: int32 [B + 1], each sequence's first row
@@ -212,24 +213,39 @@ class MlaLayer:
         given, and `stream` defaults to torch's current stream. For CUDA graphs give `out` and
         `workspace` (workspace_bytes(T, B, 0)): then this call allocates nothing and reads no
         device tensor on the host, so torch.cuda.graph can capture it; replay after copying
-        another batch's metadata and hidden states into the same tensors (in place)."""
+        another batch's metadata and hidden states into the same tensors (in place).
+
+        Cached prefixes (optional): cu_seqlens_prefix int32 [B + 1] and prefix_slots int64
+        [P] on the device, sequence b's prefix keys the cache rows prefix_slots[
+        cu_seqlens_prefix[b]:cu_seqlens_prefix[b + 1]] (entries past cu_seqlens_prefix[B] are
+        padding, -1 reads zeros), max_seqlen_prefix bounding every prefix; the new tokens then
+        sit at positions prefix, prefix + 1, ... They are attended in one chunk merged by LSE
+        (one_shot_max_prefix and chunk_capacity do not apply); the workspace is then
+        workspace_bytes(T, B, P, one_shot_max_prefix=0, chunk_capacity=P)."""
         arrays = adapter_for(hidden)
         options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,
                            k_scale_inv, v_scale_inv, fuse_output_quant)
         # Shapes only: len() of a device tensor reads no device memory (graph capture).
         tokens, sequences = hidden.shape[0], len(cu_seqlens_q) - 1
+        prefix_tokens = 0 if cu_seqlens_prefix is None else len(prefix_slots)
         if out is None:
             out = arrays.empty((tokens, self.config.hidden), "bf16", hidden)
         if _device(self.device)[0] == "cuda":
-            workspace = self._cuda_workspace(workspace, (tokens, sequences, 0, 0), options,
-                                             hidden)
+            # A device batch's prefixes are one chunk: sized as such by the limits' rule.
+            sizing = _options(0, max(prefix_tokens, 1), cache_scale_inv, q_scale_inv,
+                              k_scale_inv, v_scale_inv, fuse_output_quant)
+            workspace = self._cuda_workspace(workspace, (tokens, sequences, prefix_tokens, 0),
+                                             sizing, hidden)
             if stream is None:
                 import torch
 
                 stream = torch.cuda.current_stream(hidden.device).cuda_stream
         self._layer.prefill_device_batch(
             arrays.tensor(hidden, "bf16"), arrays.tensor(cu_seqlens_q), arrays.tensor(positions),
-            arrays.tensor(slot_mapping), int(max_seqlen_q), arrays.tensor(cache, "e4m3"),
+            arrays.tensor(slot_mapping), int(max_seqlen_q),
+            None if cu_seqlens_prefix is None else arrays.tensor(cu_seqlens_prefix),
+            None if cu_seqlens_prefix is None else arrays.tensor(prefix_slots),
+            int(max_seqlen_prefix), arrays.tensor(cache, "e4m3"),
             self.backend.name, options, arrays.tensor(out, "bf16"),
             None if workspace is None else _workspace_bytes(workspace), int(stream or 0))
         return out

@@ -262,8 +262,10 @@ void prefill(Layer& self, nb::handle hidden, const PyBatch& batch, nb::handle ca
 // row count is hidden's, as MlaLayer::prefill checks it against out's.
 void prefill_device_batch(Layer& self, nb::handle hidden, nb::handle cu_seqlens_q,
                           nb::handle positions, nb::handle slot_mapping, std::int32_t max_seqlen_q,
-                          nb::handle cache, const std::string& backend, const PyOptions& options,
-                          nb::handle out, nb::handle workspace, std::uintptr_t stream) {
+                          nb::handle cu_seqlens_prefix, nb::handle prefix_slots,
+                          std::int32_t max_seqlen_prefix, nb::handle cache,
+                          const std::string& backend, const PyOptions& options, nb::handle out,
+                          nb::handle workspace, std::uintptr_t stream) {
   Args args("MlaLayer.prefill_device_batch");
   const TensorView hidden_view = args.input(hidden, "hidden");
   fp8mla::MlaDeviceBatch b;
@@ -272,6 +274,12 @@ void prefill_device_batch(Layer& self, nb::handle hidden, nb::handle cu_seqlens_
   b.slot_mapping = args.input(slot_mapping, "slot_mapping");
   b.tokens = hidden_view.ndim() >= 1 ? hidden_view.size(0) : 0;
   b.max_seqlen_q = max_seqlen_q;
+  if (!cu_seqlens_prefix.is_none()) {
+    b.cu_seqlens_prefix = args.input(cu_seqlens_prefix, "cu_seqlens_prefix");
+    b.prefix_slots = args.input(prefix_slots, "prefix_slots");
+    b.prefix_tokens = b.prefix_slots.ndim() >= 1 ? b.prefix_slots.size(0) : 0;
+    b.max_seqlen_prefix = max_seqlen_prefix;
+  }
   const TensorView cache_view = args.output(cache, "cache");
   const TensorView out_view = args.output(out, "out");
   const TensorView workspace_view =
@@ -379,7 +387,8 @@ void def_layer(nb::module_& m) {
       .def("prefill", &prefill, "hidden"_a, "batch"_a, "cache"_a, "backend"_a, "options"_a, "out"_a,
            "workspace"_a.none(), "stream"_a = 0)
       .def("prefill_device_batch", &prefill_device_batch, "hidden"_a, "cu_seqlens_q"_a,
-           "positions"_a, "slot_mapping"_a, "max_seqlen_q"_a, "cache"_a, "backend"_a, "options"_a,
+           "positions"_a, "slot_mapping"_a, "max_seqlen_q"_a, "cu_seqlens_prefix"_a.none(),
+           "prefix_slots"_a.none(), "max_seqlen_prefix"_a, "cache"_a, "backend"_a, "options"_a,
            "out"_a, "workspace"_a.none(), "stream"_a = 0)
       .def("prefill_context_parallel", &prefill_context_parallel, "hidden"_a, "batch"_a,
            "communicator"_a, "cache"_a, "backend"_a, "options"_a, "out"_a, "workspace"_a.none(),

@@ -1,7 +1,8 @@
 """fp8mla.MlaLayer.prefill_device_batch through numpy on the CPU: a batch of new tokens given as
 cu_seqlens_q, positions and slot_mapping, padded past its sequences (random hidden rows,
 position 0, slot -1), gives prefill's bytes of the same batch on its real rows and in the cache
-(the padding writes nothing), on both paths; and the C++ checks of the metadata."""
+(the padding writes nothing), on both paths, with and without cached prefixes (then prefill's
+bytes with every prefix key in one chunk); and the C++ checks of the metadata."""
 
 from __future__ import annotations
 
@@ -88,13 +89,45 @@ def test_metadata_errors(weights):
     with pytest.raises(fp8mla.InvalidArgumentError, match="cu_seqlens_q from 0"):
         run(cu=cu + 1)
     with pytest.raises(fp8mla.InvalidArgumentError,
-                       match="sequence 0: expected 0 to max_seqlen_q 36 tokens, got 37"):
+                       match="sequence 0: expected 0 to max_seqlen_q 36 in cu_seqlens_q, got 37"):
         run(max_seqlen_q=36)
     with pytest.raises(fp8mla.InvalidArgumentError, match=r"MlaLayer::prefill \(device batch\): "
-                       r"expected `positions` contiguous int64 \[72\] on cpu, got i32\[72\]"):
+                       r"expected `positions` contiguous i64 \[72\] on cpu, got i32\[72\]"):
         run(positions=positions.astype(np.int32))
-    with pytest.raises(fp8mla.InvalidArgumentError, match="`cu_seqlens_q` contiguous int32"):
+    with pytest.raises(fp8mla.InvalidArgumentError, match="`cu_seqlens_q` contiguous i32"):
         run(cu=cu.astype(np.int64))
-    with pytest.raises(fp8mla.InvalidArgumentError, match="`slot_mapping` contiguous int64"):
+    with pytest.raises(fp8mla.InvalidArgumentError, match="`slot_mapping` contiguous i64"):
         run(slots=slots[:-1])
     assert not np.any(cache.view(np.uint8))  # a rejected batch wrote nothing
+
+
+@pytest.mark.parametrize("backend", ["cpu", "cpu-bf16"])
+def test_with_prefixes_equals_the_host_batchs_one_chunk(weights, backend):
+    layer = fp8mla.MlaLayer(None, weights, backend=backend)
+    prefixes, lengths = [12, 0, 30, 5], [20, 9, 1, 14]
+    slots = np.random.default_rng(7).permutation(PAGES * PAGE)
+    batch, cu, cu_prefix, positions, slot_mapping, prefix_slots = [], [0], [0], [], [], []
+    at = 0
+    for p, n in zip(prefixes, lengths):
+        mine = slots[at:at + p + n]
+        at += p + n
+        batch.append(fp8mla.MlaSequence(p, n, mine))
+        prefix_slots.extend(mine[:p])
+        positions.extend(range(p, p + n))
+        slot_mapping.extend(mine[p:])
+        cu.append(cu[-1] + n)
+        cu_prefix.append(cu_prefix[-1] + p)
+    tokens, prefix_tokens = cu[-1] + 3, cu_prefix[-1] + 4
+    hidden = hidden_states(tokens, weights.config.hidden, 8)
+    cache_before = random_cache(PAGES, 9)
+    host_cache = cache_before.copy()
+    host_out = layer.prefill(hidden[:cu[-1]], batch, host_cache, one_shot_max_prefix=0,
+                             chunk_capacity=1 << 20)
+    cache = cache_before.copy()
+    out = layer.prefill_device_batch(
+        hidden, np.array(cu, np.int32), np.array(positions + [0] * 3, np.int64),
+        np.array(slot_mapping + [-1] * 3, np.int64), cache, max_seqlen_q=32,
+        cu_seqlens_prefix=np.array(cu_prefix, np.int32),
+        prefix_slots=np.array(prefix_slots + [-1] * 4, np.int64), max_seqlen_prefix=30)
+    np.testing.assert_array_equal(out[:cu[-1]].view(np.uint16), host_out.view(np.uint16))
+    np.testing.assert_array_equal(cache.view(np.uint8), host_cache.view(np.uint8))
