@@ -113,15 +113,6 @@ struct OnDevice {
   }
 };
 
-template <typename T>
-std::vector<T> take_rows(const std::vector<T>& all, const std::vector<std::int64_t>& rows,
-                         std::int64_t width) {
-  std::vector<T> out;
-  for (std::int64_t r : rows)
-    out.insert(out.end(), all.begin() + r * width, all.begin() + (r + 1) * width);
-  return out;
-}
-
 struct RankResult {
   std::vector<std::uint16_t> out;
   std::vector<std::uint8_t> cache;

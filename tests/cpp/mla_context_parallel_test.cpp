@@ -147,16 +147,6 @@ TEST(MlaContextParallelSplit, BadSpecsAreClearErrors) {
       {"sequence 0: expected prefix, extend >= 0", "got prefix 0, extend 8, 7 slots"});
 }
 
-// The rows of `all` at `rows`, each `width` elements.
-template <typename T>
-std::vector<T> take_rows(const std::vector<T>& all, const std::vector<std::int64_t>& rows,
-                         std::int64_t width) {
-  std::vector<T> out;
-  for (std::int64_t r : rows)
-    out.insert(out.end(), all.begin() + r * width, all.begin() + (r + 1) * width);
-  return out;
-}
-
 struct RankRun {
   MlaContextParallelBatch batch;
   Output out;

@@ -71,6 +71,16 @@ struct Fixture {
   }
 };
 
+// The rows of `all` at `rows`, each `width` elements (a rank's share of a batch's rows).
+template <typename T>
+std::vector<T> take_rows(const std::vector<T>& all, const std::vector<std::int64_t>& rows,
+                         std::int64_t width) {
+  std::vector<T> out;
+  for (std::int64_t r : rows)
+    out.insert(out.end(), all.begin() + r * width, all.begin() + (r + 1) * width);
+  return out;
+}
+
 struct Compare {
   double cosine = 0, max_abs = 0;
 };
