@@ -85,9 +85,14 @@ class NcclCommunicator final : public MlaCommunicator {
  public:
   NcclCommunicator(ncclComm_t comm, bool owned) : comm_(comm), owned_(owned) {
     const NcclApi& api = nccl_api();
-    check_nccl(api.user_rank(comm_, &rank_), "ncclCommUserRank");
-    check_nccl(api.count(comm_, &size_), "ncclCommCount");
-    check_nccl(api.cu_device(comm_, &device_), "ncclCommCuDevice");
+    try {
+      check_nccl(api.user_rank(comm_, &rank_), "ncclCommUserRank");
+      check_nccl(api.count(comm_, &size_), "ncclCommCount");
+      check_nccl(api.cu_device(comm_, &device_), "ncclCommCuDevice");
+    } catch (...) {
+      if (owned_) api.destroy(comm_);  // the destructor does not run for a failed constructor
+      throw;
+    }
   }
   ~NcclCommunicator() override {
     if (owned_) nccl_api().destroy(comm_);
@@ -195,7 +200,15 @@ std::vector<std::unique_ptr<MlaCommunicator>> make_nccl_communicators(
   check_nccl(nccl_api().init_all(comms.data(), int(devices.size()), devices.data()),
              "ncclCommInitAll");
   std::vector<std::unique_ptr<MlaCommunicator>> group;
-  for (ncclComm_t c : comms) group.push_back(std::make_unique<NcclCommunicator>(c, true));
+  std::size_t wrapped = 0;
+  try {
+    for (; wrapped < comms.size(); ++wrapped)
+      group.push_back(std::make_unique<NcclCommunicator>(comms[wrapped], true));
+  } catch (...) {
+    // The failed one destroyed itself and `group` destroys the ones before it; the rest are ours.
+    for (std::size_t i = wrapped + 1; i < comms.size(); ++i) nccl_api().destroy(comms[i]);
+    throw;
+  }
   return group;
 }
 
