@@ -8,7 +8,8 @@
 // (its chunks, with everything before each chunk as a cached prefix) over that cache, bit for
 // bit. Against the one-rank layer on the full batch it is not exact: a chunk's earlier keys come
 // from the FP8 cache, as a cached prefix's do, instead of from the new tokens' unrounded latent;
-// the float64 reference of the full batch bounds both (cosine, and the error rule).
+// the float64 reference of the full batch bounds both (cosine, and the error rule). With tensor
+// parallelism as well (2 x 2 ranks), each rank's output is its TP group's prefill of its batch.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -297,6 +298,68 @@ TEST(MlaContextParallelCpuEdges, RanksWithoutTokensStillGather) {
     EXPECT_TRUE(run.cache == full_cache);
   }
   EXPECT_GT(empty, 0);
+}
+
+// TP x CP, 2 x 2 ranks: rank (t, c) is TP rank t's shard with the TP group of CP rank c, and CP
+// rank c of the CP group of TP rank t. Its output is, bit for bit, the TP group's prefill of CP
+// rank c's batch over the gathered cache (the same sums in the same order), the same on both TP
+// ranks; every rank's cache is the one-rank layer's.
+TEST(MlaContextParallelCpuEdges, WithTensorParallelEachRankIsItsTpGroupsPrefill) {
+  constexpr int kTp = 2, kCp = 2;
+  Fixture f({{0, 41}, {30, 22}, {0, 1}}, 37);
+  const MlaWeights w = generate_mla_weights(f.config, WeightFormat::kBf16, 4);
+  const std::unique_ptr<AttentionBackend> backend = make_attention_backend("cpu");
+  std::vector<MlaWeights> shards;
+  for (int t = 0; t < kTp; ++t) shards.push_back(shard_mla_weights(w, f.config, {t, kTp}));
+  std::vector<std::uint8_t> full_cache = f.cache;
+  {
+    MlaLayer one(f.config, w);
+    std::vector<std::uint16_t> x = f.hidden, y(x.size());
+    one.prefill(f.hidden_view(), f.batch,
+                TensorView(full_cache.data(), DType::kE4M3, {kPages, kPageSize, kMlaLatentDim}),
+                *backend, {}, TensorView(y.data(), DType::kBF16, {f.tokens, f.config.hidden}));
+  }
+  // rank (t, c) at index c * kTp + t.
+  const auto run_grid = [&](bool context_parallel, const std::vector<std::uint8_t>& cache) {
+    std::vector<std::vector<std::unique_ptr<MlaCommunicator>>> tp_groups, cp_groups;
+    for (int c = 0; c < kCp; ++c) tp_groups.push_back(make_cpu_communicators(kTp));
+    for (int t = 0; t < kTp; ++t) cp_groups.push_back(make_cpu_communicators(kCp));
+    std::vector<RankRun> runs(kTp * kCp);
+    std::vector<std::thread> threads;
+    for (int c = 0; c < kCp; ++c) {
+      for (int t = 0; t < kTp; ++t) {
+        threads.emplace_back([&, t, c] {
+          RankRun& run = runs[std::size_t(c * kTp + t)];
+          MlaLayer layer(f.config, shards[std::size_t(t)], Device::cpu(), {t, kTp},
+                         tp_groups[std::size_t(c)][std::size_t(t)].get());
+          run.batch = mla_context_parallel_batch(f.batch, {c, kCp});
+          const std::int64_t n = std::int64_t(run.batch.tokens.size()), h = f.config.hidden;
+          std::vector<std::uint16_t> x = take_rows(f.hidden, run.batch.tokens, h);
+          run.out.assign(std::size_t(n * h), 0xFFFF);
+          run.cache = cache;
+          const TensorView xv(x.data(), DType::kBF16, {n, h}),
+              ov(run.out.data(), DType::kBF16, {n, h});
+          const TensorView cv(run.cache.data(), DType::kE4M3, {kPages, kPageSize, kMlaLatentDim});
+          if (context_parallel) {
+            layer.prefill_context_parallel(
+                xv, run.batch, *cp_groups[std::size_t(t)][std::size_t(c)], cv, *backend, {}, ov);
+          } else {  // the TP group alone, on CP rank c's batch over the gathered cache
+            layer.prefill(xv, run.batch.batch, cv, *backend, {}, ov);
+          }
+        });
+      }
+    }
+    for (std::thread& th : threads) th.join();
+    return runs;
+  };
+  const std::vector<RankRun> grid = run_grid(true, f.cache);
+  const std::vector<RankRun> tp_only = run_grid(false, full_cache);
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "rank (" << i % kTp << ", " << i / kTp << ")");
+    EXPECT_TRUE(grid[i].cache == full_cache);
+    EXPECT_TRUE(grid[i].out == tp_only[i].out);
+    EXPECT_TRUE(grid[i].out == grid[i - i % kTp].out);  // the same on every TP rank
+  }
 }
 
 TEST(MlaContextParallelCpuEdges, MismatchedCommunicatorOrBatchIsAClearError) {
