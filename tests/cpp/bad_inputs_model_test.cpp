@@ -1,6 +1,7 @@
 // The bad inputs of the attention backends (fp8mla/attention_backend.hpp) and of the MLA layer
-// (fp8mla/mla_layer.hpp, mla_config.hpp, mla_weights.hpp): unknown names, requirements a backend
-// lacks, hook arguments, batches, options, configs and weights.
+// (fp8mla/mla_layer.hpp, mla_config.hpp, mla_weights.hpp, mla_parallel.hpp): unknown names,
+// requirements a backend lacks, hook arguments, batches (host and device), options, configs,
+// weights, the context-parallel split and the communicators.
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -9,6 +10,7 @@
 #include "bad_inputs_catalogue.hpp"
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/mla_layer.hpp"
+#include "fp8mla/mla_parallel.hpp"
 
 namespace fp8mla::test {
 namespace {
@@ -307,11 +309,78 @@ std::vector<BadInput> layer_setup_bad_inputs() {
   };
 }
 
+// A prefill of a device-described batch (host memory on the CPU): one sequence of 3 new tokens,
+// padded to 4 rows, its views edited by `edit`.
+template <typename Edit>
+auto device_batch_call(Edit edit) {
+  return [=](Arena& a) {
+    const std::int64_t hidden = tiny().config.hidden;
+    MlaDeviceBatch b{a.ints(DType::kI32, {0, 3}), a.ints(DType::kI64, {0, 1, 2, 0}),
+                     a.ints(DType::kI64, {4, 5, 6, -1}), 4, 3};
+    edit(a, b);
+    tiny().layer.prefill(a.input(DType::kBF16, {4, hidden}), b, a.input(DType::kE4M3, {4, 16, 576}),
+                         *make_attention_backend("cpu"), {}, a.output(DType::kBF16, {4, hidden}));
+  };
+}
+
+std::vector<BadInput> parallel_bad_inputs() {
+  const MlaBatch batch{{MlaSequence{0, 8, {0, 1, 2, 3, 4, 5, 6, 7}}}};
+  return {
+      {"MlaLayer::prefill (device batch): cu_seqlens_q from 1",
+       device_batch_call([](Arena& a, MlaDeviceBatch& b) {
+         b.cu_seqlens_q = a.ints(DType::kI32, {1, 3});
+       }),
+       kInvalid,
+       {"expected cu_seqlens_q from 0 to at most tokens 4", "got 1 to 3"}},
+      {"MlaLayer::prefill (device batch): int32 positions",
+       device_batch_call([](Arena& a, MlaDeviceBatch& b) {
+         b.positions = a.ints(DType::kI32, {0, 1, 2, 0});
+       }),
+       kInvalid,
+       {"expected `positions` contiguous i64 [4]", "got i32[4]"}},
+      {"MlaLayer::prefill (device batch): prefix slots shorter than prefix_tokens",
+       device_batch_call([](Arena& a, MlaDeviceBatch& b) {
+         b.cu_seqlens_prefix = a.ints(DType::kI32, {0, 2});
+         b.prefix_slots = a.ints(DType::kI64, {8});
+         b.prefix_tokens = 2;
+         b.max_seqlen_prefix = 2;
+       }),
+       kInvalid,
+       {"expected `prefix_slots` contiguous i64 [2]", "got i64[1]"}},
+      {"mla_context_parallel_batch: rank 2 of 2",
+       [batch](Arena&) {
+         mla_context_parallel_batch(batch, {2, 2});
+       },
+       kInvalid,
+       {"expected size >= 1 and 0 <= rank < size", "got rank 2 of 2"}},
+      {"MlaLayer::prefill_context_parallel: a communicator of another size",
+       [batch](Arena& a) {
+         const MlaContextParallelBatch share = mla_context_parallel_batch(batch, {0, 2});
+         const std::vector<std::unique_ptr<MlaCommunicator>> one = make_cpu_communicators(1);
+         const std::int64_t hidden = tiny().config.hidden;
+         tiny().layer.prefill_context_parallel(a.input(DType::kBF16, {4, hidden}), share, *one[0],
+                                               a.input(DType::kE4M3, {4, 16, 576}),
+                                               *make_attention_backend("cpu"), {},
+                                               a.output(DType::kBF16, {4, hidden}));
+       },
+       kInvalid,
+       {"the communicator is rank 0 of 1", "expected the batch's rank 0 of 2"}},
+      {"MlaCommunicator::all_gather (cpu): out of the wrong rows",
+       [](Arena& a) {
+         const std::vector<std::unique_ptr<MlaCommunicator>> one = make_cpu_communicators(1);
+         one[0]->all_gather(a.input(DType::kE4M3, {3, 576}), a.output(DType::kE4M3, {4, 576}),
+                            nullptr);
+       },
+       kInvalid,
+       {"all_gather", "e4m3fn[4, 576]"}},
+  };
+}
+
 }  // namespace
 
 std::vector<BadInput> model_bad_inputs() {
   std::vector<BadInput> all = backend_bad_inputs();
-  for (auto part : {layer_prefill_bad_inputs(), layer_setup_bad_inputs()}) {
+  for (auto part : {layer_prefill_bad_inputs(), layer_setup_bad_inputs(), parallel_bad_inputs()}) {
     all.insert(all.end(), part.begin(), part.end());
   }
 #if !defined(FP8MLA_WITH_CUDA)
