@@ -489,6 +489,20 @@ def model_entries():
         Bad("MlaLayer.calibrate headroom 0.5",
             lambda b: LAYER["tiny"].calibrate(b.input((1, 512)), [(0, 1, [0])], headroom=0.5),
             INVALID, ("expected a finite headroom >= 1", "got 0.5")),
+        Bad("MlaLayer.prefill_device_batch cu_seqlens_q from 1", lambda b: LAYER[
+            "tiny"].prefill_device_batch(b.input((4, 512)), b.ints([1, 3]),
+                                         b.ints([0, 1, 2, 0], np.int64),
+                                         b.ints([4, 5, 6, -1], np.int64),
+                                         b.input((4, 16, 576), E4M3), max_seqlen_q=3,
+                                         out=b.output((4, 512))), INVALID,
+            ("expected cu_seqlens_q from 0 to at most tokens 4", "got 1 to 3")),
+        Bad("context_parallel_batch rank 2 of 2",
+            lambda b: fp8mla.context_parallel_batch([(0, 4, [0, 1, 2, 3])], 2, 2), INVALID,
+            ("expected size >= 1 and 0 <= rank < size", "got rank 2 of 2")),
+        Bad("MlaCommunicator.all_gather out of the wrong rows",
+            lambda b: fp8mla.make_cpu_communicators(1)[0].all_gather(
+                b.input((3, 576), E4M3), b.output((4, 576), E4M3)), INVALID,
+            ("all_gather", "e4m3fn[4, 576]")),
     ]
 
 
