@@ -1,6 +1,8 @@
 // An MlaLayer on cuda:0 with device copies of one batch's inputs, for `fp8mla run` and
 // `fp8mla bench layer`: hidden, the latent cache (reset from the host before a checked run), the
-// output and a workspace sized for the batch under every backend it will be given.
+// output and a workspace sized for the batch under every backend it will be given. With a
+// tensor-parallel `tp`, `weights` is that rank's shard and `out` its partial sum (no
+// communicator).
 // CUDA builds only.
 #pragma once
 
@@ -20,8 +22,8 @@ class GpuLayerHarness {
   GpuLayerHarness(const MlaConfig& config, const MlaWeights& weights, const MlaBatch& batch,
                   const std::vector<std::uint16_t>& hidden, std::int64_t cache_pages,
                   std::int64_t page_size, const MlaPrefillOptions& options,
-                  const std::vector<const AttentionBackend*>& backends)
-      : layer_(config, weights, Device::cuda(0)),
+                  const std::vector<const AttentionBackend*>& backends, MlaTensorParallel tp = {})
+      : layer_(config, weights, Device::cuda(0), tp),
         batch_(batch),
         options_(options),
         tokens_(batch.extend_tokens()),

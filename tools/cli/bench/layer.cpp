@@ -8,7 +8,8 @@
 //   bf16w: bf16 weights, "bf16-hopper" (the BF16 path of a BF16 checkpoint).
 // Time: CUDA events around prefill (metadata upload included), warm-up, median; then one run
 // with the per-stage events. bench/layer.py times an eager PyTorch BF16 layer on the same shapes.
-// --cp N times context parallelism's per-rank compute instead (bench_context_parallel).
+// --cp N times context parallelism's per-rank compute instead (bench_context_parallel), --tp
+// N,... tensor parallelism's (bench_tensor_parallel).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_layer.hpp"
+#include "fp8mla/mla_parallel.hpp"
 #include "fp8mla/numerics.hpp"
 #include "gpu_layer.hpp"
 
@@ -153,6 +155,43 @@ void bench_context_parallel(const MlaConfig& config, const MlaWeights& weights,
   }
 }
 
+// --tp N,...: one tensor-parallel rank's compute for one sequence of T new tokens (no prefix):
+// the layer of rank 0's shard (H / N heads; every rank does the same work), on this GPU, against
+// the whole layer. The all-reduce of o_proj's partial sums needs N GPUs and is not timed; its
+// bytes per rank are printed (T x hidden bf16). Efficiency = whole-layer time / (N x the rank's).
+void bench_tensor_parallel(const MlaConfig& config, const MlaWeights& weights,
+                           const std::vector<const AttentionBackend*>& backends,
+                           const std::vector<int>& sizes,
+                           const std::vector<std::int64_t>& token_counts, EventTimer& timer,
+                           int warmup) {
+  std::printf("%-6s %7s %4s %10s %11s %14s\n", "path", "tokens", "tp", "ms", "efficiency",
+              "all-reduce MB");
+  for (std::int64_t T : token_counts) {
+    MlaBatch batch;
+    MlaSequence s{0, T, {}};
+    for (std::int64_t i = 0; i < T; ++i) s.slots.push_back(i);
+    batch.sequences.push_back(std::move(s));
+    const std::int64_t pages = (T + kPageSize - 1) / kPageSize;
+    const std::vector<std::uint16_t> hidden = random_hidden(T, config.hidden);
+    const std::vector<std::uint8_t> cache = random_cache(pages);
+    for (const AttentionBackend* backend : backends) {
+      const char* path = backend->capabilities().prepare_prefill_qkv ? "fp8" : "bf16";
+      double whole = 0;
+      for (int n : sizes) {
+        const MlaTensorParallel tp{0, n};
+        const MlaWeights shard = shard_mla_weights(weights, config, tp);
+        GpuLayerHarness h(config, shard, batch, hidden, pages, kPageSize, {}, {backend}, tp);
+        h.set_cache(cache);
+        const double ms = timer.median_us([&](int) { h.prefill(*backend); }, warmup) / 1e3;
+        if (n == 1) whole = ms;
+        std::printf("%-6s %7lld %4d %10.3f %11.3f %14.1f\n", path, static_cast<long long>(T), n, ms,
+                    whole / (n * ms), double(T * config.hidden * 2) / 1e6);
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void add_bench_layer_command(CLI::App& bench) {
@@ -163,6 +202,7 @@ void add_bench_layer_command(CLI::App& bench) {
     std::string json;
     std::string output_quant = "fused";
     int cp = 1;
+    std::vector<int> tp;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand(
@@ -181,6 +221,12 @@ void add_bench_layer_command(CLI::App& bench) {
                   "prefix), timed one rank after another on this GPU, against the whole "
                   "sequence; the all-gather is not timed")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--tp", options->tp,
+                  "Tensor parallelism instead: one rank's shard (H / N heads) for each N given "
+                  "(1, 2, 4, 8), timed on this GPU against the whole layer; the all-reduce is not "
+                  "timed")
+      ->check(CLI::IsMember({1, 2, 4, 8}))
+      ->delimiter(',');
   cmd->callback([options] {
     const MlaConfig config = mla_preset("deepseek-v3");
     const MlaWeights fp8_weights = generate_mla_weights(config, WeightFormat::kFp8Block, 1);
@@ -191,6 +237,15 @@ void add_bench_layer_command(CLI::App& bench) {
     const std::string device = cuda::current_device_props().name;
     const std::vector<PathSpec> paths = paths_for(options->output_quant);
     std::printf("fp8mla bench layer: deepseek-v3 on %s\n", device.c_str());
+    if (!options->tp.empty()) {
+      EventTimer timer(options->iters);
+      std::vector<int> sizes = {1};  // the whole layer first: the efficiency's reference
+      for (int n : options->tp)
+        if (n > 1) sizes.push_back(n);
+      bench_tensor_parallel(config, fp8_weights, backends, sizes, options->tokens, timer,
+                            options->warmup);
+      return;
+    }
     if (options->cp > 1) {
       EventTimer timer(options->iters);
       bench_context_parallel(config, fp8_weights, backends, options->cp, options->tokens, timer,
