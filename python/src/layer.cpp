@@ -241,20 +241,30 @@ std::tuple<std::string, std::string> output_quant_plan(const Layer& self, const 
   return {std::string(fp8mla::to_string(plan.mode)), plan.note};
 }
 
+// What every prefill binding takes alike: the cache, out, the workspace (None: none), the options
+// and the backend.
+struct PrefillArgs {
+  TensorView cache, out, workspace;
+  fp8mla::MlaPrefillOptions options;
+  const fp8mla::AttentionBackend* backend;
+  PrefillArgs(Args& args, nb::handle cache_, nb::handle out_, nb::handle workspace_,
+              const PyOptions& options_, const std::string& backend_)
+      : cache(args.output(cache_, "cache")),
+        out(args.output(out_, "out")),
+        workspace(workspace_.is_none() ? TensorView() : args.output(workspace_, "workspace")),
+        options(to_options(options_)),
+        backend(&backend_named(backend_)) {}
+};
+
 void prefill(Layer& self, nb::handle hidden, const PyBatch& batch, nb::handle cache,
              const std::string& backend, const PyOptions& options, nb::handle out,
              nb::handle workspace, std::uintptr_t stream) {
   Args args("MlaLayer.prefill");
   const TensorView hidden_view = args.input(hidden, "hidden");
-  const TensorView cache_view = args.output(cache, "cache");
-  const TensorView out_view = args.output(out, "out");
-  const TensorView workspace_view =
-      workspace.is_none() ? TensorView() : args.output(workspace, "workspace");
+  const PrefillArgs p(args, cache, out, workspace, options, backend);
   const fp8mla::MlaBatch b = to_batch(batch);
-  const fp8mla::MlaPrefillOptions o = to_options(options);
-  const fp8mla::AttentionBackend& be = backend_named(backend);
   nb::gil_scoped_release release;
-  self.layer.prefill(hidden_view, b, cache_view, be, o, out_view, workspace_view, nullptr,
+  self.layer.prefill(hidden_view, b, p.cache, *p.backend, p.options, p.out, p.workspace, nullptr,
                      to_stream(stream));
 }
 
@@ -280,14 +290,9 @@ void prefill_device_batch(Layer& self, nb::handle hidden, nb::handle cu_seqlens_
     b.prefix_tokens = b.prefix_slots.ndim() >= 1 ? b.prefix_slots.size(0) : 0;
     b.max_seqlen_prefix = max_seqlen_prefix;
   }
-  const TensorView cache_view = args.output(cache, "cache");
-  const TensorView out_view = args.output(out, "out");
-  const TensorView workspace_view =
-      workspace.is_none() ? TensorView() : args.output(workspace, "workspace");
-  const fp8mla::MlaPrefillOptions o = to_options(options);
-  const fp8mla::AttentionBackend& be = backend_named(backend);
+  const PrefillArgs p(args, cache, out, workspace, options, backend);
   nb::gil_scoped_release release;
-  self.layer.prefill(hidden_view, b, cache_view, be, o, out_view, workspace_view, nullptr,
+  self.layer.prefill(hidden_view, b, p.cache, *p.backend, p.options, p.out, p.workspace, nullptr,
                      to_stream(stream));
 }
 
@@ -314,15 +319,10 @@ void prefill_context_parallel(Layer& self, nb::handle hidden, const ContextParal
                               nb::handle workspace, std::uintptr_t stream) {
   Args args("MlaLayer.prefill_context_parallel");
   const TensorView hidden_view = args.input(hidden, "hidden");
-  const TensorView cache_view = args.output(cache, "cache");
-  const TensorView out_view = args.output(out, "out");
-  const TensorView workspace_view =
-      workspace.is_none() ? TensorView() : args.output(workspace, "workspace");
-  const fp8mla::MlaPrefillOptions o = to_options(options);
-  const fp8mla::AttentionBackend& be = backend_named(backend);
+  const PrefillArgs p(args, cache, out, workspace, options, backend);
   nb::gil_scoped_release release;  // the all-gather waits for the other ranks
-  self.layer.prefill_context_parallel(hidden_view, batch.b, *communicator.c, cache_view, be, o,
-                                      out_view, workspace_view, nullptr, to_stream(stream));
+  self.layer.prefill_context_parallel(hidden_view, batch.b, *communicator.c, p.cache, *p.backend,
+                                      p.options, p.out, p.workspace, nullptr, to_stream(stream));
 }
 
 // (amax q, k, v, cache, headroom, q_scale_inv, k_scale_inv, v_scale_inv, cache_scale_inv)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "fp8mla/error.hpp"
 #include "model/mla_executor.hpp"
@@ -94,13 +95,17 @@ void read_host_batch(const MlaConfig& c, const MlaDeviceBatch& b, MlaBatchPlan& 
 void plan_mla_device_batch(const MlaConfig& c, const MlaDeviceBatch& b, Device device,
                            MlaBatchPlan& p) {
   check_shapes(b, device);
+  // The reset of an empty host batch, which drops the chunks; kept aside, their vectors keep
+  // their capacity, so that planning the same padded shape again allocates nothing.
+  std::vector<PrefixChunk> chunks = std::move(p.chunks);
   plan_mla_batch(c, MlaBatch{}, MlaPrefillOptions{}, p, kCaller);
+  p.chunks = std::move(chunks);
+  p.chunks.resize(b.has_prefix() ? 1 : 0);
   p.tokens = b.tokens;
   p.sequences = b.cu_seqlens_q.size(0) - 1;
   p.max_q = b.max_seqlen_q;
   if (b.has_prefix()) {
     p.prefix_attention = PrefixAttention::kChunked;
-    p.chunks.resize(1);
     PrefixChunk& chunk = p.chunks.front();
     // On CUDA the offsets stay on the device; keys() is the padded count the buffers hold.
     chunk.cu_seqlens_k.assign(std::size_t(p.sequences + 1), std::int32_t(b.prefix_tokens));

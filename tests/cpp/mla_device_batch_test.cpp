@@ -96,12 +96,19 @@ TEST(MlaDeviceBatchCpuErrors, MetadataTheCpuCanReadAreChecked) {
     layer.prefill(TensorView(p.hidden.data(), DType::kBF16, {p.tokens, H}), b, f.cache_view(),
                   *backend, {}, TensorView(out.data(), DType::kBF16, {p.tokens, H}));
   };
-  const auto expect = [&](auto&& edit, std::string needle) {
-    PaddedBatch p = pad_batch(f, 16, 8, 1);
+  Fixture g({{5, 8}, {3, 4}}, 6);
+  const PaddedBatch plain = pad_batch(f, 16, 8, 1), prefixed = pad_batch(g, 16, 8, 1, 10, 5);
+  // `base` edited by `edit` (its views made first, so an edit of the vectors shows through).
+  const auto expect_on = [&](const PaddedBatch& base, auto&& edit, std::string needle) {
+    PaddedBatch p = base;
     MlaDeviceBatch b = views(p);
     edit(p, b);
     test::expect_error([&] { run(p, b); }, ErrorCategory::kInvalidArgument,
                        {"MlaLayer::prefill (device batch)", needle});
+  };
+  const auto expect = [&](auto&& edit, std::string needle) { expect_on(plain, edit, needle); };
+  const auto expect_prefix = [&](auto&& edit, std::string needle) {
+    expect_on(prefixed, edit, needle);
   };
   expect([](PaddedBatch& p, MlaDeviceBatch&) { p.cu_seqlens_q[0] = 1; },
          "expected cu_seqlens_q from 0 to at most tokens 16, got 1 to 12");
@@ -127,14 +134,6 @@ TEST(MlaDeviceBatchCpuErrors, MetadataTheCpuCanReadAreChecked) {
       "expected `cu_seqlens_q` contiguous i32 [B + 1]");
   expect([](PaddedBatch&, MlaDeviceBatch& b) { b.tokens = -1; }, "expected tokens, max_seqlen_q");
   // Prefixes.
-  const auto expect_prefix = [&](auto&& edit, std::string needle) {
-    Fixture g({{5, 8}, {3, 4}}, 6);
-    PaddedBatch p = pad_batch(g, 16, 8, 1, 10, 5);
-    MlaDeviceBatch b = views(p);
-    edit(p, b);
-    test::expect_error([&] { run(p, b); }, ErrorCategory::kInvalidArgument,
-                       {"MlaLayer::prefill (device batch)", needle});
-  };
   expect_prefix([](PaddedBatch& p, MlaDeviceBatch&) { p.cu_seqlens_prefix[2] = 11; },
                 "expected cu_seqlens_prefix from 0 to at most prefix_tokens 10, got 0 to 11");
   expect_prefix([](PaddedBatch&, MlaDeviceBatch& b) { b.max_seqlen_prefix = 4; },

@@ -97,6 +97,25 @@ std::vector<std::uint8_t> random_cache(std::int64_t pages) {
   return cache;
 }
 
+// One sequence of T new tokens after `prefix` cached ones on slots 0, 1, ...: its random hidden
+// states and a random cache of the pages it spans.
+struct SequenceInputs {
+  MlaBatch batch;
+  std::int64_t pages = 0;
+  std::vector<std::uint16_t> hidden;
+  std::vector<std::uint8_t> cache;
+};
+SequenceInputs one_sequence(const MlaConfig& config, std::int64_t T, std::int64_t prefix) {
+  SequenceInputs in;
+  MlaSequence s{prefix, T, {}};
+  for (std::int64_t i = 0; i < prefix + T; ++i) s.slots.push_back(i);
+  in.batch.sequences.push_back(std::move(s));
+  in.pages = (prefix + T + kPageSize - 1) / kPageSize;
+  in.hidden = random_hidden(T, config.hidden);
+  in.cache = random_cache(in.pages);
+  return in;
+}
+
 // --cp N: each context-parallel rank's compute for one sequence of T new tokens, timed one rank
 // after another on this GPU: the prefill of the rank's batch (its two zigzag chunks, each over
 // everything before it as a cached prefix) over a cache that already holds every row, which is
@@ -110,13 +129,8 @@ void bench_context_parallel(const MlaConfig& config, const MlaWeights& weights,
   std::printf("%-6s %7s %4s %6s %10s %9s %11s %12s\n", "path", "tokens", "cp", "rank", "ms",
               "tokens", "prefix", "gather MB");
   for (std::int64_t T : token_counts) {
-    MlaBatch full;
-    MlaSequence s{0, T, {}};
-    for (std::int64_t i = 0; i < T; ++i) s.slots.push_back(i);
-    full.sequences.push_back(std::move(s));
-    const std::int64_t pages = (T + kPageSize - 1) / kPageSize;
-    const std::vector<std::uint16_t> hidden = random_hidden(T, config.hidden);
-    const std::vector<std::uint8_t> cache = random_cache(pages);
+    const SequenceInputs in = one_sequence(config, T, 0);
+    const auto& [full, pages, hidden, cache] = in;
     MlaPrefillOptions options;
     options.one_shot_max_prefix = T;
     for (const AttentionBackend* backend : backends) {
@@ -167,13 +181,8 @@ void bench_tensor_parallel(const MlaConfig& config, const MlaWeights& weights,
   std::printf("%-6s %7s %4s %10s %11s %14s\n", "path", "tokens", "tp", "ms", "efficiency",
               "all-reduce MB");
   for (std::int64_t T : token_counts) {
-    MlaBatch batch;
-    MlaSequence s{0, T, {}};
-    for (std::int64_t i = 0; i < T; ++i) s.slots.push_back(i);
-    batch.sequences.push_back(std::move(s));
-    const std::int64_t pages = (T + kPageSize - 1) / kPageSize;
-    const std::vector<std::uint16_t> hidden = random_hidden(T, config.hidden);
-    const std::vector<std::uint8_t> cache = random_cache(pages);
+    const SequenceInputs in = one_sequence(config, T, 0);
+    const auto& [batch, pages, hidden, cache] = in;
     for (const AttentionBackend* backend : backends) {
       const char* path = backend->capabilities().prepare_prefill_qkv ? "fp8" : "bf16";
       double whole = 0;
@@ -258,13 +267,8 @@ void add_bench_layer_command(CLI::App& bench) {
     EventTimer timer(options->iters);
     for (std::int64_t T : options->tokens) {
       for (std::int64_t prefix : {std::int64_t(0), T}) {
-        MlaBatch batch;
-        MlaSequence s{prefix, T, {}};
-        for (std::int64_t i = 0; i < prefix + T; ++i) s.slots.push_back(i);
-        batch.sequences.push_back(std::move(s));
-        const std::int64_t pages = (prefix + T + kPageSize - 1) / kPageSize;
-        const std::vector<std::uint16_t> hidden = random_hidden(T, config.hidden);
-        const std::vector<std::uint8_t> cache = random_cache(pages);
+        const SequenceInputs in = one_sequence(config, T, prefix);
+        const auto& [batch, pages, hidden, cache] = in;
         const double pairs = double(T) * double(prefix) + 0.5 * double(T) * double(T + 1);
         for (const PathSpec& path : paths) {
           MlaPrefillOptions prefill_options;
