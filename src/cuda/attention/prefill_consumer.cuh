@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention/prefill_epilogue.cuh"
 #include "cuda/attention/prefill_kernel_params.hpp"
@@ -113,7 +114,8 @@ class PrefillConsumer {
     std::uint32_t p[Traits::kBlockN / Traits::kMmaK][4];  // P as the A operand of P V
     OutputPartial<Traits> partial;
     if constexpr (Traits::kPromoteTiles > 0) partial.init(smem_, cw_);
-    Tile t(w, row, softmax, o, s, p, partial, state.stage);
+    QOperand q;
+    Tile t(w, row, softmax, o, s, p, q, partial, state.stage);
     if (w.n_blocks > 0) {
       first_turn(t, state.q_phase);
       for (int it = 1; it < w.n_blocks; ++it) middle_turn(t, it);
@@ -132,6 +134,9 @@ class PrefillConsumer {
  private:
   // Q K^T's promotions (see compute_qk): the e4m3 LSE needs three, O alone none.
   static constexpr int kQkParts = Traits::kFp8 && kRowSum ? 3 : 1;
+  // Where S's wgmmas read Q (prefill_mma.cuh): from registers where they fit beside S, P and O
+  // (with three parts, the second accumulator of S leaves no room: 144 bytes of spills).
+  using QOperand = std::conditional_t<kQkParts == 1, QInRegisters<Traits>, QInShared<Traits>>;
 
   // The main loop's state for one work tile: references to run()'s registers and partial sums
   // (made members of this struct, they came out of ptxas scheduled differently) and the ring
@@ -139,7 +144,7 @@ class PrefillConsumer {
   struct Tile {
     __device__ Tile(const TileWork& work, int r, OnlineSoftmax<Traits, kRowSum>& sm,
                     float (&acc)[Traits::kORegs], float (&scores)[64],
-                    std::uint32_t (&operand)[Traits::kBlockN / Traits::kMmaK][4],
+                    std::uint32_t (&operand)[Traits::kBlockN / Traits::kMmaK][4], QOperand& qa,
                     OutputPartial<Traits>& sums, Stage<Traits> first)
         : w(work),
           row(r),
@@ -147,6 +152,7 @@ class PrefillConsumer {
           o(acc),
           s(scores),
           p(operand),
+          q(qa),
           partial(sums),
           stage(first) {}
     const TileWork& w;
@@ -155,6 +161,7 @@ class PrefillConsumer {
     float (&o)[Traits::kORegs];
     float (&s)[64];
     std::uint32_t (&p)[Traits::kBlockN / Traits::kMmaK][4];
+    QOperand& q;
     OutputPartial<Traits>& partial;
     Stage<Traits> stage;  // the ring position of the tile scored last
   };
@@ -185,10 +192,15 @@ class PrefillConsumer {
   __device__ __forceinline__ void first_turn(Tile& t, std::uint32_t q_phase) const {
     PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
     sm90::Barrier::wait(bar.q_full(), q_phase);
+    t.q.load(smem_, row0_);
+    if constexpr (QOperand::kInRegisters) {
+      __syncwarp();  // every lane has read its Q before the warp releases it
+      release(bar.q_empty());
+    }
     if (cw_ == 1) cutlass::arch::NamedBarrier::arrive(256, kTurnBarrier);  // 0 goes first
     sm90::Barrier::wait(bar.k_full(t.stage.index), t.stage.phase);
     wait_turn();
-    compute_qk<Traits, kQkParts>(smem_, t.stage.index, row0_, t.s, [&] { pass_turn(false); });
+    compute_qk<Traits, kQkParts>(smem_, t.stage.index, t.q, t.s, [&] { pass_turn(false); });
     release(bar.k_empty(t.stage.index));
     if (needs_mask(t, 0)) mask(t, 0);
     t.softmax.update(t.s);
@@ -213,7 +225,7 @@ class PrefillConsumer {
 
   // S first, then P V: the softmax of tile it runs while this warpgroup's P V does.
   __device__ __forceinline__ void scores_then_pv(Tile& t, int it, Stage<Traits> prev) const {
-    issue_qk_steps<Traits, 0, Traits::kQkSteps>(smem_, t.stage.index, row0_, t.s);
+    issue_qk_steps<Traits, 0, Traits::kQkSteps>(smem_, t.stage.index, t.q, t.s);
     issue_pv<Traits>(smem_, prev.index, t.p, t.o, /*accumulate=*/!restarts_o(it));
     pass_turn(false);
     cute::warpgroup_wait<1>();
@@ -237,7 +249,7 @@ class PrefillConsumer {
   // P V first, then S in its promoted parts (the e4m3 LSE).
   __device__ __forceinline__ void pv_then_scores(Tile& t, int it, Stage<Traits> prev) const {
     issue_pv<Traits>(smem_, prev.index, t.p, t.o, /*accumulate=*/!restarts_o(it));
-    compute_qk<Traits, kQkParts>(smem_, t.stage.index, row0_, t.s, [&] { pass_turn(false); });
+    compute_qk<Traits, kQkParts>(smem_, t.stage.index, t.q, t.s, [&] { pass_turn(false); });
     release(smem_.barriers.k_empty(t.stage.index));
     pv_done(t, it, prev);
     if (needs_mask(t, it)) mask(t, it);
@@ -257,10 +269,11 @@ class PrefillConsumer {
   }
 
   // Last turn: P V of the last tile. Every product with Q has completed (the turns before waited
-  // for their S), so Q is released to the next work tile's load first.
+  // for their S), so Q, where S read it from shared memory, is released to the next work tile's
+  // load first.
   __device__ __forceinline__ void last_turn(Tile& t) const {
     PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
-    release(bar.q_empty());
+    if constexpr (!QOperand::kInRegisters) release(bar.q_empty());
     sm90::Barrier::wait(bar.v_full(t.stage.index), t.stage.phase);
     wait_turn();
     issue_pv<Traits>(smem_, t.stage.index, t.p, t.o,

@@ -9,40 +9,105 @@
 
 namespace fp8mla::cuda::attention {
 
-// wgmma instruction shapes: m64 n128, k32 (e4m3) or k16 (bf16).
+// wgmma instruction shapes: m64 n128, k32 (e4m3) or k16 (bf16). S = Q K^T takes Q from shared
+// memory (QK) or from registers (QKFromRegisters).
 template <bool kFp8>
 struct MmaOps;
 template <>
 struct MmaOps<true> {
   using QK = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
+  using QKFromRegisters = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
   using PV = cute::SM90::GMMA::MMA_64x136x32_F32E4M3E4M3_RS_TN<>;  // + 8 ones columns
 };
 template <>
 struct MmaOps<false> {
   using QK = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<sm90::Major::K, sm90::Major::K>;
+  using QKFromRegisters =
+      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<sm90::Major::K, sm90::Major::K>;
   using PV = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<sm90::Major::K, sm90::Major::MN>;
 };
 
-// Issues (and commits) k-steps [first, first + count) of S = Q K^T for the consumer warpgroup's 64
-// rows (`row0` = 0 or 64) of the tile in `stage`, the first of them overwriting s. A k-step reads
-// 32 bytes of each row; step i lies in head-dim chunk i / kStepsPerChunk.
-template <typename Traits, int kFirst, int kCount>
+// Q, the A operand of S = Q K^T, for one consumer warpgroup's 64 rows (`row0` = 0 or 64 of the
+// block). Each wgmma k-step reads 32 bytes of every row; step i lies in head-dim chunk
+// i / kStepsPerChunk. Two forms with one interface (issue k-step i against K's descriptor):
+//  - QInShared: read from shared memory by every wgmma (SS);
+//  - QInRegisters: loaded once per work tile into the A-operand registers (RS; kQkSteps x 4
+//    words a thread, 24 for e4m3, 48 for bf16). S's wgmmas then read only K from shared memory,
+//    where Q was a third of their reads (docs/design.md, op 8).
+template <typename Traits>
+struct QkSteps {
+  static constexpr int kSwizzle = int(Traits::kQkSwizzle);
+  static constexpr std::uint32_t kGroupStride = 8 * Traits::kChunkRowBytes;
+  static constexpr int kStepsPerChunk = Traits::kChunkRowBytes / 32;
+  // Byte offset of k-step i from the start of a Q or K tile whose chunks are `chunk_bytes` long.
+  __device__ static constexpr std::uint32_t offset(int i, std::uint32_t chunk_bytes) {
+    return (i / kStepsPerChunk) * chunk_bytes + (i % kStepsPerChunk) * 32;
+  }
+};
+
+// Both: load() once Q's tile has landed; kInRegisters: whether Q's shared memory may be released
+// right after it.
+template <typename Traits>
+struct QInShared {
+  static constexpr bool kInRegisters = false;
+  std::uint64_t desc;
+
+  __device__ void load(const SharedStorage<Traits>& smem, int row0) {
+    desc = sm90::smem_descriptor(sm90::smem_address(smem.q) + row0 * Traits::kChunkRowBytes,
+                                 QkSteps<Traits>::kSwizzle, 16, QkSteps<Traits>::kGroupStride);
+  }
+  __device__ __forceinline__ void issue(int i, std::uint64_t k, float (&s)[64],
+                                        bool accumulate) const {
+    const std::uint64_t a =
+        sm90::advance_descriptor(desc, QkSteps<Traits>::offset(i, Traits::kQChunkBytes));
+    sm90::mma_ss<typename MmaOps<Traits::kFp8>::QK>(a, k, s, accumulate);
+  }
+};
+
+template <typename Traits>
+struct QInRegisters {
+  static constexpr bool kInRegisters = true;
+  std::uint32_t r[Traits::kQkSteps][4];
+
+  // ldmatrix.x4 per k-step: matrix m holds rows 8 (m % 2) .. + 7 of the warp's 16 and bytes
+  // 16 (m / 2) .. + 15 of the step, so register m of lane (g, c) is row g (+ 8) and bytes
+  // 4c .. 4c + 3 (+ 16): the wgmma A-operand layout, for k32 e4m3 and k16 bf16 alike. The
+  // chunk's rows are swizzled by the tile format: 16-byte unit u of row r sits at u ^ (r's
+  // bits above the swizzle's row span).
+  __device__ void load(const SharedStorage<Traits>& smem, int row0) {
+    constexpr int kUnitsPerRow = QkSteps<Traits>::kSwizzle / 16;
+    constexpr int kStepsPerChunk = QkSteps<Traits>::kStepsPerChunk;
+    const int lane = int(threadIdx.x % 32), m = lane / 8;
+    const int row = row0 + 16 * int((threadIdx.x % 128) / 32) + 8 * (m % 2) + lane % 8;
+    const int swizzle = (row * Traits::kChunkRowBytes >> 7) & (kUnitsPerRow - 1);
+    const std::uint32_t base = sm90::smem_address(smem.q) + row * Traits::kChunkRowBytes;
+#pragma unroll
+    for (int i = 0; i < Traits::kQkSteps; ++i) {
+      const int unit = (2 * (i % kStepsPerChunk) + m / 2) ^ swizzle;
+      sm90::ldmatrix_x4(base + (i / kStepsPerChunk) * Traits::kQChunkBytes + 16 * unit, r[i]);
+    }
+  }
+  __device__ __forceinline__ void issue(int i, std::uint64_t k, float (&s)[64],
+                                        bool accumulate) const {
+    sm90::mma_rs<typename MmaOps<Traits::kFp8>::QKFromRegisters>(r[i], k, s, accumulate);
+  }
+};
+
+// Issues (and commits) k-steps [first, first + count) of S = Q K^T for the consumer warpgroup's
+// rows (Q: a QInShared or QInRegisters) against the K tile in `stage`, the first of them
+// overwriting s.
+template <typename Traits, int kFirst, int kCount, typename Q>
 __device__ __forceinline__ void issue_qk_steps(const SharedStorage<Traits>& smem, int stage,
-                                               int row0, float (&s)[64]) {
-  constexpr int kSwizzle = int(Traits::kQkSwizzle);
-  constexpr std::uint32_t kGroupStride = 8 * Traits::kChunkRowBytes;
-  constexpr int kStepsPerChunk = Traits::kChunkRowBytes / 32;
-  const std::uint64_t q = sm90::smem_descriptor(
-      sm90::smem_address(smem.q) + row0 * Traits::kChunkRowBytes, kSwizzle, 16, kGroupStride);
+                                               const Q& q, float (&s)[64]) {
   const std::uint64_t k =
-      sm90::smem_descriptor(sm90::smem_address(smem.k[stage]), kSwizzle, 16, kGroupStride);
+      sm90::smem_descriptor(sm90::smem_address(smem.k[stage]), QkSteps<Traits>::kSwizzle, 16,
+                            QkSteps<Traits>::kGroupStride);
   cute::warpgroup_arrive();
 #pragma unroll
   for (int i = kFirst; i < kFirst + kCount; ++i) {
-    const int c = i / kStepsPerChunk, kk = i % kStepsPerChunk;
-    const std::uint64_t a = sm90::advance_descriptor(q, c * Traits::kQChunkBytes + kk * 32);
-    const std::uint64_t b = sm90::advance_descriptor(k, c * Traits::kKChunkBytes + kk * 32);
-    sm90::mma_ss<typename MmaOps<Traits::kFp8>::QK>(a, b, s, i > kFirst);
+    const std::uint64_t b =
+        sm90::advance_descriptor(k, QkSteps<Traits>::offset(i, Traits::kKChunkBytes));
+    q.issue(i, b, s, i > kFirst);
   }
   cute::warpgroup_commit_batch();
   sm90::fence_registers(s);
@@ -60,12 +125,12 @@ __device__ __forceinline__ void issue_qk_steps(const SharedStorage<Traits>& smem
 //    second accumulator is reused, so the turn is held across one wait and the first add.
 // (The register fences after each wait keep the compiler from moving reads of the results above
 // it.)
-template <typename Traits, int kParts, typename PassTurn>
-__device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, int stage, int row0,
+template <typename Traits, int kParts, typename Q, typename PassTurn>
+__device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, int stage, const Q& q,
                                            float (&s)[64], PassTurn&& pass_turn) {
   constexpr int kPart = Traits::kQkSteps / kParts;
   static_assert(Traits::kQkSteps % kParts == 0 && (kParts == 1 || (kParts == 3 && Traits::kFp8)));
-  issue_qk_steps<Traits, 0, kPart>(smem, stage, row0, s);
+  issue_qk_steps<Traits, 0, kPart>(smem, stage, q, s);
   if constexpr (kParts == 1) {
     pass_turn();
     cute::warpgroup_wait<0>();
@@ -79,9 +144,9 @@ __device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, in
 #pragma unroll
       for (int i = 0; i < 64; ++i) s[i] += t[i];
     };
-    issue_qk_steps<Traits, kPart, kPart>(smem, stage, row0, t);
+    issue_qk_steps<Traits, kPart, kPart>(smem, stage, q, t);
     add_t();
-    issue_qk_steps<Traits, 2 * kPart, kPart>(smem, stage, row0, t);
+    issue_qk_steps<Traits, 2 * kPart, kPart>(smem, stage, q, t);
     pass_turn();
     add_t();
   }
