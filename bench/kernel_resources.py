@@ -3,7 +3,8 @@
 `prefill_attention_kernel` (or of any kernel whose name holds --kernel) in a library, a Python
 extension or an executable, its registers per thread, stack and local memory, static shared
 memory, the STL / LDL instructions of its SASS (local stores and loads: spills, and any stack
-frame), and its warpgroup MMA instructions: QGMMA (FP8) and HGMMA (bf16/f16), with their shapes.
+frame), and its warpgroup MMA instructions: QGMMA (FP8) and HGMMA (bf16/f16), with their shapes and
+where their A operand comes from (RS: registers, SS: shared memory).
 
 From `cuobjdump -res-usage` and `cuobjdump -sass` (the CUDA toolkit's; found on PATH, under
 $CUDA_HOME/bin or /usr/local/cuda/bin, or given with --cuobjdump); names demangled by c++filt.
@@ -29,6 +30,7 @@ FUNCTION_SASS = re.compile(r"^\s*Function : (\S+)\s*$")
 HEADER = re.compile(r"^(arch|identifier) = (.*)$")
 # An instruction line of the SASS: /*addr*/ [@predicate] OPCODE[.modifiers] operands ;
 INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.\S+)?")
+A_REGISTER = re.compile(r"^\s*R\d+,\s*R\d+,")
 COLUMNS = ["kernel", "source", "arch", "REG", "STACK", "LOCAL", "SHARED", "STL", "LDL", "QGMMA",
            "HGMMA", "MMA shapes"]
 
@@ -106,7 +108,9 @@ def sass_counts(cuobjdump, path, kernel):
                 counts[op] += 1
             if op.endswith("GMMA"):
                 shape = (m.group(2) or "").split(".")[1:2]
-                counts[f"{op}.{shape[0]}" if shape else op] += 1
+                # A from registers (RS: "D, Ra, gdesc[..]") or shared memory (SS: "D, gdesc[..]").
+                a_from = "RS" if A_REGISTER.search(line[m.end():]) else "SS"
+                counts[f"{op}.{shape[0]} {a_from}" if shape else op] += 1
         out[(arch, identifier, name)] = counts
     return out
 
@@ -147,7 +151,8 @@ def markdown(path, rows, cuobjdump):
            f"`cuobjdump -res-usage` and `-sass` ({version}). REG: registers per thread; STACK, "
            "LOCAL, SHARED: bytes (SHARED static only: the dynamic shared memory is set at "
            "launch); STL / LDL: local stores / loads in the SASS (spills and stack frames); "
-           "QGMMA / HGMMA: FP8 / bf16 warpgroup MMA instructions in the SASS.", "",
+           "QGMMA / HGMMA: FP8 / bf16 warpgroup MMA instructions in the SASS; MMA shapes: each with "
+           "its A operand from registers (RS) or shared memory (SS).", "",
            "| " + " | ".join(COLUMNS) + " |", "|---|---|---|" + "---:|" * 8 + "---|"]
     out += ["| " + " | ".join(str(r[c]).replace("|", "/") for c in COLUMNS) + " |" for r in rows]
     return "\n".join(out) + "\n"
