@@ -32,8 +32,8 @@ struct MmaOps<false> {
 // i / kStepsPerChunk. Two forms with one interface (issue k-step i against K's descriptor):
 //  - QInShared: read from shared memory by every wgmma (SS);
 //  - QInRegisters: loaded once per work tile into the A-operand registers (RS; kQkSteps x 4
-//    words a thread, 24 for e4m3, 48 for bf16). S's wgmmas then read only K from shared memory,
-//    where Q was a third of their reads (docs/design.md, op 8).
+//    words a thread, 24 for e4m3, 48 for bf16). S's wgmmas then read only K from shared memory
+//    (docs/design.md, op 8, says which variants take which form).
 template <typename Traits>
 struct QkSteps {
   static constexpr int kSwizzle = int(Traits::kQkSwizzle);
