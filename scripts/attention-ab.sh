@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# A/B of prefill-attention builds against FlashAttention-3: each build is its own Python package,
+# each bench/attention.py process imports one build and times it with FA3 on the same inputs, and
+# the processes alternate over the builds, lap after lap (the method of bench/analysis/*.md).
+#   scripts/attention-ab.sh pack DIR NAME=REF [NAME=REF ...]
+#       here, with git: the sources of each commit (or branch, tag) REF into DIR/NAME. A diagnostic
+#       build is a commit on a scratch branch; DIR is carried to the GPU machine.
+#   scripts/attention-ab.sh run DIR OUT [--shapes LIST] [--laps N] [--rounds R] [--anchors PATH]
+#       on the GPU machine: builds every DIR/* in parallel (CUTLASS from .deps), installs the FA3
+#       wheel of .whl/ if there, runs the laps (bench/attention.py of this tree, --json
+#       OUT/ab_LAP_NAME.json) and prints bench/ab_table.py's table of them.
+# Defaults: --shapes 8k,16k,8k+8k,h16-32k,16x1k, --laps 2, --rounds 3. One lap of five shapes
+# takes about 25 s a build on an H200, the builds about 100 s together.
+set -uo pipefail
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
+usage() { sed -n '2,14p' "$self"; }
+cd "$(dirname "$0")/.." || exit 1
+
+pack() {
+  local dir=$1; shift
+  (($#)) || { usage; exit 2; }
+  mkdir -p "$dir"
+  for spec in "$@"; do
+    local name=${spec%%=*} ref=${spec#*=}
+    [[ "$spec" == *=* && "$name" =~ ^[A-Za-z0-9.+-]+$ ]] ||
+      { echo "attention-ab.sh: expected NAME=REF (NAME of letters, digits, . + -), got '$spec'"; exit 2; }
+    git rev-parse --verify -q "$ref^{commit}" >/dev/null ||
+      { echo "attention-ab.sh: '$ref' is not a commit of this repository"; exit 2; }
+    rm -rf "${dir:?}/$name" && mkdir -p "$dir/$name"
+    git archive "$ref" CMakeLists.txt cmake include src python pyproject.toml README.md |
+      tar -x -C "$dir/$name" || exit 1
+    echo "$name: $(git rev-parse --short "$ref") $(git log -1 --format=%s "$ref" | cut -c1-80)"
+  done
+}
+
+run() {
+  local dir=${1:-} out=${2:-}
+  [[ -d "$dir" && -n "$out" ]] || { usage; exit 2; }
+  shift 2
+  local shapes=8k,16k,8k+8k,h16-32k,16x1k laps=2 rounds=3 anchors=()
+  while (($#)); do
+    case "$1" in
+      --shapes) shapes=$2; shift ;;
+      --laps) laps=$2; shift ;;
+      --rounds) rounds=$2; shift ;;
+      --anchors) anchors=(--anchors "$2"); shift ;;
+      *) usage; exit 2 ;;
+    esac
+    shift
+  done
+  mkdir -p "$out" && out=$(cd "$out" && pwd) && dir=$(cd "$dir" && pwd)
+  local cutlass; cutlass=$(ls -d "$PWD"/.deps/cutlass-*/include 2>/dev/null | head -1)
+  [[ -n "$cutlass" ]] || { echo "attention-ab.sh: no CUTLASS in .deps (scripts/setup.sh fetches it)"; exit 1; }
+  local site=/tmp/ab-site
+  if compgen -G '.whl/fa3_fwd-*.whl' >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$site/fa3" .whl/fa3_fwd-*.whl || echo "attention-ab.sh: the FA3 wheel did not install"
+  fi
+  local names=() jobs=$(($(nproc) / 2)) name
+  for src in "$dir"/*/; do names+=("$(basename "$src")"); done
+  ((${#names[@]})) || { echo "attention-ab.sh: no builds in $dir"; exit 2; }
+  for name in "${names[@]}"; do
+    (cd "$dir/$name" && CMAKE_BUILD_PARALLEL_LEVEL=$jobs FP8MLA_CUDA=ON python3 -m pip install -q \
+      --no-build-isolation --no-deps --target "$site/$name" . -C build-dir="/tmp/ab-build/$name" \
+      -C cmake.define.FP8MLA_CUTLASS_INCLUDE_DIR="$cutlass" >"$out/pip_$name.log" 2>&1 ||
+      echo "attention-ab.sh: build $name failed, see $out/pip_$name.log") &
+  done
+  wait
+  for ((lap = 1; lap <= laps; ++lap)); do
+    for name in "${names[@]}"; do
+      PYTHONPATH="$site/$name:$site/fa3" python3 bench/attention.py "${anchors[@]}" \
+        --shapes "$shapes" --rounds "$rounds" --json "$out/ab_${lap}_$name.json" \
+        >"$out/ab_${lap}_$name.log" 2>&1 || echo "lap $lap $name: exit $? (see its log)"
+    done
+  done
+  python3 bench/ab_table.py "$out"/ab_*.json
+}
+
+case "${1:-}" in
+  pack) shift; pack "$@" ;;
+  run) shift; run "$@" ;;
+  -h | --help) usage ;;
+  *) usage; exit 2 ;;
+esac
