@@ -13,7 +13,7 @@
 # takes about 25 s a build on an H200, the builds about 100 s together.
 set -uo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-usage() { sed -n '2,14p' "$self"; }
+usage() { sed -n '2,13p' "$self"; }
 cd "$(dirname "$0")/.." || exit 1
 
 pack() {
