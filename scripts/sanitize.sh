@@ -2,13 +2,14 @@
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every CUDA test binary of a
 # build tree (BUILD_DIR/tests/*_cuda_test) and over the CUDA pytest files (tests/python/*_torch.py),
 # split into shares that each fit a time budget:
-#   scripts/sanitize.sh [--share K/N] [--budget-s 600] [--tools memcheck,racecheck,...]
+#   scripts/sanitize.sh [--share K/N] [--budget-s 600] [--jobs 1] [--tools memcheck,...]
 #                       [--out DIR] [--list-file FILE] [--dry-run] [--no-pytest] BUILD_DIR
 # The work list is (tool, binary, gtest filter) items: each binary's cases (--gtest_list_tests)
 # minus the exclusions below, cut into chunks whose estimated time fits half the budget, for every
 # tool. The items are dealt to N shares by estimated time (largest first, to the least loaded
 # share; ties to the lower share), so a share is the same list on every machine; share K runs its
-# items one after another, each under `timeout` of the budget, and prints a table:
+# items, --jobs at a time side by side on the one GPU (how many a device host sustains is not
+# measured yet), each under `timeout` of the budget, and prints a table in item order:
 #   tool | binary | cases | launched kernels | errors | seconds | status
 # An item is clean only when the sanitizer printed its "ERROR SUMMARY: 0 errors" line (it ran to
 # the end), the process exited 0, and more than 0 cases ran and passed: a chunk whose cases all
@@ -33,12 +34,13 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/options.sh"
-share=1/1 budget_s=600 tools=memcheck,racecheck,initcheck,synccheck out="" list_file="" dry_run=0
-no_pytest=0
-parse_options "share budget-s tools out list-file" "dry-run no-pytest" "$@"
+share=1/1 budget_s=600 jobs=1 tools=memcheck,racecheck,initcheck,synccheck out="" list_file=""
+dry_run=0 no_pytest=0
+parse_options "share budget-s jobs tools out list-file" "dry-run no-pytest" "$@"
 dir=${positional[0]:-build-gpu}
 [[ $share =~ ^([0-9]+)/([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= BASH_REMATCH[2])) ||
   { echo "--share: expected K/N with 1 <= K <= N, got $share" >&2; exit 2; }
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "--jobs: expected a count >= 1, got $jobs" >&2; exit 2; }
 sanitizer=${SANITIZER:-compute-sanitizer}
 out=${out:-$dir/sanitize-${share/\//-of-}}
 
@@ -71,11 +73,11 @@ else
   done
 fi
 
-plan=$(python3 - "$cases" "$share" "$budget_s" "$tools" "$dry_run" <<'PY'
+plan=$(python3 - "$cases" "$share" "$budget_s" "$tools" "$dry_run" "$jobs" <<'PY'
 import fnmatch, sys
-cases_file, share, budget, tools, dry_run = sys.argv[1:]
+cases_file, share, budget, tools, dry_run, jobs = sys.argv[1:]
 k, n = map(int, share.split('/'))
-budget = float(budget)
+budget, jobs = float(budget), int(jobs)
 tools = tools.split(',')
 # Seconds per case under memcheck (estimates, see the header), first match wins.
 WEIGHTS = [
@@ -156,8 +158,11 @@ for tool, binary, chunk, est in mine:
 print(f'INFO\t{len(items)} items in {n} shares ({left_out} excluded tool/case pairs); share {k}: '
       f'{len(mine)} items, estimated {load[k - 1]:.0f} s of {max(load):.0f} s in the largest share')
 total = sum(load)
-print(f'INFO\tall shares: estimated {total:.0f} s; shares of at most {budget:.0f} s each would '
-      f'need N >= {max(1, int(-(-total // budget)))} (estimates: calibrate with a run\'s seconds)')
+# A share runs `jobs` items at a time: it holds about jobs x budget seconds of items.
+capacity = budget * jobs
+print(f'INFO\tall shares: estimated {total:.0f} s; shares of at most {budget:.0f} s each, {jobs} '
+      f'item(s) at a time, would need N >= {max(1, int(-(-total // capacity)))} (estimates: '
+      f'calibrate with a run\'s seconds)')
 over = [f'{t} {b} ({e:.0f} s)' for t, b, _, e in mine if e > budget]
 if over:
     print(f'INFO\testimated over the {budget:.0f} s budget (one case or a whole pytest file): '
@@ -179,14 +184,14 @@ fi
 # ---- Run the share ------------------------------------------------------------------------------
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 rows="$out/rows.tsv"
-: >"$rows"
-n=0
-while IFS=$'\t' read -r kind tool binary count est filter; do
-  [[ $kind == ITEM ]] || { [[ $kind == INFO ]] && echo "$tool"; continue; }
-  n=$((n + 1))
-  log="$out/$n-$tool-${binary//[:\/]/_}.log"
+
+# Item n: its log, and its row (tool, binary, cases, status, seconds, log) in $out/n.row.
+run_item() {
+  local n=$1 tool=$2 binary=$3 count=$4 filter=$5 start status
+  local log="$out/$n-$tool-${binary//[:\/]/_}.log"
   start=$(date +%s)
   if [[ $binary == pytest:* ]]; then
+    local ids
     read -ra ids <<<"$filter"
     [[ $filter == '*' ]] && ids=("${binary#pytest:}")
     (cd "$here/.." && FP8MLA_RERUNS=3 timeout "$budget_s" $sanitizer --tool "$tool" \
@@ -199,7 +204,21 @@ while IFS=$'\t' read -r kind tool binary count est filter; do
   fi
   status=$?
   printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$tool" "$binary" "$count" "$status" \
-    "$(($(date +%s) - start))" "$log" >>"$rows"
+    "$(($(date +%s) - start))" "$log" >"$out/$n.row"
+}
+
+n=0 running=0
+while IFS=$'\t' read -r kind tool binary count est filter; do
+  [[ $kind == ITEM ]] || { [[ $kind == INFO ]] && echo "$tool"; continue; }
+  n=$((n + 1))
+  run_item "$n" "$tool" "$binary" "$count" "$filter" &
+  if ((++running >= jobs)); then
+    wait -n
+    running=$((running - 1))
+  fi
 done <<<"$plan"
+wait
+: >"$rows"
+for ((i = 1; i <= n; ++i)); do cat "$out/$i.row" >>"$rows" && rm -f "$out/$i.row"; done
 
 python3 "$here/sanitize_table.py" "$rows"

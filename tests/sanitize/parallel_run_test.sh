@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# scripts/sanitize.sh --jobs, without a GPU or a sanitizer: a stand-in sanitizer runs stand-in
+# test binaries (shell scripts that print gtest's summary). Each binary waits (5 s at most) until
+# another one has started: with --jobs 3 every item but the failing binary is clean, in item order
+# in the table; with --jobs 1 the first item, alone, fails.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/build/tests" "$work/started"
+
+# The stand-in sanitizer: `SANITIZER --tool T ... BINARY --gtest_filter=F` runs BINARY and prints
+# the sanitizer's summary line.
+cat >"$work/sanitizer" <<'EOF'
+#!/usr/bin/env bash
+exe="" filter=""
+for a in "$@"; do
+  case "$a" in
+    --gtest_filter=*) filter=${a#--gtest_filter=} ;;
+    */tests/*) exe=$a ;;
+  esac
+done
+"$exe" "$filter"; status=$?
+echo "========= ERROR SUMMARY: 0 errors"
+exit $status
+EOF
+# A stand-in test binary: marks its start, waits (at most 5 s) for a second item to have
+# started, then passes its cases (fail_cuda_test fails them).
+for name in alpha_cuda_test beta_cuda_test gamma_cuda_test fail_cuda_test; do
+  cat >"$work/build/tests/$name" <<EOF
+#!/usr/bin/env bash
+touch "$work/started/$name-\$\$"
+for ((i = 0; i < 50; ++i)); do
+  (( \$(ls "$work/started" | wc -l) >= 2 )) && break
+  sleep 0.1
+done
+(( \$(ls "$work/started" | wc -l) >= 2 )) || { echo "alone: nothing ran beside me"; exit 1; }
+cases=\$(tr ':' '\n' <<<"\$1" | wc -l)
+if [[ $name == fail_cuda_test ]]; then
+  echo "[  FAILED  ] \$cases tests, listed below:"; exit 1
+fi
+echo "[  PASSED  ] \$cases tests."
+EOF
+  chmod +x "$work/build/tests/$name"
+done
+chmod +x "$work/sanitizer"
+{
+  echo "alpha_cuda_test A.One"
+  echo "alpha_cuda_test A.Two"
+  echo "beta_cuda_test B.One"
+  echo "gamma_cuda_test G.One"
+  echo "fail_cuda_test F.One"
+} >"$work/cases.txt"
+
+set +e
+SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs 3 --tools memcheck \
+  --list-file "$work/cases.txt" --no-pytest --out "$work/out" "$work/build" >"$work/table.txt" 2>&1
+status=$?
+set -e
+cat "$work/table.txt"
+((status == 1)) || { echo "expected exit 1 (the failing binary's row), got $status"; exit 1; }
+clean=$(grep -c '| clean$' "$work/table.txt" || true)
+((clean == 3)) || { echo "expected 3 clean rows (alpha, beta, gamma), got $clean"; exit 1; }
+grep -q 'fail_cuda_test.*FAIL' "$work/table.txt" || { echo "the failing binary's row is not FAIL"; exit 1; }
+grep -q 'alpha_cuda_test.*2/2' "$work/table.txt" || { echo "alpha's two cases are not one item"; exit 1; }
+# Item order: the rows follow the plan (alphabetical binaries within memcheck), not completion.
+order=$(grep -o '[a-z]*_cuda_test' "$work/table.txt" | tr '\n' ' ')
+[[ $order == "alpha_cuda_test beta_cuda_test fail_cuda_test gamma_cuda_test " ]] ||
+  { echo "rows out of item order: $order"; exit 1; }
+# One at a time, the first item finds no other started and fails.
+rm -f "$work/started"/*
+set +e
+SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs 1 --tools memcheck \
+  --list-file "$work/cases.txt" --no-pytest --out "$work/out1" "$work/build" >"$work/table1.txt" 2>&1
+set -e
+grep -q 'alpha_cuda_test.*FAIL' "$work/table1.txt" ||
+  { cat "$work/table1.txt"; echo "--jobs 1 ran the first item beside another"; exit 1; }
+echo "sanitize --jobs: 4 items side by side, 3 clean, the failing one failed, rows in item order"
