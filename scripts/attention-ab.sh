@@ -23,7 +23,8 @@ pack() {
   for spec in "$@"; do
     local name=${spec%%=*} ref=${spec#*=}
     [[ "$spec" == *=* && "$name" =~ ^[A-Za-z0-9.+-]+$ ]] ||
-      { echo "attention-ab.sh: expected NAME=REF (NAME of letters, digits, . + -), got '$spec'"; exit 2; }
+      { echo "attention-ab.sh: expected NAME=REF (NAME: letters, digits, . + -), got '$spec'"
+        exit 2; }
     git rev-parse --verify -q "$ref^{commit}" >/dev/null ||
       { echo "attention-ab.sh: '$ref' is not a commit of this repository"; exit 2; }
     rm -rf "${dir:?}/$name" && mkdir -p "$dir/$name"
@@ -50,19 +51,22 @@ run() {
   done
   mkdir -p "$out" && out=$(cd "$out" && pwd) && dir=$(cd "$dir" && pwd)
   local cutlass; cutlass=$(ls -d "$PWD"/.deps/cutlass-*/include 2>/dev/null | head -1)
-  [[ -n "$cutlass" ]] || { echo "attention-ab.sh: no CUTLASS in .deps (scripts/setup.sh fetches it)"; exit 1; }
+  [[ -n "$cutlass" ]] ||
+    { echo "attention-ab.sh: no CUTLASS in .deps (scripts/setup.sh fetches it)"; exit 1; }
   local site=/tmp/ab-site
   if compgen -G '.whl/fa3_fwd-*.whl' >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$site/fa3" .whl/fa3_fwd-*.whl || echo "attention-ab.sh: the FA3 wheel did not install"
+    python3 -m pip install -q --root-user-action=ignore --no-index --no-deps --no-compile \
+      --no-cache-dir --upgrade --target "$site/fa3" .whl/fa3_fwd-*.whl ||
+      echo "attention-ab.sh: the FA3 wheel did not install"
   fi
-  local names=() jobs=$(($(nproc) / 2)) name
+  local names=() jobs=$(($(nproc) > 2 ? $(nproc) / 2 : 1)) name
   for src in "$dir"/*/; do names+=("$(basename "$src")"); done
   ((${#names[@]})) || { echo "attention-ab.sh: no builds in $dir"; exit 2; }
   for name in "${names[@]}"; do
     (cd "$dir/$name" && CMAKE_BUILD_PARALLEL_LEVEL=$jobs FP8MLA_CUDA=ON python3 -m pip install -q \
-      --no-build-isolation --no-deps --target "$site/$name" . -C build-dir="/tmp/ab-build/$name" \
-      -C cmake.define.FP8MLA_CUTLASS_INCLUDE_DIR="$cutlass" >"$out/pip_$name.log" 2>&1 ||
+      --root-user-action=ignore --no-build-isolation --no-deps --target "$site/$name" . \
+      -C build-dir="/tmp/ab-build/$name" -C cmake.define.FP8MLA_CUTLASS_INCLUDE_DIR="$cutlass" \
+      >"$out/pip_$name.log" 2>&1 ||
       echo "attention-ab.sh: build $name failed, see $out/pip_$name.log") &
   done
   wait
@@ -73,6 +77,8 @@ run() {
         >"$out/ab_${lap}_$name.log" 2>&1 || echo "lap $lap $name: exit $? (see its log)"
     done
   done
+  compgen -G "$out/ab_*.json" >/dev/null ||
+    { echo "attention-ab.sh: no lap wrote its JSON"; exit 1; }
   python3 bench/ab_table.py "$out"/ab_*.json
 }
 

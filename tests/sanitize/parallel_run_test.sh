@@ -61,8 +61,10 @@ cat "$work/table.txt"
 ((status == 1)) || { echo "expected exit 1 (the failing binary's row), got $status"; exit 1; }
 clean=$(grep -c '| clean$' "$work/table.txt" || true)
 ((clean == 3)) || { echo "expected 3 clean rows (alpha, beta, gamma), got $clean"; exit 1; }
-grep -q 'fail_cuda_test.*FAIL' "$work/table.txt" || { echo "the failing binary's row is not FAIL"; exit 1; }
-grep -q 'alpha_cuda_test.*2/2' "$work/table.txt" || { echo "alpha's two cases are not one item"; exit 1; }
+grep -q 'fail_cuda_test.*FAIL' "$work/table.txt" ||
+  { echo "the failing binary's row is not FAIL"; exit 1; }
+grep -q 'alpha_cuda_test.*2/2' "$work/table.txt" ||
+  { echo "alpha's two cases are not one item"; exit 1; }
 # Item order: the rows follow the plan (alphabetical binaries within memcheck), not completion.
 order=$(grep -o '[a-z]*_cuda_test' "$work/table.txt" | tr '\n' ' ')
 [[ $order == "alpha_cuda_test beta_cuda_test fail_cuda_test gamma_cuda_test " ]] ||
@@ -71,7 +73,8 @@ order=$(grep -o '[a-z]*_cuda_test' "$work/table.txt" | tr '\n' ' ')
 rm -f "$work/started"/*
 set +e
 SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs 1 --tools memcheck \
-  --list-file "$work/cases.txt" --no-pytest --out "$work/out1" "$work/build" >"$work/table1.txt" 2>&1
+  --list-file "$work/cases.txt" --no-pytest --out "$work/out1" "$work/build" \
+  >"$work/table1.txt" 2>&1
 set -e
 grep -q 'alpha_cuda_test.*FAIL' "$work/table1.txt" ||
   { cat "$work/table1.txt"; echo "--jobs 1 ran the first item beside another"; exit 1; }
