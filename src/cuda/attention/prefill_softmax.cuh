@@ -108,9 +108,17 @@ struct OnlineSoftmax {
   __device__ void update(float (&s)[64], float (*o)[Traits::kORegs]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float m = row_max[h];
+      // Four chains of 4 and a tree of them: 7 dependent steps where one chain takes 17, with
+      // few live temporaries (a full tree of 16 spills).
+      float v[4];
 #pragma unroll
-      for (int j = 0; j < 16; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+      for (int j = 0; j < 16; ++j) {
+        const float pair = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+        v[j % 4] = j < 4 ? pair : fmaxf(v[j % 4], pair);
+      }
+      v[0] = fmaxf(v[0], v[1]);
+      v[2] = fmaxf(v[2], v[3]);
+      float m = fmaxf(row_max[h], fmaxf(v[0], v[2]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
       const float base = m == -INFINITY ? 0.0f : m * scale_log2;
