@@ -50,22 +50,27 @@ def utc_now():
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def load_anchors(path, script):
-    """Imports anchors.py (the alternatives every benchmark times fp8mla against) from `path`
-    (the file or its folder), else from the usual places; returns (module, file). `script` names
-    the caller in the error."""
+def find_anchors(path, script):
+    """The file anchors.py (the alternatives every benchmark times fp8mla against): `path` (the
+    file or its folder), else the usual places. `script` names the caller in the error."""
     candidates = [path] if path else []
     candidates += [os.path.join(REPO, "..", "shared", "anchors"), os.path.join(REPO, ".anchors"),
                    os.path.join(REPO, "bench"), os.path.join(REPO, "anchors"), REPO]
     for c in candidates:
         f = c if c.endswith(".py") else os.path.join(c, "anchors.py")
         if os.path.isfile(f):
-            spec = importlib.util.spec_from_file_location("anchors", f)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["anchors"] = module
-            spec.loader.exec_module(module)
-            return module, os.path.abspath(f)
+            return os.path.abspath(f)
     sys.exit(f"{script}: anchors.py not found (tried {candidates}); pass --anchors PATH")
+
+
+def load_anchors(path, script):
+    """Imports anchors.py (see find_anchors); returns (module, file)."""
+    f = find_anchors(path, script)
+    spec = importlib.util.spec_from_file_location("anchors", f)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["anchors"] = module
+    spec.loader.exec_module(module)
+    return module, f
 
 
 def load_fa3():

@@ -9,11 +9,12 @@
 #       on the GPU machine: builds every DIR/* in parallel (CUTLASS from .deps), installs the FA3
 #       wheel of .whl/ if there, runs the laps (bench/attention.py of this tree, --json
 #       OUT/ab_LAP_NAME.json) and prints bench/ab_table.py's table of them.
-# Defaults: --shapes 8k,16k,8k+8k,h16-32k,16x1k, --laps 2, --rounds 3. One lap of five shapes
-# takes about 25 s a build on an H200, the builds about 100 s together.
+# Defaults: --shapes 8k,16k,8k+8k,h16-32k,16x1k, --laps 2, --rounds 3. --anchors: anchors.py or
+# its folder, where ../shared/anchors is absent (checked before the builds). On an H200 (first
+# run 2026-12-02): four builds took 60 s together, a lap of five shapes about 25 s a build.
 set -uo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-usage() { sed -n '2,13p' "$self"; }
+usage() { sed -n '2,14p' "$self"; }
 cd "$(dirname "$0")/.." || exit 1
 
 pack() {
@@ -50,6 +51,9 @@ run() {
     shift
   done
   mkdir -p "$out" && out=$(cd "$out" && pwd) && dir=$(cd "$dir" && pwd)
+  # bench/attention.py stops without anchors.py (its cuDNN rows): find it before any build.
+  python3 -c 'import sys; sys.path.insert(0, "bench"); import common
+common.find_anchors(sys.argv[1] or None, "attention-ab.sh")' "${anchors[1]:-}" >/dev/null || exit 2
   local cutlass; cutlass=$(ls -d "$PWD"/.deps/cutlass-*/include 2>/dev/null | head -1)
   [[ -n "$cutlass" ]] ||
     { echo "attention-ab.sh: no CUTLASS in .deps (scripts/setup.sh fetches it)"; exit 1; }
