@@ -20,9 +20,23 @@ pairs=$(awk -F'\t' 'NF { n = split($5, c, $2 ~ /^pytest:/ ? " " : ":");
 dups=$(uniq -d <<<"$pairs")
 [[ -z $dups ]] || { echo "cases in more than one item: $dups"; exit 1; }
 count=$(wc -l <<<"$pairs")
-# 15 cases: 3 excluded for every tool (2^31, the failing launch), 1 more for racecheck (cuBLASLt).
-want=$(((15 - 3) * 4 - 1))
+# 17 cases: 3 excluded for every tool (2^31, the failing launch), 3 more for racecheck (cuBLASLt).
+want=$(((17 - 3) * 4 - 3))
 ((count == want)) || { echo "expected $want (tool, case) pairs, got $count:"; echo "$pairs"; exit 1; }
 grep -q 'Past2To31\|StridesPast\|LaunchError' <<<"$pairs" && { echo "an excluded case is listed"; exit 1; }
 grep -q '^racecheck mla_model_cuda_test' <<<"$pairs" && { echo "racecheck of cuBLASLt listed"; exit 1; }
+# The NCCL case runs with its option, alone in its item; the cases around it without.
+nccl=$(grep 'MlaContextParallelCudaNccl' <<<"$all")
+[[ $(wc -l <<<"$nccl") == 3 && $(grep -c $'\t--report-api-errors no$' <<<"$nccl") == 3 ]] ||
+  { echo "the NCCL case's items lack their option: $nccl"; exit 1; }
+awk -F'\t' '$5 ~ /Nccl/ && $5 ~ /:/ { bad = 1 } $5 !~ /Nccl/ && $6 != "" { bad = 1 }
+  END { exit bad }' <<<"$all" || { echo "an option leaked into another case's item"; exit 1; }
+# A measured time replaces the table's estimate (x 1.5).
+times=$(mktemp)
+trap 'rm -f "$times"' EXIT
+printf 'memcheck\tmerge_states_cuda_test\tMergeStatesCuda.MatchesCpu\t1000\n' >"$times"
+est=$("$root/scripts/sanitize.sh" --dry-run --tools memcheck --list-file "$list" --times "$times" \
+  no-build-dir | awk -F'\t' '$2 == "merge_states_cuda_test" && $5 ~ /MatchesCpu/ { print $4 }')
+[[ $est == "1510 s (estimate)" ]] ||
+  { echo "measured 1000 s: expected 1510 s (x 1.5 + 10 s start), got '$est'"; exit 1; }
 echo "sanitize dry run: $count (tool, case) pairs in 4 shares, each once"

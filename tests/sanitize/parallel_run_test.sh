@@ -2,7 +2,8 @@
 # scripts/sanitize.sh --jobs, without a GPU or a sanitizer: a stand-in sanitizer runs stand-in
 # test binaries (shell scripts that print gtest's summary). Each binary waits (5 s at most) until
 # another one has started: with --jobs 3 every item but the failing binary is clean, in item order
-# in the table; with --jobs 1 the first item, alone, fails.
+# in the table, and the passed cases' seconds are in OUT/case_times.tsv; with --jobs 1 the first
+# item, alone, fails.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 work=$(mktemp -d)
@@ -39,6 +40,7 @@ cases=\$(tr ':' '\n' <<<"\$1" | wc -l)
 if [[ $name == fail_cuda_test ]]; then
   echo "[  FAILED  ] \$cases tests, listed below:"; exit 1
 fi
+tr ':' '\n' <<<"\$1" | while read -r c; do echo "[       OK ] \$c (1500 ms)"; done
 echo "[  PASSED  ] \$cases tests."
 EOF
   chmod +x "$work/build/tests/$name"
@@ -69,6 +71,10 @@ grep -q 'alpha_cuda_test.*2/2' "$work/table.txt" ||
 order=$(grep -o '[a-z]*_cuda_test' "$work/table.txt" | tr '\n' ' ')
 [[ $order == "alpha_cuda_test beta_cuda_test fail_cuda_test gamma_cuda_test " ]] ||
   { echo "rows out of item order: $order"; exit 1; }
+# Every passed case's seconds, for the next plan (sanitize_plan.py --times).
+grep -qx $'memcheck\talpha_cuda_test\tA.Two\t1.5' "$work/out/case_times.tsv" &&
+  [[ $(wc -l <"$work/out/case_times.tsv") == 4 ]] ||
+  { cat "$work/out/case_times.tsv"; echo "case_times.tsv: expected the 4 passed cases"; exit 1; }
 # One at a time, the first item finds no other started and fails.
 rm -f "$work/started"/*
 set +e
