@@ -6,15 +6,18 @@
 #       here, with git: the sources of each commit (or branch, tag) REF into DIR/NAME. A diagnostic
 #       build is a commit on a scratch branch; DIR is carried to the GPU machine.
 #   scripts/attention-ab.sh run DIR OUT [--shapes LIST] [--laps N] [--rounds R] [--anchors PATH]
+#                              [--accuracy LENGTHS]
 #       on the GPU machine: builds every DIR/* in parallel (CUTLASS from .deps), installs the FA3
 #       wheel of .whl/ if there, runs the laps (bench/attention.py of this tree, --json
-#       OUT/ab_LAP_NAME.json) and prints bench/ab_table.py's table of them.
+#       OUT/ab_LAP_NAME.json) and prints bench/ab_table.py's table of them; --accuracy runs
+#       bench/attention_long_accuracy.py --lengths LENGTHS on every build (OUT/acc_NAME.json).
 # Defaults: --shapes 8k,16k,8k+8k,h16-32k,16x1k, --laps 2, --rounds 3. --anchors: anchors.py or
 # its folder, where ../shared/anchors is absent (checked before the builds). On an H200 (first
-# run 2026-12-02): four builds took 60 s together, a lap of five shapes about 25 s a build.
+# run 2026-12-02): four builds took 60 s together, a lap of five shapes about 25 s a build,
+# --accuracy 8192,32768 about 10 s a build.
 set -uo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-usage() { sed -n '2,14p' "$self"; }
+usage() { sed -n '2,16p' "$self"; }
 cd "$(dirname "$0")/.." || exit 1
 
 pack() {
@@ -39,13 +42,14 @@ run() {
   local dir=${1:-} out=${2:-}
   [[ -d "$dir" && -n "$out" ]] || { usage; exit 2; }
   shift 2
-  local shapes=8k,16k,8k+8k,h16-32k,16x1k laps=2 rounds=3 anchors=()
+  local shapes=8k,16k,8k+8k,h16-32k,16x1k laps=2 rounds=3 anchors=() accuracy=
   while (($#)); do
     case "$1" in
       --shapes) shapes=$2; shift ;;
       --laps) laps=$2; shift ;;
       --rounds) rounds=$2; shift ;;
       --anchors) anchors=(--anchors "$2"); shift ;;
+      --accuracy) accuracy=$2; shift ;;
       *) usage; exit 2 ;;
     esac
     shift
@@ -84,6 +88,13 @@ common.find_anchors(sys.argv[1] or None, "attention-ab.sh")' "${anchors[1]:-}" >
   compgen -G "$out/ab_*.json" >/dev/null ||
     { echo "attention-ab.sh: no lap wrote its JSON"; exit 1; }
   python3 bench/ab_table.py "$out"/ab_*.json
+  [[ -n $accuracy ]] || return 0
+  for name in "${names[@]}"; do
+    echo "accuracy of $name (max |O - O_ref| against float64):"
+    PYTHONPATH="$site/$name:$site/fa3" python3 bench/attention_long_accuracy.py \
+      --lengths "$accuracy" --json "$out/acc_$name.json" 2>&1 | tee "$out/acc_$name.log" |
+      grep '^|' || echo "accuracy $name: failed (see its log)"
+  done
 }
 
 case "${1:-}" in
