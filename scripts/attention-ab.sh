@@ -17,7 +17,7 @@
 # --accuracy 8192,32768 about 10 s a build.
 set -uo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-usage() { sed -n '2,16p' "$self"; }
+usage() { sed -n '2,17p' "$self"; }
 cd "$(dirname "$0")/.." || exit 1
 
 pack() {
