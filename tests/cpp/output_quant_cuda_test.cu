@@ -162,7 +162,7 @@ void expect_attention_fuses(const Batch& batch) {
     const std::vector<std::uint8_t> want_lse = lse.download();
     const TensorView real_rows(const_cast<std::uint8_t*>(rows.data()), DType::kBF16,
                                {batch.real(), width});
-    for (const QuantCase& c : test::quant_cases(batch.tq, batch.heads, kDv)) {
+    for (const QuantCase& c : test::walked(test::quant_cases(batch.tq, batch.heads, kDv))) {
       DeviceBuffer fused_lse(lse.bytes());
       expect_fused_matches(
           c, real_rows, batch.tq,
@@ -211,7 +211,7 @@ TEST(OutputQuantCuda, PrefillAttentionEqualsUnfusedThenStandalone) {
 TEST(OutputQuantCuda, PrefillAttentionIsDeterministic) {
   FP8MLA_REQUIRE_HOPPER();
   const Batch batch({200, 77}, {300, 77}, 0, true, true);
-  for (const QuantCase& c : test::quant_cases(batch.tq, batch.heads, kDv)) {
+  for (const QuantCase& c : test::walked(test::quant_cases(batch.tq, batch.heads, kDv))) {
     if (c.name.find("out ") != std::string::npos) continue;  // one out layout each
     SCOPED_TRACE(c.name);
     QuantBuffers host(c, test::kPoison);
@@ -263,7 +263,7 @@ void expect_merge_fuses(const test::MergeCase& c, bool lse_in_place) {
   }
   const TensorView rows(bf16.data(), DType::kBF16, {c.tokens, c.heads * c.dim});
   const std::vector<std::uint8_t> want_lse = unfused[5].download();
-  for (const QuantCase& q : test::quant_cases(c.tokens, c.heads, c.dim)) {
+  for (const QuantCase& q : test::walked(test::quant_cases(c.tokens, c.heads, c.dim))) {
     std::vector<DeviceBuffer> states;
     expect_fused_matches(
         q, rows, c.tokens,

@@ -6,7 +6,9 @@
 // the op uses (padded scale tensors) must stay as they were.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -265,6 +267,28 @@ TEST(FusedOutputQuant, QuantizedOutLayoutErrors) {
       ErrorCategory::kInvalidArgument,
       {"merge_attention_states: `output_block_scale`: 128x4 swizzled block scales [R, 8] need R a "
        "multiple of 128"});
+}
+
+// The sanitizer runs' subset (FP8MLA_QUANT_CASES=keys, set by scripts/sanitize.sh for racecheck
+// and synccheck): the first case of each key, every key once; without it, every case.
+TEST(FusedOutputQuant, SanitizerSubsetWalksTheFirstCaseOfEachKey) {
+  const std::vector<QuantCase> all = quant_cases(300);
+  ASSERT_EQ(::unsetenv("FP8MLA_QUANT_CASES"), 0);
+  EXPECT_EQ(test::walked(quant_cases(300)).size(), all.size());
+  ASSERT_EQ(::setenv("FP8MLA_QUANT_CASES", "keys", 1), 0);
+  const std::vector<QuantCase> some = test::walked(quant_cases(300));
+  ASSERT_EQ(::unsetenv("FP8MLA_QUANT_CASES"), 0);
+  std::vector<std::string> want;  // the first case of each key, in order
+  std::vector<OutputQuantKey> seen;
+  for (const QuantCase& c : all) {
+    if (std::find(seen.begin(), seen.end(), c.key) != seen.end()) continue;
+    seen.push_back(c.key);
+    want.push_back(c.name);
+  }
+  ASSERT_EQ(seen.size(), 4u);  // static, group 128, group 64, NVFP4
+  std::vector<std::string> got;
+  for (const QuantCase& c : some) got.push_back(c.name);
+  EXPECT_EQ(got, want);
 }
 
 }  // namespace

@@ -11,16 +11,23 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/build/tests" "$work/started"
 
 # The stand-in sanitizer: `SANITIZER --tool T ... BINARY --gtest_filter=F` runs BINARY and prints
-# the sanitizer's summary line.
+# the sanitizer's summary line. It fails unless the output-quantization subset is set for exactly
+# racecheck and synccheck.
 cat >"$work/sanitizer" <<'EOF'
 #!/usr/bin/env bash
-exe="" filter=""
+exe="" filter="" tool="" prev=""
 for a in "$@"; do
   case "$a" in
     --gtest_filter=*) filter=${a#--gtest_filter=} ;;
     */tests/*) exe=$a ;;
   esac
+  [[ $prev == --tool ]] && tool=$a
+  prev=$a
 done
+want=""
+[[ $tool == racecheck || $tool == synccheck ]] && want=keys
+[[ ${FP8MLA_QUANT_CASES:-} == "$want" ]] ||
+  { echo "FP8MLA_QUANT_CASES='${FP8MLA_QUANT_CASES:-}' under $tool"; exit 3; }
 "$exe" "$filter"; status=$?
 echo "========= ERROR SUMMARY: 0 errors"
 exit $status
@@ -84,4 +91,14 @@ SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs 1 --tools memchec
 set -e
 grep -q 'alpha_cuda_test.*FAIL' "$work/table1.txt" ||
   { cat "$work/table1.txt"; echo "--jobs 1 ran the first item beside another"; exit 1; }
-echo "sanitize --jobs: 4 items side by side, 3 clean, the failing one failed, rows in item order"
+# Under racecheck the items get the output-quantization subset (the stand-in checks it).
+rm -f "$work/started"/*
+set +e
+SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs 3 --tools racecheck \
+  --list-file "$work/cases.txt" --no-pytest --out "$work/out2" "$work/build" \
+  >"$work/table2.txt" 2>&1
+set -e
+clean=$(grep -c '| clean$' "$work/table2.txt" || true)
+((clean == 3)) || { cat "$work/table2.txt"; echo "racecheck: expected 3 clean rows"; exit 1; }
+echo "sanitize --jobs: 4 items side by side, 3 clean, the failing one failed, rows in item order;"\
+  "racecheck's items get FP8MLA_QUANT_CASES=keys"
