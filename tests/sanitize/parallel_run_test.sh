@@ -61,11 +61,18 @@ chmod +x "$work/sanitizer"
   echo "fail_cuda_test F.One"
 } >"$work/cases.txt"
 
-set +e
-SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs 3 --tools memcheck \
-  --list-file "$work/cases.txt" --no-pytest --out "$work/out" "$work/build" >"$work/table.txt" 2>&1
-status=$?
-set -e
+# sweep NAME JOBS TOOL: the stand-in sweep's table into $work/tableNAME.txt (its output folder
+# $work/outNAME), with every started mark cleared first; its exit status in $status.
+sweep() {
+  rm -f "$work/started"/*
+  set +e
+  SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs "$2" --tools "$3" \
+    --list-file "$work/cases.txt" --no-pytest --out "$work/out$1" "$work/build" \
+    >"$work/table$1.txt" 2>&1
+  status=$?
+  set -e
+}
+sweep "" 3 memcheck
 cat "$work/table.txt"
 ((status == 1)) || { echo "expected exit 1 (the failing binary's row), got $status"; exit 1; }
 clean=$(grep -c '| clean$' "$work/table.txt" || true)
@@ -83,21 +90,11 @@ grep -qx $'memcheck\talpha_cuda_test\tA.Two\t1.5' "$work/out/case_times.tsv" &&
   [[ $(wc -l <"$work/out/case_times.tsv") == 4 ]] ||
   { cat "$work/out/case_times.tsv"; echo "case_times.tsv: expected the 4 passed cases"; exit 1; }
 # One at a time, the first item finds no other started and fails.
-rm -f "$work/started"/*
-set +e
-SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs 1 --tools memcheck \
-  --list-file "$work/cases.txt" --no-pytest --out "$work/out1" "$work/build" \
-  >"$work/table1.txt" 2>&1
-set -e
+sweep 1 1 memcheck
 grep -q 'alpha_cuda_test.*FAIL' "$work/table1.txt" ||
   { cat "$work/table1.txt"; echo "--jobs 1 ran the first item beside another"; exit 1; }
 # Under racecheck the items get the output-quantization subset (the stand-in checks it).
-rm -f "$work/started"/*
-set +e
-SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs 3 --tools racecheck \
-  --list-file "$work/cases.txt" --no-pytest --out "$work/out2" "$work/build" \
-  >"$work/table2.txt" 2>&1
-set -e
+sweep 2 3 racecheck
 clean=$(grep -c '| clean$' "$work/table2.txt" || true)
 ((clean == 3)) || { cat "$work/table2.txt"; echo "racecheck: expected 3 clean rows"; exit 1; }
 echo "sanitize --jobs: 4 items side by side, 3 clean, the failing one failed, rows in item order;"\
