@@ -94,20 +94,20 @@ rows="$out/rows.tsv"
 run_item() {
   local n=$1 tool=$2 binary=$3 count=$4 filter=$5 start status opts
   read -ra opts <<<"${6:-}"  # the item's extra sanitizer options (sanitize_plan.py OPTIONS)
-  local env=(FP8MLA_RERUNS=3 FP8MLA_RANDOM_CASES=3)
+  local item_env=(FP8MLA_RERUNS=3 FP8MLA_RANDOM_CASES=3)
   # Shared-memory and barrier checks: one output-quantization case a key (see the header).
-  [[ $tool == racecheck || $tool == synccheck ]] && env+=(FP8MLA_QUANT_CASES=keys)
+  [[ $tool == racecheck || $tool == synccheck ]] && item_env+=(FP8MLA_QUANT_CASES=keys)
   local log="$out/$n-$tool-${binary//[:\/]/_}.log"
   start=$(date +%s)
   if [[ $binary == pytest:* ]]; then
     local ids
     read -ra ids <<<"$filter"
     [[ $filter == '*' ]] && ids=("${binary#pytest:}")
-    (cd "$here/.." && env "${env[@]}" timeout "$budget_s" $sanitizer --tool "$tool" "${opts[@]}" \
+    (cd "$here/.." && env "${item_env[@]}" timeout "$budget_s" $sanitizer --tool "$tool" "${opts[@]}" \
       --target-processes all --print-level info --error-exitcode 99 \
       python3 -m pytest -q -p no:cacheprovider "${ids[@]}") >"$log" 2>&1
   else
-    env "${env[@]}" timeout "$budget_s" $sanitizer --tool "$tool" "${opts[@]}" \
+    env "${item_env[@]}" timeout "$budget_s" $sanitizer --tool "$tool" "${opts[@]}" \
       --print-level info --error-exitcode 99 "$dir/tests/$binary" --gtest_filter="$filter" \
       >"$log" 2>&1
   fi
