@@ -6,18 +6,20 @@
 #       here, with git: the sources of each commit (or branch, tag) REF into DIR/NAME. A diagnostic
 #       build is a commit on a scratch branch; DIR is carried to the GPU machine.
 #   scripts/attention-ab.sh run DIR OUT [--shapes LIST] [--laps N] [--rounds R] [--anchors PATH]
-#                              [--accuracy LENGTHS]
+#                              [--accuracy LENGTHS] [--digest]
 #       on the GPU machine: builds every DIR/* in parallel (CUTLASS from .deps), installs the FA3
 #       wheel of .whl/ if there, runs the laps (bench/attention.py of this tree, --json
 #       OUT/ab_LAP_NAME.json) and prints bench/ab_table.py's table of them; --accuracy runs
-#       bench/attention_long_accuracy.py --lengths LENGTHS on every build (OUT/acc_NAME.json).
+#       bench/attention_long_accuracy.py --lengths LENGTHS on every build (OUT/acc_NAME.json);
+#       --digest runs bench/attention_digest.py on every build first (OUT/digest_NAME.json) and
+#       says which outputs differ from the first build's (a change meant to keep every byte).
 # Defaults: --shapes 8k,16k,8k+8k,h16-32k,16x1k, --laps 2, --rounds 3. --anchors: anchors.py or
 # its folder, where ../shared/anchors is absent (checked before the builds). On an H200 (first
 # run 2026-12-02): four builds took 60 s together, a lap of five shapes about 25 s a build,
 # --accuracy 8192,32768 about 10 s a build.
 set -uo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-usage() { sed -n '2,17p' "$self"; }
+usage() { sed -n '2,19p' "$self"; }
 cd "$(dirname "$0")/.." || exit 1
 
 pack() {
@@ -42,7 +44,7 @@ run() {
   local dir=${1:-} out=${2:-}
   [[ -d "$dir" && -n "$out" ]] || { usage; exit 2; }
   shift 2
-  local shapes=8k,16k,8k+8k,h16-32k,16x1k laps=2 rounds=3 anchors=() accuracy=
+  local shapes=8k,16k,8k+8k,h16-32k,16x1k laps=2 rounds=3 anchors=() accuracy= digest=0
   while (($#)); do
     case "$1" in
       --shapes) shapes=$2; shift ;;
@@ -50,6 +52,7 @@ run() {
       --rounds) rounds=$2; shift ;;
       --anchors) anchors=(--anchors "$2"); shift ;;
       --accuracy) accuracy=$2; shift ;;
+      --digest) digest=1 ;;
       *) usage; exit 2 ;;
     esac
     shift
@@ -78,6 +81,7 @@ common.find_anchors(sys.argv[1] or None, "attention-ab.sh")' "${anchors[1]:-}" >
       echo "attention-ab.sh: build $name failed, see $out/pip_$name.log") &
   done
   wait
+  ((digest)) && digests "$site" "$out" "${names[@]}"
   for ((lap = 1; lap <= laps; ++lap)); do
     for name in "${names[@]}"; do
       PYTHONPATH="$site/$name:$site/fa3" python3 bench/attention.py "${anchors[@]}" \
@@ -95,6 +99,36 @@ common.find_anchors(sys.argv[1] or None, "attention-ab.sh")' "${anchors[1]:-}" >
       --lengths "$accuracy" --json "$out/acc_$name.json" 2>&1 | tee "$out/acc_$name.log" |
       grep '^|' || echo "accuracy $name: failed (see its log)"
   done
+}
+
+# Each build's output digests, and which differ from the first build's.
+digests() {
+  local site=$1 out=$2; shift 2
+  for name in "$@"; do
+    PYTHONPATH="$site/$name" python3 bench/attention_digest.py --json "$out/digest_$name.json" \
+      >"$out/digest_$name.log" 2>&1 || echo "digest $name: exit $? (see its log)"
+  done
+  python3 - "$out" "$@" <<'PY'
+import json, sys
+out, names = sys.argv[1], sys.argv[2:]
+def load(name):
+    try:
+        return json.load(open(f"{out}/digest_{name}.json"))["digests"]
+    except OSError:
+        return None
+base = load(names[0])
+for name in names[1:]:
+    other = load(name)
+    if base is None or other is None:
+        print(f"digest {name}: missing")
+        continue
+    diff = [f"{case} {form}" for case in base for form in base[case]
+            if other.get(case, {}).get(form) != base[case][form]]
+    total = sum(len(v) for v in base.values())
+    print(f"digest {name} against {names[0]}: " +
+          (f"all {total} outputs identical" if not diff else
+           f"{len(diff)} of {total} differ: " + "; ".join(diff)))
+PY
 }
 
 case "${1:-}" in
