@@ -38,8 +38,8 @@ struct OutputPartial {
     pending[0] = pending[1] = 1.0f;
   }
   __device__ void rescale(const float (&correction)[2]) {
-    pending[0] *= correction[0];
-    pending[1] *= correction[1];
+    pending[0] = __fmul_rn(pending[0], correction[0]);
+    pending[1] = __fmul_rn(pending[1], correction[1]);
   }
   // o[4j + 2h + e] is row half h: float4 j holds (h0, h0, h1, h1).
   __device__ float4 combined(int j, const float (&o)[Traits::kORegs]) const {

@@ -10,6 +10,12 @@
 // scale_log2 = softmax_scale * log2(e) (* the FP8 descales) > 0 is one FFMA and one ex2 an
 // element. The row sum l stays a per-thread partial until the end. A row with no visible key so
 // far has max -inf and contributes exp2(-inf) = 0 without producing NaN.
+//
+// Every product that meets an addition is written out with its rounding (fmaf, __fmul_rn,
+// __fadd_rn): left to the compiler, each inlined copy of this code (first, middle and last turns,
+// masked or not, one work tile or many a CTA) chose FMA contraction on its own, so the same row
+// got different bits from different copies; that broke batch invariance whenever a change moved
+// the copies apart.
 #pragma once
 
 #include <cstdint>
@@ -99,7 +105,8 @@ struct OnlineSoftmax {
   __device__ float lse(int h) const {
     constexpr float kLn2 = 0.69314718055994531f;
     return row_sum[h] > 0.0f
-               ? (row_max[h] * scale_log2 + __log2f(row_sum[h]) - Traits::kPShift) * kLn2
+               ? fmaf(row_max[h], scale_log2, __fadd_rn(__log2f(row_sum[h]), -Traits::kPShift)) *
+                     kLn2
                : -INFINITY;
   }
 
@@ -121,11 +128,11 @@ struct OnlineSoftmax {
       float m = fmaxf(row_max[h], fmaxf(v[0], v[2]));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-      const float base = m == -INFINITY ? 0.0f : m * scale_log2;
-      correction[h] = fast_exp2(row_max[h] * scale_log2 - base);
+      const float base = m == -INFINITY ? 0.0f : __fmul_rn(m, scale_log2);
+      correction[h] = fast_exp2(fmaf(row_max[h], scale_log2, -base));
       row_max[h] = m;
-      float sum = kRowSum ? row_sum[h] * correction[h] : 0.0f;
-      const float offset = Traits::kPShift - base;
+      float sum = kRowSum ? __fmul_rn(row_sum[h], correction[h]) : 0.0f;
+      const float offset = __fadd_rn(Traits::kPShift, -base);
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
 #pragma unroll
@@ -143,8 +150,8 @@ struct OnlineSoftmax {
   __device__ void rescale_half(float (&o)[Traits::kORegs], int h) const {
 #pragma unroll
     for (int j = 0; j < Traits::kPvN / 8; ++j) {
-      o[4 * j + 2 * h] *= correction[h];
-      o[4 * j + 2 * h + 1] *= correction[h];
+      o[4 * j + 2 * h] = __fmul_rn(o[4 * j + 2 * h], correction[h]);
+      o[4 * j + 2 * h + 1] = __fmul_rn(o[4 * j + 2 * h + 1], correction[h]);
     }
   }
 };
