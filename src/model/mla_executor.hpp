@@ -3,7 +3,7 @@
 // the backend's path, and calls the executor's steps in order. An executor runs each step on its
 // device: the CPU one (mla_layer_cpu.cpp) in host memory with the reference math, the CUDA one
 // (mla_layer_cuda.cpp) in the caller's workspace on a stream, with the batch's metadata uploaded
-// in one copy and CUDA events as stage timers.
+// in one copy and GPU clock stamps as stage timers (cuda/common/stage_timer.hpp).
 #pragma once
 
 #include <cstddef>

@@ -2,7 +2,8 @@
 // RMSNorm and the BF16 path's RoPE through the layer's kernels (cuda/model/layer_kernels),
 // everything else through fp8mla's ops and the attention backend, in the CPU executor's order, on
 // the call's stream. Device memory comes from the caller's workspace (model/mla_workspace), the
-// batch's metadata from one host-to-device copy, the stage times from CUDA events.
+// batch's metadata from one host-to-device copy, the stage times from GPU clock stamps
+// (cuda/common/stage_timer.hpp: they keep the launch overlap PDL gives the stages).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

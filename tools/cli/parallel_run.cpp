@@ -321,7 +321,7 @@ class GpuRanks {
 
   // Every rank's prefill through path `path` (0: FP8, 1: BF16) at once, each from its own
   // thread on its own stream (NCCL's rule for one process driving several GPUs), waited for;
-  // each rank's stage times (its own CUDA events) in (*times)[c * N + t] when asked for.
+  // each rank's stage times (its own stage stamps) in (*times)[c * N + t] when asked for.
   void prefill(int path, const MlaPrefillOptions& o, std::vector<MlaStageTimes>* times) {
     on_rank_threads(g_, [&](int t, int c) {
       const std::size_t i = std::size_t(g_.index(t, c));

@@ -1,58 +1,50 @@
-// CUDA events around the stages of a run (a layer's prefill), read once it is done. Only when
-// times are asked for: reading them waits for the GPU, and the events between stages stop
-// programmatic dependent launch from overlapping them. Events are created on first use and kept.
+// Times of the stages of a run (a layer's prefill), read once it is done; only when times are
+// asked for (reading them waits for the GPU). Each stage boundary is a one-thread kernel that
+// writes the GPU's nanosecond clock (%globaltimer) once the work before it has completed. It is
+// launched with programmatic dependent launch and lets the next kernel launch at once, so the
+// stages keep the overlap of their launches that PDL gives them untimed; a CUDA event between
+// two kernels would end it (the stream waits for the event's work before the next launch).
+// The stamps go into device blocks of kBlockStamps, allocated on first use and kept: the first
+// at begin(), more only when a run has more stages than any before (without waiting for the GPU).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
-
-#include "cuda/common/runtime.hpp"
 
 namespace fp8mla::cuda {
 
 class StageTimer {
  public:
-  ~StageTimer() {
-    for (cudaEvent_t e : events_) cudaEventDestroy(e);
-  }
-  void start(cudaStream_t stream, double* stage) {
-    if (!enabled_) return;
-    record(stream);
-    stages_.push_back(stage);
-  }
-  void stop(cudaStream_t stream) {
-    if (enabled_) record(stream);
-  }
-  void begin(bool enabled) {
-    enabled_ = enabled;
-    used_ = 0;
-    stages_.clear();
-  }
-  void finish() {
-    if (!enabled_ || used_ == 0) return;
-    check(cudaEventSynchronize(events_[used_ - 1]), "cudaEventSynchronize(stage timer)");
-    for (std::size_t i = 0; i < stages_.size(); ++i) {
-      float ms = 0;
-      check(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]), "cudaEventElapsedTime");
-      *stages_[i] += ms;
-    }
-  }
+  StageTimer() = default;
+  ~StageTimer();
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+  // A new run: timed when `enabled`, else every call below does nothing.
+  void begin(bool enabled);
+  // The stage that starts here on `stream` adds its milliseconds to *stage at finish().
+  void start(cudaStream_t stream, double* stage);
+  // The stage started last ends here.
+  void stop(cudaStream_t stream);
+  // Waits for the run's stamps and adds each stage's time.
+  void finish();
 
  private:
-  void record(cudaStream_t stream) {
-    if (used_ == events_.size()) {
-      cudaEvent_t e;
-      check(cudaEventCreate(&e), "cudaEventCreate(stage timer)");
-      events_.push_back(e);
-    }
-    check(cudaEventRecord(events_[used_++], stream), "cudaEventRecord(stage timer)");
-  }
+  static constexpr std::size_t kBlockStamps = 512;
+  void stamp(cudaStream_t stream);
+  void add_block();
   bool enabled_ = false;
-  std::vector<cudaEvent_t> events_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<std::uint64_t*> blocks_;  // device, kBlockStamps each
   std::size_t used_ = 0;
   std::vector<double*> stages_;
+  std::vector<std::uint64_t> host_;
 };
+
+// Launches the stamp kernel: slot = %globaltimer once the work before it on `stream` is done.
+void launch_stage_stamp(cudaStream_t stream, std::uint64_t* slot);
 
 }  // namespace fp8mla::cuda

@@ -7,7 +7,7 @@
 //   bf16: the same weights, the "bf16-hopper" backend (the BF16 path);
 //   bf16w: bf16 weights, "bf16-hopper" (the BF16 path of a BF16 checkpoint).
 // Time: CUDA events around prefill (metadata upload included), warm-up, median; then one run
-// with the per-stage events. bench/layer.py times an eager PyTorch BF16 layer on the same shapes.
+// with the per-stage clock stamps. bench/layer.py times an eager PyTorch BF16 layer on the same shapes.
 // --cp N times context parallelism's per-rank compute instead (bench_context_parallel), --tp
 // N,... tensor parallelism's (bench_tensor_parallel).
 #include <CLI/CLI.hpp>
