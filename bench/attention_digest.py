@@ -9,6 +9,7 @@ partial tiles, the promotion boundaries of e4m3 (8 and 16 key tiles), prefixes a
 batches, and the batches that run on the persistent grid (many short sequences).
 
     python3 bench/attention_digest.py --json OUT.json
+    python3 bench/attention_digest.py --compare FIRST.json OTHER.json ...   # what differs
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-
-from attention import make_inputs
+import os
 
 # (query lengths, prefix lengths, heads); every case runs causal and full.
 CASES = [
@@ -40,6 +40,8 @@ def digest(torch, t):
 
 
 def run_case(torch, fp8mla, q_lens, prefix_lens, heads, causal, seed):
+    from attention import make_inputs
+
     x = make_inputs(torch, q_lens, prefix_lens, heads, seed)
     forms = {
         "e4m3": (x.q8, x.k8, x.v8t, True, False),
@@ -62,10 +64,43 @@ def run_case(torch, fp8mla, q_lens, prefix_lens, heads, causal, seed):
     return result
 
 
+def compare(paths):
+    """One line for each file after the first: which of the first file's outputs it gives other
+    bytes for (or lacks), or that all are identical."""
+    def load(path):
+        try:
+            with open(path) as f:
+                return json.load(f)["digests"]
+        except (OSError, ValueError, KeyError) as e:
+            return f"unreadable ({e.__class__.__name__})"
+    first, lines = load(paths[0]), []
+    if isinstance(first, str):
+        return [f"{os.path.basename(paths[0])}: {first}"]
+    total = sum(len(forms) for forms in first.values())
+    for path in paths[1:]:
+        other = load(path)
+        name = os.path.basename(path)
+        if isinstance(other, str):
+            lines.append(f"{name}: {other}")
+            continue
+        diff = [f"{case} {form}" for case, forms in first.items() for form, digest in forms.items()
+                if other.get(case, {}).get(form) != digest]
+        lines.append(f"{name} against {os.path.basename(paths[0])}: " +
+                     (f"all {total} outputs identical" if not diff else
+                      f"{len(diff)} of {total} differ: " + "; ".join(diff)))
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True, help="where to write {case: {form: digest}}")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--json", help="where to write {case: {form: digest}}")
+    mode.add_argument("--compare", nargs="+", metavar="FILE",
+                      help="digest files: say what each one after the first gives other bytes for")
     args = parser.parse_args()
+    if args.compare:
+        print("\n".join(compare(args.compare)))
+        return
     import torch
 
     import fp8mla

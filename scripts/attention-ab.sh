@@ -103,32 +103,13 @@ common.find_anchors(sys.argv[1] or None, "attention-ab.sh")' "${anchors[1]:-}" >
 
 # Each build's output digests, and which differ from the first build's.
 digests() {
-  local site=$1 out=$2; shift 2
+  local site=$1 out=$2 name files=(); shift 2
   for name in "$@"; do
+    files+=("$out/digest_$name.json")
     PYTHONPATH="$site/$name" python3 bench/attention_digest.py --json "$out/digest_$name.json" \
       >"$out/digest_$name.log" 2>&1 || echo "digest $name: exit $? (see its log)"
   done
-  python3 - "$out" "$@" <<'PY'
-import json, sys
-out, names = sys.argv[1], sys.argv[2:]
-def load(name):
-    try:
-        return json.load(open(f"{out}/digest_{name}.json"))["digests"]
-    except OSError:
-        return None
-base = load(names[0])
-for name in names[1:]:
-    other = load(name)
-    if base is None or other is None:
-        print(f"digest {name}: missing")
-        continue
-    diff = [f"{case} {form}" for case in base for form in base[case]
-            if other.get(case, {}).get(form) != base[case][form]]
-    total = sum(len(v) for v in base.values())
-    print(f"digest {name} against {names[0]}: " +
-          (f"all {total} outputs identical" if not diff else
-           f"{len(diff)} of {total} differ: " + "; ".join(diff)))
-PY
+  python3 bench/attention_digest.py --compare "${files[@]}"
 }
 
 case "${1:-}" in
