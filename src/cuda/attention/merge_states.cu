@@ -131,7 +131,11 @@ __device__ __forceinline__ void merge_values(const MergeWeights& w, const S* pa,
     load(pa, xa);
     load(pb, xb);
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) y[i] = (w.w_a * xa[i] + w.w_b * xb[i]) / w.s;
+    // Both products rounded before the sum, as the CPU twin computes it: left to the compiler,
+    // the sum contracts into an fma in some instantiations and not in others.
+    for (int i = 0; i < kVec; ++i) {
+      y[i] = __fadd_rn(__fmul_rn(w.w_a, xa[i]), __fmul_rn(w.w_b, xb[i])) / w.s;
+    }
   }
 }
 
