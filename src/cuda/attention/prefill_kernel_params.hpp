@@ -54,7 +54,7 @@ struct PrefillKernelParams {
   std::uint16_t* out;  // bf16, without an output quantization key
   std::int64_t out_token_stride, out_head_stride;
   // bf16: out and its strides allow 8-byte stores; quantized: quant.out and its row stride allow
-  // 8-byte (e4m3) or 4-byte (e2m1x2) stores.
+  // 8-byte (e4m3) or 16-byte (e2m1x2) stores.
   bool out_vectors;
   OutputQuantTarget quant;  // the quantized output (key kNone: out above)
   float* lse;               // nullptr: not written

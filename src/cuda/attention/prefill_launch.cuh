@@ -175,7 +175,7 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
                      (p.out_token_stride % 4 == 0 || p.tq <= 1) &&
                      (p.out_head_stride % 4 == 0 || p.heads <= 1);
   } else {
-    const int bytes = kp.quant.key == OutputQuantKey::kNvfp4 ? 4 : 8;
+    const int bytes = kp.quant.key == OutputQuantKey::kNvfp4 ? 16 : 8;
     kp.out_vectors = reinterpret_cast<std::uintptr_t>(kp.quant.out) % bytes == 0 &&
                      (kp.quant.out_row_stride % bytes == 0 || p.tq <= 1);
   }

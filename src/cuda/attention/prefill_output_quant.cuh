@@ -4,12 +4,15 @@
 // 8j + 2c + 1. The standalone ops' arithmetic (cuda/quantize/quant_device.cuh) then applies: a
 // group of 128 is the quad's row, a group of 64 its blocks 0..7 or 8..15, an NVFP4 block of 16
 // its blocks 2k and 2k + 1; each group max is two quad shuffles. With vector stores the quad
-// transposes its bytes first, so that one store of the quad covers 32 (e4m3) or 16 (e2m1)
-// contiguous bytes instead of 2-byte or 1-byte pieces.
+// transposes its e4m3 bytes first, so that one store of the quad covers 32 contiguous bytes
+// instead of 2-byte pieces. NVFP4 regathers the bf16 row first instead (store_nvfp4_row), so
+// that each lane holds two blocks whole: two block scales a lane instead of all eight, and the
+// standalone op's block encoding.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/common/vector_io.cuh"
 #include "cuda/quantize/output_quant_target.hpp"
 #include "cuda/quantize/quant_device.cuh"
 
@@ -57,30 +60,6 @@ __device__ __forceinline__ void store_e4m3_row(std::uint8_t* dst, const std::uin
   }
 }
 
-// The row's e2m1 bytes b[j] (dims 8j + 2c, 8j + 2c + 1) at dst, the head's 64 bytes.
-__device__ __forceinline__ void store_e2m1_row(std::uint8_t* dst, const std::uint32_t (&b)[16],
-                                               bool vectors, bool valid) {
-  const int c = threadIdx.x % 4;
-  if (vectors) {
-#pragma unroll
-    for (int i = 0; i < 4; i += 2) {
-      // Element d of the lane's row: its bytes of blocks 4i + d and 4i + 4 + d.
-      std::uint32_t e[4];
-#pragma unroll
-      for (int d = 0; d < 4; ++d) e[d] = b[4 * i + d] | b[4 * i + 4 + d] << 8;
-      std::uint32_t lo = e[0] | e[1] << 16, hi = e[2] | e[3] << 16;
-      quad_transpose16(lo, hi);
-      if (valid) {
-        *reinterpret_cast<std::uint32_t*>(dst + 16 * i + 4 * c) = __byte_perm(lo, hi, 0x6420);
-        *reinterpret_cast<std::uint32_t*>(dst + 16 * i + 16 + 4 * c) = __byte_perm(lo, hi, 0x7531);
-      }
-    }
-  } else if (valid) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) dst[4 * j + c] = std::uint8_t(b[j]);
-  }
-}
-
 // e4m3 pairs of the scaled values.
 __device__ __forceinline__ void e4m3_pairs(const float (&y)[32], std::uint16_t (&e)[16]) {
 #pragma unroll
@@ -114,30 +93,74 @@ __device__ __forceinline__ void store_group_row(const OutputQuantTarget& q, bool
   }
 }
 
-// NVFP4: 8 blocks a row; lane c writes the scales of blocks 2c and 2c + 1.
+// A 4 x 4 matrix of words over the lanes of a quad, lane c holding row c (r[d] = element (c, d)),
+// transposed: lane c then holds column c (r[s] = element (s, c)). Lanes c and c ^ 2 swap the half
+// rows the other keeps, then c and c ^ 1 the columns the other keeps; lane c then holds rows c,
+// c ^ 1, c ^ 2 and c ^ 3 of its column, put in order by selects.
+__device__ __forceinline__ void quad_transpose32(std::uint32_t (&r)[4]) {
+  const int c = threadIdx.x % 4;
+  const bool upper = c & 2, odd = c & 1;
+  // Elements (c, h) and (c ^ 2, h) of the columns h = (c & 2), (c & 2) + 1.
+  const std::uint32_t keep0 = upper ? r[2] : r[0], keep1 = upper ? r[3] : r[1];
+  const std::uint32_t got0 = __shfl_xor_sync(~0u, upper ? r[0] : r[2], 2);
+  const std::uint32_t got1 = __shfl_xor_sync(~0u, upper ? r[1] : r[3], 2);
+  // Rows c and c ^ 2 of column c stay; rows c ^ 1 and c ^ 3 of it come from lane c ^ 1.
+  const std::uint32_t own = odd ? keep1 : keep0, own2 = odd ? got1 : got0;
+  const std::uint32_t in = __shfl_xor_sync(~0u, odd ? keep0 : keep1, 1);
+  const std::uint32_t in2 = __shfl_xor_sync(~0u, odd ? got0 : got1, 1);
+  const std::uint32_t a0 = odd ? in : own, a1 = odd ? own : in;      // rows c & 2, (c & 2) + 1
+  const std::uint32_t b0 = odd ? in2 : own2, b1 = odd ? own2 : in2;  // the other two
+  r[0] = upper ? b0 : a0;
+  r[1] = upper ? b1 : a1;
+  r[2] = upper ? a0 : b0;
+  r[3] = upper ? a1 : b1;
+}
+
+// The row's bf16 pairs words[j] (dims 8j + 2c, 8j + 2c + 1 on lane c) regathered so that lane c
+// holds dims 32c .. 32c + 31 in order: w[k] = dims 32c + 2k, 32c + 2k + 1.
+__device__ __forceinline__ void quad_gather_quarters(const std::uint32_t (&words)[16],
+                                                     std::uint32_t (&w)[16]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    // Row c of matrix i: the lane's words of blocks i, 4 + i, 8 + i, 12 + i (column d of it
+    // is what lane d gathers); its column c: block 4c + i of lanes 0..3.
+    std::uint32_t r[4] = {words[i], words[4 + i], words[8 + i], words[12 + i]};
+    quad_transpose32(r);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) w[4 * i + s] = r[s];
+  }
+}
+
+// NVFP4: the quad regathers the row so that lane c holds NVFP4 blocks 2c and 2c + 1 whole, and
+// quantizes them as the standalone op does (nvfp4_quantize_block); it writes their 16 code bytes
+// and two scales.
 __device__ __forceinline__ void store_nvfp4_row(const OutputQuantTarget& q, bool vectors,
-                                                std::int64_t token, int head, const float (&y)[32],
-                                                bool valid) {
+                                                std::int64_t token, int head,
+                                                const std::uint32_t (&words)[16], bool valid) {
+  std::uint32_t w[16];
+  quad_gather_quarters(words, w);
   const float global_scale = *q.scale;
   const float inv_global_scale = nvfp4_inv_global_scale(global_scale);
-  std::uint8_t sf[8];
-  float inv[8];
+  uint2 codes[2];
+  std::uint8_t sf[2];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(y[4 * k + i]));
-    sf[k] = nvfp4_block_scale(quad_max(amax), global_scale, inv_global_scale, inv[k]);
+  for (int b = 0; b < 2; ++b) {
+    sf[b] = nvfp4_quantize_block<Bf16In>(*reinterpret_cast<const std::uint32_t(*)[8]>(&w[8 * b]),
+                                         global_scale, inv_global_scale, codes[b]);
   }
-  std::uint32_t b[16];
-#pragma unroll
-  for (int j = 0; j < 16; ++j) b[j] = nvfp4_pair(y[2 * j], y[2 * j + 1], inv[j / 2]);
-  store_e2m1_row(q.out + token * q.out_row_stride + head * 64, b, vectors, valid);
+  if (!valid) return;
   const int c = threadIdx.x % 4;
+  std::uint8_t* dst = q.out + token * q.out_row_stride + head * 64 + 16 * c;
+  if (vectors) {
+    *reinterpret_cast<uint4*>(dst) = make_uint4(codes[0].x, codes[0].y, codes[1].x, codes[1].y);
+  } else {
+    const std::uint32_t bytes[4] = {codes[0].x, codes[0].y, codes[1].x, codes[1].y};
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    if (valid && k / 2 == c) q.block_scales[nvfp4_scale_at(q, token, head * 8 + k)] = sf[k];
+    for (int i = 0; i < 16; ++i) dst[i] = std::uint8_t(bytes[i / 4] >> (8 * (i % 4)));
   }
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+    q.block_scales[nvfp4_scale_at(q, token, head * 8 + 2 * c + b)] = sf[b];
 }
 
 // The row (token, head) in the key of q, from the thread's bf16 pairs words[j] (dims 8j + 2c in
@@ -145,6 +168,10 @@ __device__ __forceinline__ void store_nvfp4_row(const OutputQuantTarget& q, bool
 __device__ __forceinline__ void store_quantized_row(const OutputQuantTarget& q, bool vectors,
                                                     std::int64_t token, int head,
                                                     const std::uint32_t (&words)[16], bool valid) {
+  if (q.key == OutputQuantKey::kNvfp4) {
+    store_nvfp4_row(q, vectors, token, head, words, valid);
+    return;
+  }
   float y[32];
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
@@ -167,9 +194,7 @@ __device__ __forceinline__ void store_quantized_row(const OutputQuantTarget& q, 
     case OutputQuantKey::kFp8Group64:
       store_group_row<2>(q, vectors, token, head, y, valid);
       break;
-    case OutputQuantKey::kNvfp4:
-      store_nvfp4_row(q, vectors, token, head, y, valid);
-      break;
+    case OutputQuantKey::kNvfp4:  // above
     case OutputQuantKey::kNone:
       break;
   }

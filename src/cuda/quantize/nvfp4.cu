@@ -68,49 +68,6 @@ __device__ __forceinline__ Column column(const Nvfp4Args& a, std::uint32_t t) {
   return {m_tile * 128 + (t / 4) % 32, k_tile * 4 + t % 4, 32, std::int64_t(t / 4) * 16 + t % 4, 4};
 }
 
-// The plain form, for the blocks nvfp4_below7 turns away: the max over fp32 values with NaNs
-// dropped (what the scale of a block with a NaN or an infinity takes), and each value's code by
-// cvt_e2m1.
-template <typename In>
-__device__ __forceinline__ float plain_abs_max(const std::uint32_t (&w)[8]) {
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float2 x = In::to_f32x2(w[i]);
-    amax = fmaxf(amax, fmaxf(fabsf(x.x), fabsf(x.y)));
-  }
-  return amax;
-}
-
-template <typename In>
-__device__ __forceinline__ std::uint32_t plain_encode8(const std::uint32_t* w, float inv) {
-  std::uint32_t packed = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = In::to_f32x2(w[i]);
-    packed |= nvfp4_pair(x.x, x.y, inv) << (8 * i);
-  }
-  return packed;
-}
-
-// One block's 8 code bytes into `codes`; returns its scale byte.
-template <typename In>
-__device__ __forceinline__ std::uint8_t quantize_block(const std::uint32_t (&w)[8],
-                                                       float global_scale, float inv_global_scale,
-                                                       uint2& codes) {
-  const float amax = nvfp4_abs_max_or_nan<In>(w);
-  const bool finite = amax <= kFloatMax;
-  float inv;
-  const std::uint8_t sf =
-      nvfp4_block_scale(finite ? amax : plain_abs_max<In>(w), global_scale, inv_global_scale, inv);
-  if (nvfp4_below7(amax, inv)) {
-    codes = make_uint2(nvfp4_encode8_below7<In>(w, inv), nvfp4_encode8_below7<In>(w + 4, inv));
-  } else {
-    codes = make_uint2(plain_encode8<In>(w, inv), plain_encode8<In>(w + 4, inv));
-  }
-  return sf;
-}
-
 template <typename In, bool kVector>
 __global__ void __launch_bounds__(kThreads) nvfp4_kernel(Nvfp4Args a) {
   pdl_wait();
@@ -139,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) nvfp4_kernel(Nvfp4Args a) {
         continue;
       }
       uint2 codes;
-      *scale = quantize_block<In>(w[i], global_scale, inv_global_scale, codes);
+      *scale = nvfp4_quantize_block<In>(w[i], global_scale, inv_global_scale, codes);
       if constexpr (kVector) {
         *reinterpret_cast<uint2*>(o) = codes;
       } else {

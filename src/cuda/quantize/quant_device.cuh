@@ -133,6 +133,51 @@ __device__ __forceinline__ std::uint32_t nvfp4_pair(float x0, float x1, float in
   return cvt_e2m1(x0 * inv) | (cvt_e2m1(x1 * inv) << 4);
 }
 
+// The plain form, for the blocks nvfp4_below7 turns away: the max over fp32 values with NaNs
+// dropped (what the scale of a block with a NaN or an infinity takes), and each value's code by
+// cvt_e2m1.
+template <typename In>
+__device__ __forceinline__ float nvfp4_plain_abs_max(const std::uint32_t (&w)[8]) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 x = In::to_f32x2(w[i]);
+    amax = fmaxf(amax, fmaxf(fabsf(x.x), fabsf(x.y)));
+  }
+  return amax;
+}
+
+template <typename In>
+__device__ __forceinline__ std::uint32_t nvfp4_plain_encode8(const std::uint32_t* w, float inv) {
+  std::uint32_t packed = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = In::to_f32x2(w[i]);
+    packed |= nvfp4_pair(x.x, x.y, inv) << (8 * i);
+  }
+  return packed;
+}
+
+// One block of 16 values (8 packed pairs, in order) to its 8 code bytes in `codes` (value i in
+// nibble i); returns its scale byte. The standalone op and the fused output quantization both
+// encode through this.
+template <typename In>
+__device__ __forceinline__ std::uint8_t nvfp4_quantize_block(const std::uint32_t (&w)[8],
+                                                             float global_scale,
+                                                             float inv_global_scale, uint2& codes) {
+  const float amax = nvfp4_abs_max_or_nan<In>(w);
+  const bool finite = amax <= kFloatMax;
+  float inv;
+  const std::uint8_t sf = nvfp4_block_scale(finite ? amax : nvfp4_plain_abs_max<In>(w),
+                                            global_scale, inv_global_scale, inv);
+  if (nvfp4_below7(amax, inv)) {
+    codes = make_uint2(nvfp4_encode8_below7<In>(w, inv), nvfp4_encode8_below7<In>(w + 4, inv));
+  } else {
+    codes = make_uint2(nvfp4_plain_encode8<In>(w, inv), nvfp4_plain_encode8<In>(w + 4, inv));
+  }
+  return sf;
+}
+
 // The byte of the block scale of (row, block) in a fused output's NVFP4 scale tensor.
 __device__ __forceinline__ std::int64_t nvfp4_scale_at(const OutputQuantTarget& q, std::int64_t row,
                                                        std::int64_t block) {
