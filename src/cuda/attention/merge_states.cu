@@ -241,16 +241,19 @@ void run(const MergeStatesParams& p, CudaStream stream) {
 
 // ---- The merge with a fused output quantization (docs/design.md section 6)
 //
-// One CTA per token row of W = H * D values at a time (grid-stride over the rows), kChunk
-// consecutive values a thread: an e4m3 group of 128 (64) is 16 (8) neighbouring lanes, an NVFP4
-// block 2. The values are merged as above, rounded to bf16 (the unquantized output) and quantized
-// with the standalone ops' arithmetic (cuda/quantize/quant_device.cuh). Every thread computes the
+// One CTA per token row of W = H * D values at a time (grid-stride over the rows), kN consecutive
+// values a thread: kChunk for the FP8 keys (an e4m3 group of 128 (64) is 16 (8) neighbouring
+// lanes), kNvfp4Chunk for NVFP4 (a block a lane, so each lane computes one block scale and
+// encodes its block with the standalone kernel's block function). The values are merged as above,
+// rounded to bf16 (the unquantized output) and quantized with the standalone ops' arithmetic
+// (cuda/quantize/quant_device.cuh). Every thread computes the
 // weights of its values' heads itself; the row's lse are written after a barrier, once every
 // thread of the CTA has read them (out_lse may be lse_a). The vector variant needs D a multiple
-// of kChunk (a thread's values in one head) and aligned rows; the other merges value by value.
+// of kN (a thread's values in one head) and aligned rows; the other merges value by value.
 // Non-coherent loads: a quantized out never aliases the states.
 
 constexpr int kChunk = 8;
+constexpr int kNvfp4Chunk = 16;
 
 struct QuantRows {
   std::int64_t tokens;
@@ -267,23 +270,23 @@ __device__ __forceinline__ MergeWeights weights_of(const MergeArgs<S>& a, std::i
 }
 
 // The n values of row t from column col on (zeros past them), merged and rounded to bf16.
-template <typename In, bool kVector>
+template <typename In, bool kVector, int kN>
 __device__ __forceinline__ void load_merged(const MergeArgs<typename In::Storage>& a,
                                             const QuantRows& r, std::int64_t t, int col, int n,
-                                            float (&y)[kChunk]) {
+                                            float (&y)[kN]) {
   using S = typename In::Storage;
   if constexpr (kVector) {
     std::uint32_t h, d;
     r.dim.divmod(std::uint32_t(col), h, d);
     if (n > 0) {
-      merge_values<kChunk>(
+      merge_values<kN>(
           weights_of(a, t, h), a.o_a + t * a.a_token + h * a.a_head + d,
           a.o_b + t * a.b_token + h * a.b_head + d,
-          [](const S* p, float(&x)[kChunk]) { load_f32<In, kChunk>(p, x); }, y);
+          [](const S* p, float(&x)[kN]) { load_f32<In, kN>(p, x); }, y);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) {
+    for (int i = 0; i < kN; ++i) {
       if (i >= n) continue;
       std::uint32_t h, d;
       r.dim.divmod(std::uint32_t(col + i), h, d);
@@ -296,7 +299,7 @@ __device__ __forceinline__ void load_merged(const MergeArgs<typename In::Storage
     }
   }
 #pragma unroll
-  for (int i = 0; i < kChunk; ++i) y[i] = i < n ? decode_bf16(cvt_bf16(y[i])) : 0.0f;
+  for (int i = 0; i < kN; ++i) y[i] = i < n ? decode_bf16(cvt_bf16(y[i])) : 0.0f;
 }
 
 // The first n of y as e4m3 bytes at p: one 8-byte store in the vector variant.
@@ -335,34 +338,52 @@ __device__ __forceinline__ void quantize_group(const OutputQuantTarget& q, std::
   }
 }
 
-// Half an NVFP4 block: 4 bytes of e2m1 pairs, the even lane writes the block scale.
+// One NVFP4 block a lane: its 8 bytes of e2m1 pairs and its scale, from the block's bf16 values.
 template <bool kVector>
 __device__ __forceinline__ void quantize_nvfp4(const OutputQuantTarget& q, float global_scale,
                                                float inv_global_scale, std::int64_t t, int col,
-                                               bool valid, const float (&y)[kChunk]) {
-  float amax = 0.0f;
-  if (valid) {
+                                               const float (&y)[kNvfp4Chunk]) {
+  std::uint32_t w[8];  // the bf16 pairs, as the standalone op reads them
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) amax = fmaxf(amax, fabsf(y[i]));
+  for (int i = 0; i < 8; ++i) {
+    w[i] = __byte_perm(__float_as_uint(y[2 * i]), __float_as_uint(y[2 * i + 1]), 0x7632);
   }
-  amax = fmaxf(amax, __shfl_xor_sync(~0u, amax, 1, 2));
-  if (!valid) return;
-  float inv;
-  const std::uint8_t sf = nvfp4_block_scale(amax, global_scale, inv_global_scale, inv);
-  std::uint32_t packed = 0;
-#pragma unroll
-  for (int i = 0; i < kChunk; i += 2) packed |= nvfp4_pair(y[i], y[i + 1], inv) << (4 * i);
+  uint2 codes;
+  const std::uint8_t sf = nvfp4_quantize_block<Bf16In>(w, global_scale, inv_global_scale, codes);
   std::uint8_t* out = q.out + t * q.out_row_stride + col / 2;
   if constexpr (kVector) {
-    *reinterpret_cast<std::uint32_t*>(out) = packed;
+    *reinterpret_cast<uint2*>(out) = codes;
   } else {
 #pragma unroll
-    for (int i = 0; i < kChunk / 2; ++i) out[i] = std::uint8_t(packed >> (8 * i));
+    for (int i = 0; i < 8; ++i) out[i] = std::uint8_t((i < 4 ? codes.x : codes.y) >> (8 * (i % 4)));
   }
-  if (threadIdx.x % 2 == 0) q.block_scales[nvfp4_scale_at(q, t, col / 16)] = sf;
+  q.block_scales[nvfp4_scale_at(q, t, col / 16)] = sf;
 }
 
-template <typename In, bool kVector>
+// A thread's kChunk values in an FP8 key.
+template <bool kVector>
+__device__ __forceinline__ void quantize_fp8(const OutputQuantTarget& q, float scale_inv,
+                                             std::int64_t t, int col, bool valid, int n,
+                                             float (&y)[kChunk]) {
+  switch (q.key) {
+    case OutputQuantKey::kFp8Static:
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) y[i] *= scale_inv;
+      if (valid) store_e4m3<kVector>(q.out + t * q.out_row_stride + col, y, n);
+      break;
+    case OutputQuantKey::kFp8Group128:
+      quantize_group<kVector, 128 / kChunk>(q, t, col, valid, y);
+      break;
+    case OutputQuantKey::kFp8Group64:
+      quantize_group<kVector, 64 / kChunk>(q, t, col, valid, y);
+      break;
+    case OutputQuantKey::kNvfp4:  // merge_quant_kernel's kNvfp4Chunk instance
+    case OutputQuantKey::kNone:
+      break;
+  }
+}
+
+template <typename In, bool kVector, int kN>
 __global__ void __launch_bounds__(kThreads)
     merge_quant_kernel(MergeArgs<typename In::Storage> a, QuantRows r, OutputQuantTarget q) {
   pdl_wait();
@@ -377,30 +398,16 @@ __global__ void __launch_bounds__(kThreads)
       continue;
     }
     // The bound is warp-uniform: every lane reaches the shuffles.
-    for (int base = int(threadIdx.x / 32) * 32 * kChunk; base < r.width;
-         base += int(blockDim.x) * kChunk) {
-      const int col = base + int(threadIdx.x % 32) * kChunk;
+    for (int base = int(threadIdx.x / 32) * 32 * kN; base < r.width; base += int(blockDim.x) * kN) {
+      const int col = base + int(threadIdx.x % 32) * kN;
       const bool valid = col < r.width;
-      const int n = valid ? min(kChunk, r.width - col) : 0;
-      float y[kChunk];
-      load_merged<In, kVector>(a, r, t, col, n, y);
-      switch (q.key) {
-        case OutputQuantKey::kFp8Static:
-#pragma unroll
-          for (int i = 0; i < kChunk; ++i) y[i] *= scale;
-          if (valid) store_e4m3<kVector>(q.out + t * q.out_row_stride + col, y, n);
-          break;
-        case OutputQuantKey::kFp8Group128:
-          quantize_group<kVector, 128 / kChunk>(q, t, col, valid, y);
-          break;
-        case OutputQuantKey::kFp8Group64:
-          quantize_group<kVector, 64 / kChunk>(q, t, col, valid, y);
-          break;
-        case OutputQuantKey::kNvfp4:
-          quantize_nvfp4<kVector>(q, scale, inv_global_scale, t, col, valid, y);
-          break;
-        case OutputQuantKey::kNone:
-          break;
+      const int n = valid ? min(kN, r.width - col) : 0;
+      float y[kN];
+      load_merged<In, kVector, kN>(a, r, t, col, n, y);
+      if constexpr (kN == kNvfp4Chunk) {  // W is a multiple of 16: whole blocks
+        if (valid) quantize_nvfp4<kVector>(q, scale, inv_global_scale, t, col, y);
+      } else {
+        quantize_fp8<kVector>(q, scale, t, col, valid, n, y);
       }
     }
     if (q.swizzled && threadIdx.x == 0) zero_nvfp4_padding(q, t, 0, 1);
@@ -424,27 +431,32 @@ void run_quantized(const MergeStatesParams& p, CudaStream stream) {
   const auto aligned = [](const void* ptr, int bytes) {
     return reinterpret_cast<std::uintptr_t>(ptr) % bytes == 0;
   };
-  const int out_bytes = q.key == OutputQuantKey::kNvfp4 ? kChunk / 2 : kChunk;
-  const bool vector = p.dim % kChunk == 0 && aligned(p.o_a.data, 16) && aligned(p.o_b.data, 16) &&
+  const bool nvfp4 = q.key == OutputQuantKey::kNvfp4;
+  const int chunk = nvfp4 ? kNvfp4Chunk : kChunk;
+  const int out_bytes = nvfp4 ? kNvfp4Chunk / 2 : kChunk;
+  // 16-byte loads of kChunk-aligned values (a chunk of 16 is two of them).
+  const bool vector = p.dim % chunk == 0 && aligned(p.o_a.data, 16) && aligned(p.o_b.data, 16) &&
                       p.o_a.token_stride % kChunk == 0 && p.o_a.head_stride % kChunk == 0 &&
                       p.o_b.token_stride % kChunk == 0 && p.o_b.head_stride % kChunk == 0 &&
                       aligned(q.out, out_bytes) && q.out_row_stride % out_bytes == 0;
   const QuantRows rows{p.tokens, int(p.heads), int(width), FastDivmod(std::uint32_t(p.dim))};
   // Threads for the row's chunks, a whole number of warps, at most kThreads.
   const int threads =
-      int(std::clamp<std::int64_t>((width + kChunk * 32 - 1) / (kChunk * 32) * 32, 32, kThreads));
+      int(std::clamp<std::int64_t>((width + chunk * 32 - 1) / (chunk * 32) * 32, 32, kThreads));
   const std::int64_t visit = q.swizzled ? (p.tokens + 127) / 128 * 128 : p.tokens;
-  const auto launch_with = [&]<bool kVector>() {
-    auto* const kernel = merge_quant_kernel<In, kVector>;
+  const auto launch_with = [&]<bool kVector, int kN>() {
+    auto* const kernel = merge_quant_kernel<In, kVector, kN>;
     const int resident = resident_blocks(reinterpret_cast<const void*>(kernel), threads);
     launch("merge_attention_states (output quantization)", kernel,
            {grid_for(visit, 1, resident), dim3(threads), 0, stream, true}, merge_args<S>(p, 0),
            rows, q);
   };
-  if (vector) {
-    launch_with.template operator()<true>();
+  if (nvfp4) {
+    vector ? launch_with.template operator()<true, kNvfp4Chunk>()
+           : launch_with.template operator()<false, kNvfp4Chunk>();
   } else {
-    launch_with.template operator()<false>();
+    vector ? launch_with.template operator()<true, kChunk>()
+           : launch_with.template operator()<false, kChunk>();
   }
 }
 
