@@ -47,9 +47,17 @@ class DeviceBuffer {
     return static_cast<T*>(data());
   }
   std::size_t bytes() const { return bytes_; }
-  void fill(std::uint8_t value) { cuda::check(cudaMemset(data(), value, bytes_), "cudaMemset"); }
+  // fill and upload are done when they return: cudaMemset and a pageable cudaMemcpy to the device
+  // may return before their writes land, on the legacy default stream, which does not order
+  // itself with the tests' non-blocking streams (a graph replay on one raced a poison fill and
+  // lost its LSE under initcheck's timing).
+  void fill(std::uint8_t value) {
+    cuda::check(cudaMemset(data(), value, bytes_), "cudaMemset");
+    settle();
+  }
   void upload(const void* host) {
     cuda::check(cudaMemcpy(data(), host, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy");
+    settle();
   }
   // `n` bytes from payload offset `offset`.
   std::vector<std::uint8_t> download(std::size_t offset, std::size_t n) const {
@@ -86,7 +94,9 @@ class DeviceBuffer {
     cuda::check(
         cudaMemcpy(storage_.data() + at, bytes.data(), bytes.size(), cudaMemcpyHostToDevice),
         "cudaMemcpy");
+    settle();
   }
+  static void settle() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
   std::vector<std::uint8_t> copy_out(std::size_t at, std::size_t n) const {
     std::vector<std::uint8_t> host(n);
     cuda::check(cudaMemcpy(host.data(), storage_.data() + at, n, cudaMemcpyDeviceToHost),

@@ -26,6 +26,7 @@
 #include "buffer_test_util.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda_test_util.hpp"
+#include "device_case_util.cuh"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/kernel_registry.hpp"
@@ -425,7 +426,10 @@ TEST_P(PrefillCuda, DeterministicOver100RunsAndPdlOnOff) {
   Case c = batch({1000, 37}, {}, 16);
   Problem p = make_problem(c, 11);
   const Outputs first = run(p);
-  for (int i = 0; i < 100; ++i) prefill_attention(args_of(p));
+  // 100 back-to-back launches; fewer under the sanitizers (FP8MLA_RERUNS): racecheck's host
+  // memory grew past the H200 host's 125 GiB within 100 queued e4m3 launches.
+  const std::size_t runs = std::min<std::size_t>(100, test::rerun_count());
+  for (std::size_t i = 0; i < runs; ++i) prefill_attention(args_of(p));
   cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   EXPECT_EQ(p.buffers[3].download(), first.out);
   EXPECT_EQ(p.buffers[4].download(), first.lse);
