@@ -53,6 +53,11 @@ EXCLUDE = [
     ('numerics_cuda_test', 'NumericsCuda.HardwareConversionsEqualSoftwareCodec', '*',
      'the 2^32-value sweep'),
     ('mla_model_cuda_test', '*', 'racecheck', "racecheck reports hazards inside cuBLASLt's kernels"),
+    ('mla_model_cuda_test', '*Mla*', 'initcheck',
+     "initcheck does not see what cuBLASLt's block-scaled FP8 GEMMs write, and every layer case "
+     "reads their outputs (a fresh buffer written only by such a GEMM, copied to the host: every "
+     "byte reported uninitialized; none for a per-tensor-scaled GEMM or a plain kernel; H200, "
+     "2026-12-02). The CublasLinearCuda cases poison their outputs first and stay in"),
 ]
 # (binary, case, tools or '*', extra sanitizer options, why).
 OPTIONS = [
