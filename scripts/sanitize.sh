@@ -3,8 +3,8 @@
 # build tree (BUILD_DIR/tests/*_cuda_test) and over the CUDA pytest files (tests/python/*_torch.py),
 # split into shares that each fit a time budget:
 #   scripts/sanitize.sh [--share K/N] [--budget-s 600] [--jobs 1] [--tools memcheck,...]
-#                       [--out DIR] [--list-file FILE] [--times FILE] [--dry-run] [--no-pytest]
-#                       BUILD_DIR
+#                       [--deadline-s S] [--out DIR] [--list-file FILE] [--times FILE]
+#                       [--dry-run] [--no-pytest] BUILD_DIR
 # The work list is (tool, binary, gtest filter) items, planned by scripts/sanitize_plan.py: each
 # binary's cases (--gtest_list_tests) minus its exclusions, cut into chunks whose estimated time
 # fits half the budget, for every tool, dealt to N shares by estimated time, so a share is the
@@ -22,6 +22,9 @@
 # (a few hundred without). Under racecheck and synccheck the output-quantization tests walk one
 # case a key (FP8MLA_QUANT_CASES=keys) instead of every scale layout and output stride: those
 # move global stores only, which neither tool checks (memcheck and initcheck walk them all).
+# --deadline-s S: the share starts no item once S seconds have passed and cuts a running item's
+# budget to what is left of them, so that its table and case times are written by then (a caller
+# with a hard limit of its own loses nothing); items left out are rows "not started (deadline)".
 # Estimates: the measured seconds of each (tool, case) in --times FILE (default
 # scripts/sanitize_times.tsv), else sanitize_plan.py's weight table. After a run, OUT/case_times.tsv
 # holds every passed gtest case's seconds in that form, to merge into the default.
@@ -36,12 +39,14 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/options.sh"
 share=1/1 budget_s=600 jobs=1 tools=memcheck,racecheck,initcheck,synccheck out="" list_file="" times=""
-dry_run=0 no_pytest=0
-parse_options "share budget-s jobs tools out list-file times" "dry-run no-pytest" "$@"
+dry_run=0 no_pytest=0 deadline_s=0
+parse_options "share budget-s jobs tools deadline-s out list-file times" "dry-run no-pytest" "$@"
 dir=${positional[0]:-build-gpu}
 [[ $share =~ ^([0-9]+)/([0-9]+)$ ]] && ((BASH_REMATCH[1] >= 1 && BASH_REMATCH[1] <= BASH_REMATCH[2])) ||
   { echo "--share: expected K/N with 1 <= K <= N, got $share" >&2; exit 2; }
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "--jobs: expected a count >= 1, got $jobs" >&2; exit 2; }
+[[ $deadline_s =~ ^[0-9]+$ ]] ||
+  { echo "--deadline-s: expected whole seconds (0: none), got $deadline_s" >&2; exit 2; }
 sanitizer=${SANITIZER:-compute-sanitizer}
 out=${out:-$dir/sanitize-${share/\//-of-}}
 
@@ -90,9 +95,10 @@ fi
 mkdir -p "$out" && out=$(cd "$out" && pwd)
 rows="$out/rows.tsv"
 
-# Item n: its log, and its row (tool, binary, cases, status, seconds, log) in $out/n.row.
+# Item n: its log, and its row (tool, binary, cases, status, seconds, log) in $out/n.row; it runs
+# for `limit` seconds at most.
 run_item() {
-  local n=$1 tool=$2 binary=$3 count=$4 filter=$5 start status opts
+  local n=$1 tool=$2 binary=$3 count=$4 filter=$5 limit=$7 start status opts
   read -ra opts <<<"${6:-}"  # the item's extra sanitizer options (sanitize_plan.py OPTIONS)
   local item_env=(FP8MLA_RERUNS=3 FP8MLA_RANDOM_CASES=3)
   # Shared-memory and barrier checks: one output-quantization case a key (see the header).
@@ -103,11 +109,11 @@ run_item() {
     local ids
     read -ra ids <<<"$filter"
     [[ $filter == '*' ]] && ids=("${binary#pytest:}")
-    (cd "$here/.." && env "${item_env[@]}" timeout "$budget_s" $sanitizer --tool "$tool" "${opts[@]}" \
+    (cd "$here/.." && env "${item_env[@]}" timeout "$limit" $sanitizer --tool "$tool" "${opts[@]}" \
       --target-processes all --print-level info --error-exitcode 99 \
       python3 -m pytest -q -p no:cacheprovider "${ids[@]}") >"$log" 2>&1
   else
-    env "${item_env[@]}" timeout "$budget_s" $sanitizer --tool "$tool" "${opts[@]}" \
+    env "${item_env[@]}" timeout "$limit" $sanitizer --tool "$tool" "${opts[@]}" \
       --print-level info --error-exitcode 99 "$dir/tests/$binary" --gtest_filter="$filter" \
       >"$log" 2>&1
   fi
@@ -116,11 +122,20 @@ run_item() {
     "$(($(date +%s) - start))" "$log" >"$out/$n.row"
 }
 
-n=0 running=0
+n=0 running=0 share_start=$(date +%s)
 while IFS=$'\t' read -r kind tool binary count est filter opts; do
   [[ $kind == ITEM ]] || { [[ $kind == INFO ]] && echo "$tool"; continue; }
   n=$((n + 1))
-  run_item "$n" "$tool" "$binary" "$count" "$filter" "$opts" &
+  limit=$budget_s
+  if ((deadline_s > 0)); then
+    left=$((deadline_s - ($(date +%s) - share_start)))
+    if ((left <= 0)); then
+      printf '%s\t%s\t%s\t-\t0\t-\n' "$tool" "$binary" "$count" >"$out/$n.row"
+      continue
+    fi
+    ((left < limit)) && limit=$left
+  fi
+  run_item "$n" "$tool" "$binary" "$count" "$filter" "$opts" "$limit" &
   if ((++running >= jobs)); then
     wait -n
     running=$((running - 1))

@@ -9,7 +9,8 @@ cases: passed/listed (plus skipped and failed counts when not 0), from gtest's
 summary line. An item is "clean" only with exit status 0, the sanitizer's summary line with 0
 errors, and more than 0 passed cases; all skipped (or none run) is a failure of the run.
 launched kernels: lines of the sanitizer's info-level output that name a kernel launch, "-" when
-it printed none. --self-test checks the parsing on made-up logs. Exit status 1 when a row is not
+it printed none. Exit status "-" (and log "-"): the item was not started, its share's
+--deadline-s having passed; such a row is not clean either. --self-test checks the parsing on made-up logs. Exit status 1 when a row is not
 clean.
 """
 import re
@@ -55,6 +56,10 @@ def table(rows):
     header = ('tool', 'binary', 'cases', 'launched kernels', 'errors', 'seconds', 'status')
     lines, bad = [], 0
     for tool, binary, listed, status, seconds, log in rows:
+        if status == '-':
+            lines.append((tool, binary, f'0/{listed}', '-', '-', seconds, 'not started (deadline)'))
+            bad += 1
+            continue
         try:
             text = open(log, errors='replace').read()
         except OSError:

@@ -61,12 +61,12 @@ chmod +x "$work/sanitizer"
   echo "fail_cuda_test F.One"
 } >"$work/cases.txt"
 
-# sweep NAME JOBS TOOL: the stand-in sweep's table into $work/tableNAME.txt (its output folder
-# $work/outNAME), with every started mark cleared first; its exit status in $status.
+# sweep NAME JOBS TOOL [OPTION...]: the stand-in sweep's table into $work/tableNAME.txt (its output
+# folder $work/outNAME), with every started mark cleared first; its exit status in $status.
 sweep() {
   rm -f "$work/started"/*
   set +e
-  SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs "$2" --tools "$3" \
+  SANITIZER="$work/sanitizer" "$root/scripts/sanitize.sh" --jobs "$2" --tools "$3" "${@:4}" \
     --list-file "$work/cases.txt" --no-pytest --out "$work/out$1" "$work/build" \
     >"$work/table$1.txt" 2>&1
   status=$?
@@ -97,5 +97,15 @@ grep -q 'alpha_cuda_test.*FAIL' "$work/table1.txt" ||
 sweep 2 3 racecheck
 clean=$(grep -c '| clean$' "$work/table2.txt" || true)
 ((clean == 3)) || { cat "$work/table2.txt"; echo "racecheck: expected 3 clean rows"; exit 1; }
+# A deadline of 2 s, one at a time: the first item (alone, it would wait 5 s) is cut at the
+# deadline, the other three are not started, and the table and case times are still written.
+start=$(date +%s)
+sweep 3 1 memcheck --deadline-s 2
+took=$(($(date +%s) - start))
+((status == 1 && took <= 4)) ||
+  { cat "$work/table3.txt"; echo "deadline 2 s: expected exit 1 within 4 s, got $status in $took s"; exit 1; }
+grep -q 'alpha_cuda_test.*TIMEOUT' "$work/table3.txt" &&
+  [[ $(grep -c 'not started (deadline)$' "$work/table3.txt") == 3 && -f $work/out3/case_times.tsv ]] ||
+  { cat "$work/table3.txt"; echo "deadline: expected alpha cut and 3 items not started"; exit 1; }
 echo "sanitize --jobs: 4 items side by side, 3 clean, the failing one failed, rows in item order;"\
-  "racecheck's items get FP8MLA_QUANT_CASES=keys"
+  "racecheck's items get FP8MLA_QUANT_CASES=keys; --deadline-s cuts the share and keeps its table"
