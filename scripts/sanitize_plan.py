@@ -59,6 +59,11 @@ EXCLUDE = [
      "byte reported uninitialized; none for a per-tensor-scaled GEMM or a plain kernel; H200, "
      "2026-12-02). The CublasLinearCuda cases poison their outputs first and stay in"),
 ]
+# The Python layer tests run the layer's cuBLASLt GEMMs too: the same two tools leave them out.
+EXCLUDE += [(f'pytest:tests/python/{name}', '*', tool, f'as for mla_model_cuda_test: {why}')
+            for name in ('test_layer_*_torch.py', 'test_hf_reference_torch.py')
+            for tool, why in (('racecheck', "hazards inside cuBLASLt's kernels"),
+                              ('initcheck', "cuBLASLt's block-scaled FP8 GEMM writes unseen"))]
 # (binary, case, tools or '*', extra sanitizer options, why).
 OPTIONS = [
     ('mla_model_cuda_test', 'MlaContextParallelCudaNccl.*', '*', '--report-api-errors no',
