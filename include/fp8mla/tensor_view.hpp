@@ -74,7 +74,14 @@ class TensorView {
   std::string describe() const;
 
  private:
-  int normalize_dim(int dim) const;
+  // Inline: the argument checks call size() and stride() dozens of times a call.
+  int normalize_dim(int dim) const {
+    const int d = dim < 0 ? dim + ndim_ : dim;
+    if (d < 0 || d >= ndim_) [[unlikely]]
+      throw_dim_out_of_range(dim);
+    return d;
+  }
+  [[noreturn]] void throw_dim_out_of_range(int dim) const;
 
   void* data_ = nullptr;
   DType dtype_ = DType::kF32;

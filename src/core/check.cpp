@@ -78,7 +78,7 @@ void ArgChecker::positive_scale(float value, std::string_view name) const {
 namespace {
 
 // [first byte, one past the last byte] of a non-empty view with data; {0, 0} otherwise.
-std::pair<std::uintptr_t, std::uintptr_t> byte_range(const TensorView& t) {
+ArgChecker::ByteRange byte_range(const TensorView& t) {
   if (t.data() == nullptr || t.empty()) return {0, 0};
   std::int64_t last = 0;
   for (int d = 0; d < t.ndim(); ++d) last += (t.size(d) - 1) * t.stride(d);
@@ -90,14 +90,35 @@ std::pair<std::uintptr_t, std::uintptr_t> byte_range(const TensorView& t) {
 
 void ArgChecker::apart(const TensorView& out, std::string_view out_name, const TensorView& in,
                        std::string_view in_name) const {
-  const auto [out_begin, out_end] = byte_range(out);
-  const auto [in_begin, in_end] = byte_range(in);
+  const Named o{&out, out_name}, i{&in, in_name};
+  require_apart(o, byte_range(out), i, byte_range(in));
+}
+
+void ArgChecker::all_apart(std::span<const Named> outputs, std::span<const Named> inputs) const {
+  constexpr std::size_t kMaxInputs = 16;
+  require(inputs.size() <= kMaxInputs, ErrorCategory::kInternal, [&] {
+    return concat("all_apart: at most ", kMaxInputs, " inputs, got ", inputs.size());
+  });
+  ByteRange in_ranges[kMaxInputs];
+  for (std::size_t i = 0; i < inputs.size(); ++i) in_ranges[i] = byte_range(*inputs[i].view);
+  for (const Named& out : outputs) {
+    const ByteRange out_range = byte_range(*out.view);
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      require_apart(out, out_range, inputs[i], in_ranges[i]);
+    }
+  }
+}
+
+void ArgChecker::require_apart(const Named& out, ByteRange out_range, const Named& in,
+                               ByteRange in_range) const {
+  const auto [out_begin, out_end] = out_range;
+  const auto [in_begin, in_end] = in_range;
   if (out_begin == out_end || in_begin == in_end) return;
   if (out_end <= in_begin || in_end <= out_begin) return;
   fail(ErrorCategory::kInvalidArgument,
-       concat("`", out_name, "`: expected memory apart from `", in_name,
-              "` (an output may not overlap an input), got ", out.describe(), " and ",
-              in.describe()));
+       concat("`", out.name, "`: expected memory apart from `", in.name,
+              "` (an output may not overlap an input), got ", out.view->describe(), " and ",
+              in.view->describe()));
 }
 
 RowLayout ArgChecker::rows(const TensorView& t, std::string_view name) const {

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <initializer_list>
 #include <source_location>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "fp8mla/error.hpp"
 #include "fp8mla/tensor_view.hpp"
@@ -42,6 +44,13 @@ class ArgChecker {
   // overlaps nothing.
   void apart(const TensorView& out, std::string_view out_name, const TensorView& in,
              std::string_view in_name) const;
+  // apart() for every (output, input) pair, each view's address range computed once.
+  struct Named {
+    const TensorView* view;
+    std::string_view name;
+  };
+  using ByteRange = std::pair<std::uintptr_t, std::uintptr_t>;  // [first byte, one past last)
+  void all_apart(std::span<const Named> outputs, std::span<const Named> inputs) const;
   // Rows of `t` as fold_rows() sees them, with errors naming the op and argument.
   RowLayout rows(const TensorView& t, std::string_view name) const;
   // A free-form requirement: throws `category` with "<op>: <message>" when `ok` is false.
@@ -59,6 +68,8 @@ class ArgChecker {
 
  private:
   [[noreturn]] void fail(ErrorCategory category, std::string_view message) const;
+  void require_apart(const Named& out, ByteRange out_range, const Named& in,
+                     ByteRange in_range) const;
 
   std::string_view op_;
   std::source_location where_;

@@ -82,13 +82,9 @@ TensorView::TensorView(void* data, DType dtype, std::span<const std::int64_t> sh
   check_extent(overflowed, extent, dtype, shape, strides);
 }
 
-int TensorView::normalize_dim(int dim) const {
-  const int d = dim < 0 ? dim + ndim_ : dim;
-  if (d < 0 || d >= ndim_) {
-    throw Error(ErrorCategory::kOutOfRange,
-                concat("TensorView: dim ", dim, " out of range for a ", ndim_, "-d view"));
-  }
-  return d;
+void TensorView::throw_dim_out_of_range(int dim) const {
+  throw Error(ErrorCategory::kOutOfRange,
+              concat("TensorView: dim ", dim, " out of range for a ", ndim_, "-d view"));
 }
 
 std::int64_t TensorView::numel() const {

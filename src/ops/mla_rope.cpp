@@ -136,16 +136,16 @@ void check_scales_and_overlaps(const ArgChecker& check, const MlaRopeQuantizeArg
   check.positive_scale(args.q_scale_inv, "q_scale_inv");
   check.positive_scale(args.k_scale_inv, "k_scale_inv");
   if (args.cache_write) check.positive_scale(args.cache_write->scale_inv, "cache_scale_inv");
-  const std::pair<const TensorView*, const char*> inputs[] = {
+  const ArgChecker::Named inputs[] = {
       {&args.q_nope, "q_nope"}, {&args.q_pe, "q_pe"},           {&args.k_nope, "k_nope"},
       {&args.k_pe, "k_pe"},     {&args.positions, "positions"}, {&args.cos_sin, "cos_sin"},
       {&args.kv_c, "kv_c"}};
-  std::vector<std::pair<const TensorView*, const char*>> outputs = {{&args.q_out, "q_out"},
-                                                                    {&args.k_out, "k_out"}};
-  if (args.cache_write) outputs.push_back({&args.cache_write->cache, "cache"});
-  for (const auto& [out, out_name] : outputs) {
-    for (const auto& [in, in_name] : inputs) check.apart(*out, out_name, *in, in_name);
-  }
+  const TensorView no_cache;
+  const ArgChecker::Named outputs[] = {
+      {&args.q_out, "q_out"},
+      {&args.k_out, "k_out"},
+      {args.cache_write ? &args.cache_write->cache : &no_cache, "cache"}};
+  check.all_apart(outputs, inputs);
 }
 
 }  // namespace

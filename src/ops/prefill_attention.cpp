@@ -222,20 +222,18 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
 // `out`, `lse` and the output scales lie apart from every input (an aliased output would be read
 // after it was written).
 void check_outputs_apart(const ArgChecker& check, const PrefillAttentionArgs& args) {
-  const std::pair<const TensorView*, const char*> inputs[] = {{&args.q, "q"},
-                                                              {&args.k, "k"},
-                                                              {&args.v, "v"},
-                                                              {&args.cu_seqlens_q, "cu_seqlens_q"},
-                                                              {&args.cu_seqlens_k, "cu_seqlens_k"},
-                                                              {&args.q_descale, "q_descale"},
-                                                              {&args.k_descale, "k_descale"},
-                                                              {&args.v_descale, "v_descale"},
-                                                              {&args.output_scale, "output_scale"}};
-  const std::pair<const TensorView*, const char*> outputs[] = {
+  const ArgChecker::Named inputs[] = {{&args.q, "q"},
+                                      {&args.k, "k"},
+                                      {&args.v, "v"},
+                                      {&args.cu_seqlens_q, "cu_seqlens_q"},
+                                      {&args.cu_seqlens_k, "cu_seqlens_k"},
+                                      {&args.q_descale, "q_descale"},
+                                      {&args.k_descale, "k_descale"},
+                                      {&args.v_descale, "v_descale"},
+                                      {&args.output_scale, "output_scale"}};
+  const ArgChecker::Named outputs[] = {
       {&args.out, "out"}, {&args.lse, "lse"}, {&args.output_block_scale, "output_block_scale"}};
-  for (const auto& [out, out_name] : outputs) {
-    for (const auto& [in, in_name] : inputs) check.apart(*out, out_name, *in, in_name);
-  }
+  check.all_apart(outputs, inputs);
 }
 
 // The CPU path: the host can read the offsets and the descales. Only the rows of the sequences
