@@ -10,8 +10,8 @@ summary line. An item is "clean" only with exit status 0, the sanitizer's summar
 errors, and more than 0 passed cases; all skipped (or none run) is a failure of the run.
 launched kernels: lines of the sanitizer's info-level output that name a kernel launch, "-" when
 it printed none. Exit status "-" (and log "-"): the item was not started, its share's
---deadline-s having passed; such a row is not clean either. --self-test checks the parsing on made-up logs. Exit status 1 when a row is not
-clean.
+--deadline-s having passed; such a row is not clean either. --self-test checks the parsing on
+made-up logs. Exit status 1 when a row is not clean.
 """
 import re
 import sys

@@ -2,7 +2,8 @@
 # The share splitting of scripts/sanitize.sh, without a GPU or a sanitizer: on a fixed case list,
 # shares 1..4 together hold every (tool, binary) pair the list allows exactly once per case, each
 # share the same on every call, the excluded cases (past 2^31, the failing-launch test, racecheck
-# of cuBLASLt, initcheck of the layer's cases) in none, and a share's chunks join cases with ':' (gtest) or ' ' (pytest ids).
+# of cuBLASLt, initcheck of the layer's cases) in none, and a share's chunks join cases with ':'
+# (gtest) or ' ' (pytest ids).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 list=$root/tests/sanitize/sample_cases.txt
@@ -26,7 +27,8 @@ want=$(((17 - 3) * 4 - 3 - 1))
 ((count == want)) || { echo "expected $want (tool, case) pairs, got $count:"; echo "$pairs"; exit 1; }
 grep -q 'Past2To31\|StridesPast\|LaunchError' <<<"$pairs" && { echo "an excluded case is listed"; exit 1; }
 grep -q '^racecheck mla_model_cuda_test' <<<"$pairs" && { echo "racecheck of cuBLASLt listed"; exit 1; }
-grep -q '^initcheck mla_model_cuda_test Mla' <<<"$pairs" && { echo "initcheck of a layer case listed"; exit 1; }
+grep -q '^initcheck mla_model_cuda_test Mla' <<<"$pairs" &&
+  { echo "initcheck of a layer case listed"; exit 1; }
 grep -q '^initcheck mla_model_cuda_test CublasLinearCuda' <<<"$pairs" ||
   { echo "initcheck of the CublasLinearCuda cases missing"; exit 1; }
 # The NCCL case runs with its option, alone in its item; the cases around it without.

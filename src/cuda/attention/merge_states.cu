@@ -246,10 +246,10 @@ void run(const MergeStatesParams& p, CudaStream stream) {
 // lanes), kNvfp4Chunk for NVFP4 (a block a lane, so each lane computes one block scale and
 // encodes its block with the standalone kernel's block function). The values are merged as above,
 // rounded to bf16 (the unquantized output) and quantized with the standalone ops' arithmetic
-// (cuda/quantize/quant_device.cuh). Every thread computes the
-// weights of its values' heads itself; the row's lse are written after a barrier, once every
-// thread of the CTA has read them (out_lse may be lse_a). The vector variant needs D a multiple
-// of kN (a thread's values in one head) and aligned rows; the other merges value by value.
+// (cuda/quantize/quant_device.cuh). Every thread computes the weights of its values' heads
+// itself; the row's lse are written after a barrier, once every thread of the CTA has read them
+// (out_lse may be lse_a). The vector variant needs D a multiple of kN (a thread's values in one
+// head) and aligned rows; the other merges value by value.
 // Non-coherent loads: a quantized out never aliases the states.
 
 constexpr int kChunk = 8;
