@@ -247,14 +247,17 @@ def main():
         sys.exit("host_overhead.py: --device cuda needs a GPU torch can see")
     fa3 = load_fa3()
     device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    reader = fp8mla._C.torch_tensor_reader()
     print(f"{device_name}: torch {torch.__version__}, fp8mla {fp8mla.__version__}, {fa3[1]}; "
-          f"H = {args.heads}, {args.calls} calls x {args.reps} reps, median")
+          f"torch tensors read by {reader}; H = {args.heads}, {args.calls} calls x "
+          f"{args.reps} reps, median")
     rows = []
     for t in (int(v) for v in args.tokens.split(",")):
         rows += measure(torch, fp8mla, fa3, args, t)
     print_rows(rows)
     doc = {"benchmark": "host_overhead", "date": utc_now(), "device": device_name,
            "torch": torch.__version__, "fp8mla_version": fp8mla.__version__, "fa3": fa3[1],
+           "torch_tensor_reader": reader,
            "heads": args.heads, "calls": args.calls, "reps": args.reps,
            "timer": "host clock around --calls back-to-back calls, then one sync; median (and "
                     "<column>_min: minimum) of --reps, us per call", "target_us": TARGET_US,

@@ -36,7 +36,8 @@ from ._spec import (
     YARN,
 )
 
-# _C reads torch tensors directly (data pointer, shape, strides, dtype, device: no DLPack export).
+# _C reads torch tensors directly (data pointer, shape, strides, dtype, device: no DLPack export;
+# python/src/torch_tensors.hpp says how).
 _C.use_torch(torch)
 
 # The dtypes of allocated outputs.

@@ -32,6 +32,7 @@
 #include "fp8mla/version.hpp"
 #include "params.hpp"
 #include "tensor_args.hpp"
+#include "torch_tensors.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -277,6 +278,27 @@ nb::dict info() {
                    "devices"_a = devices, "devices_unavailable_reason"_a = cuda.unavailable_reason);
 }
 
+// (data_ptr, (DLPack code, bits, lanes), shape, strides, (device kind, index)), or None where the
+// reader leaves the tensor to DLPack.
+nb::object read_torch_tensor(nb::handle tensor, const std::string& reader) {
+  if (reader != "shim" && reader != "attributes") {
+    throw nb::value_error("reader: expected \"shim\" or \"attributes\"");
+  }
+  const std::optional<RawTensor> raw =
+      read_torch("_read_torch_tensor", "tensor", tensor, reader.c_str());
+  if (!raw) return nb::none();
+  nb::list shape, strides;
+  for (std::size_t d = 0; d < raw->ndim; ++d) {
+    shape.append(raw->shape[d]);
+    strides.append(raw->strides[d]);
+  }
+  return nb::make_tuple(
+      reinterpret_cast<std::uintptr_t>(raw->data),
+      nb::make_tuple(int(raw->dtype.code), int(raw->dtype.bits), int(raw->dtype.lanes)),
+      nb::tuple(shape), nb::tuple(strides),
+      nb::make_tuple(raw->device.is_cuda() ? "cuda" : "cpu", raw->device.index));
+}
+
 }  // namespace
 
 NB_MODULE(_C, m) {
@@ -300,6 +322,10 @@ NB_MODULE(_C, m) {
   def_layer_bindings(m);
   m.def("use_torch", &fp8mla_python::use_torch, nb::arg("torch"),
         "Reads torch tensors directly from now on (torch_ops.py calls it once)");
+  m.def("torch_tensor_reader", &fp8mla_python::torch_tensor_reader,
+        "How torch tensors are read: \"shim\", \"attributes\" or \"none\" (torch_tensors.hpp)");
+  m.def("_read_torch_tensor", &read_torch_tensor, nb::arg("tensor"), nb::arg("reader"),
+        "What a reader (\"shim\" / \"attributes\") sees of a torch tensor, for tests");
 
   m.attr("MLA_DIMS") =
       make_dict("nope"_a = fp8mla::kMlaNopeDim, "rope"_a = fp8mla::kMlaRopeDim,

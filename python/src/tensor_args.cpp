@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "fp8mla/error.hpp"
+#include "torch_tensors.hpp"
 
 namespace fp8mla_python {
 
@@ -82,130 +83,7 @@ std::optional<DType> fp8mla_dtype(nb::dlpack::dtype d) {
   return std::nullopt;
 }
 
-// ---- torch tensors, read directly --------------------------------------------------------------
-
-// torch's dtypes by attribute name, as its DLPack export describes them.
-constexpr struct {
-  const char* name;
-  nb::dlpack::dtype dtype;
-} kTorchDtypes[] = {
-    {"bfloat16", {std::uint8_t(Code::Bfloat), 16, 1}},
-    {"float16", {std::uint8_t(Code::Float), 16, 1}},
-    {"float32", {std::uint8_t(Code::Float), 32, 1}},
-    {"float64", {std::uint8_t(Code::Float), 64, 1}},
-    {"int8", {std::uint8_t(Code::Int), 8, 1}},
-    {"int16", {std::uint8_t(Code::Int), 16, 1}},
-    {"int32", {std::uint8_t(Code::Int), 32, 1}},
-    {"int64", {std::uint8_t(Code::Int), 64, 1}},
-    {"uint8", {std::uint8_t(Code::UInt), 8, 1}},
-    {"uint16", {std::uint8_t(Code::UInt), 16, 1}},
-    {"bool", {std::uint8_t(Code::Bool), 8, 1}},
-    {"float8_e4m3fn", {std::uint8_t(Code::Float8_E4M3FN), 8, 1}},
-    {"float8_e5m2", {std::uint8_t(Code::Float8_E5M2), 8, 1}},
-    {"float8_e8m0fnu", {std::uint8_t(Code::Float8_E8M0FNU), 8, 1}},
-    {"float4_e2m1fn_x2", {std::uint8_t(Code::Float4_E2M1FN), 4, 2}},
-};
-
-// One attribute read of a tensor: torch.Tensor's own descriptor, called directly for a tensor of
-// exactly that type (no attribute lookup), or the attribute by name for a subclass.
-struct Attribute {
-  PyObject* name = nullptr;
-  PyObject* descriptor = nullptr;
-  bool method = false;  // data_ptr(), stride(), get_device(); otherwise a property
-
-  nb::object read(PyObject* obj, bool exact) const {
-    PyObject* result;
-    if (exact && method) {
-      result = PyObject_Vectorcall(descriptor, &obj, 1, nullptr);
-    } else if (exact) {
-      result = Py_TYPE(descriptor)->tp_descr_get(descriptor, obj, (PyObject*)Py_TYPE(obj));
-    } else {
-      result = method ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name);
-    }
-    if (!result) throw nb::python_error();
-    return nb::steal(result);
-  }
-};
-
-// Set once by use_torch, then read-only; the references live as long as the process.
-struct Torch {
-  PyTypeObject* tensor_type = nullptr;
-  PyObject* dtypes[std::size(kTorchDtypes)] = {};  // nullptr where this torch lacks the dtype
-  Attribute data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device;
-} g_torch;
-
-Attribute attribute(nb::handle tensor_type, const char* name, bool method) {
-  Attribute a;
-  a.name = PyUnicode_InternFromString(name);
-  if (!a.name) throw nb::python_error();
-  a.descriptor = PyObject_GetAttr(tensor_type.ptr(), a.name);
-  if (!a.descriptor) throw nb::python_error();
-  a.method = method;
-  if (!method && !Py_TYPE(a.descriptor)->tp_descr_get) {
-    throw nb::type_error(fp8mla::concat("torch.Tensor.", name, " is not a property").c_str());
-  }
-  return a;
-}
-
-std::size_t read_dims(const char* op, const char* name, nb::handle tuple, std::int64_t* out) {
-  if (!PyTuple_Check(tuple.ptr())) fail(op, name, "torch returned a shape that is not a tuple");
-  const std::size_t ndim = std::size_t(PyTuple_GET_SIZE(tuple.ptr()));
-  if (ndim > std::size_t(fp8mla::kMaxDims)) {
-    fail(op, name, fp8mla::concat("expected at most ", fp8mla::kMaxDims, " dims, got ", ndim));
-  }
-  for (std::size_t d = 0; d < ndim; ++d) {
-    out[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple.ptr(), Py_ssize_t(d)));
-  }
-  if (PyErr_Occurred()) throw nb::python_error();
-  return ndim;
-}
-
-// A torch tensor on the CPU or a CUDA device with a dtype of kTorchDtypes; nullopt for anything
-// else (DLPack then converts it or says what is wrong).
-std::optional<RawTensor> read_torch(const char* op, const char* name, nb::handle handle) {
-  const Torch& t = g_torch;
-  PyObject* obj = handle.ptr();
-  if (!t.tensor_type || !PyObject_TypeCheck(obj, t.tensor_type)) return std::nullopt;
-  const bool exact = Py_TYPE(obj) == t.tensor_type;
-  RawTensor raw;
-  if (t.is_cuda.read(obj, exact).ptr() == Py_True) {
-    raw.device = fp8mla::Device::cuda(int(PyLong_AsLong(t.get_device.read(obj, exact).ptr())));
-  } else if (t.is_cpu.read(obj, exact).ptr() != Py_True) {
-    return std::nullopt;
-  }
-  const nb::object dtype = t.dtype.read(obj, exact);
-  const auto* found = std::find(std::begin(t.dtypes), std::end(t.dtypes), dtype.ptr());
-  if (found == std::end(t.dtypes)) return std::nullopt;
-  raw.dtype = kTorchDtypes[found - std::begin(t.dtypes)].dtype;
-  raw.data = PyLong_AsVoidPtr(t.data_ptr.read(obj, exact).ptr());
-  if (PyErr_Occurred()) throw nb::python_error();
-  raw.ndim = read_dims(op, name, t.shape.read(obj, exact), raw.shape.data());
-  const std::size_t stride_dims =
-      read_dims(op, name, t.stride.read(obj, exact), raw.strides.data());
-  if (stride_dims != raw.ndim) fail(op, name, "torch returned strides that do not match the shape");
-  return raw;
-}
-
 }  // namespace
-
-void use_torch(nb::handle torch) {
-  Torch t;
-  const nb::object tensor = torch.attr("Tensor");
-  t.tensor_type = reinterpret_cast<PyTypeObject*>(tensor.inc_ref().ptr());
-  for (std::size_t i = 0; i < std::size(kTorchDtypes); ++i) {
-    if (nb::hasattr(torch, kTorchDtypes[i].name)) {
-      t.dtypes[i] = torch.attr(kTorchDtypes[i].name).inc_ref().ptr();
-    }
-  }
-  t.data_ptr = attribute(tensor, "data_ptr", true);
-  t.shape = attribute(tensor, "shape", false);
-  t.stride = attribute(tensor, "stride", true);
-  t.dtype = attribute(tensor, "dtype", false);
-  t.is_cuda = attribute(tensor, "is_cuda", false);
-  t.is_cpu = attribute(tensor, "is_cpu", false);
-  t.get_device = attribute(tensor, "get_device", true);
-  g_torch = t;
-}
 
 // ---- Args --------------------------------------------------------------------------------------
 

@@ -2,9 +2,9 @@
 //
 // A tensor argument is an array or a pair (array, "dtype") naming the fp8mla dtype of an array
 // whose framework has no such type (a uint8 view of float8 data, a uint16 view of numpy
-// bfloat16). torch tensors are read directly (data_ptr(), shape, stride(), dtype, device: a few
-// attribute reads, nothing allocated) once use_torch has been called; every other array, and a
-// torch tensor on a device other than the CPU or CUDA, crosses through DLPack as an nb::ndarray.
+// bfloat16). torch tensors are read directly (torch_tensors.hpp: nothing allocated) once
+// use_torch has been called; every other array, and a torch tensor on a device other than the CPU
+// or CUDA, crosses through DLPack as an nb::ndarray.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -24,9 +24,6 @@ namespace fp8mla_python {
 namespace nb = nanobind;
 
 [[noreturn]] void fail(std::string_view op, std::string_view name, const std::string& message);
-
-// Reads torch.Tensor and torch's dtypes from the module `torch` (called once by torch_ops.py).
-void use_torch(nb::handle torch);
 
 // What a tensor argument describes before its fp8mla dtype is decided.
 struct RawTensor {

@@ -1,11 +1,14 @@
-// CUDA runtime helpers: device properties, errors as fp8mla::Error, the PDL launch helper.
+// CUDA runtime helpers: device properties, errors as fp8mla::Error, the PDL launch helper, the
+// tensor-map cache.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "cuda/common/launch.cuh"
 #include "cuda/common/runtime.hpp"
+#include "cuda/common/tensor_map.hpp"
 #include "cuda_test_util.hpp"
 #include "fp8mla/error.hpp"
 
@@ -88,6 +91,71 @@ TEST(CudaRuntime, PdlLaunchIsBitIdenticalToPlainLaunch) {
   for (std::uint32_t i = 0; i < plain.size(); ++i) {
     ASSERT_EQ(plain[i], i * 2654435761u + 3u + 7u) << i;
     ASSERT_EQ(pdl[i], plain[i]) << i;
+  }
+}
+
+bool same_bytes(const CUtensorMap& a, const CUtensorMap& b) {
+  return std::memcmp(&a, &b, sizeof(CUtensorMap)) == 0;
+}
+
+// Far more specs than the cache has slots, differing in one field at a time (base, a dim, a
+// stride, the box, the swizzle), walked three times: every map the cache serves, hit or miss,
+// is the driver's encoding of that very spec.
+TEST(CudaRuntime, CachedTensorMapsAreTheDriversEncoding) {
+  FP8MLA_REQUIRE_HOPPER();
+  const test::DeviceBuffer buffer(std::size_t(1) << 22);
+  std::vector<cuda::TensorMapSpec> specs;
+  for (int i = 0; i < 400; ++i) {
+    cuda::TensorMapSpec spec;
+    spec.base = buffer.as<std::uint8_t>() + 128 * (i % 7);
+    spec.element_bytes = i % 5 == 0 ? 2 : 1;
+    spec.dims[0] = 128;
+    spec.dims[1] = 64 + std::uint64_t(i / 7 % 9);
+    spec.dims[2] = 1 + std::uint64_t(i % 3);
+    spec.strides_bytes[0] = 256 * (1 + std::uint64_t(i % 2));
+    spec.strides_bytes[1] = spec.strides_bytes[0] * 80;
+    spec.box[0] = 64 / spec.element_bytes;
+    spec.box[1] = i % 11 < 6 ? 64 : 32;
+    spec.box[2] = 1;
+    spec.swizzle_bytes = i % 13 < 9 ? 128 : 64;
+    specs.push_back(spec);
+  }
+  int distinct = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const CUtensorMap cached = cuda::make_tensor_map(specs[i], "cache test");
+      const CUtensorMap encoded = cuda::encode_tensor_map(specs[i], "cache test");
+      ASSERT_TRUE(same_bytes(cached, encoded)) << "spec " << i << ", pass " << pass;
+      if (pass == 0 && i > 0) {
+        distinct += !same_bytes(encoded, cuda::encode_tensor_map(specs[i - 1], "cache test"));
+      }
+    }
+  }
+  // The specs do differ where it counts: neighbours encode differently.
+  EXPECT_GT(distinct, 350);
+}
+
+TEST(CudaRuntime, RejectedTensorMapIsAnErrorAndNotCached) {
+  FP8MLA_REQUIRE_HOPPER();
+  const test::DeviceBuffer buffer(1 << 16);
+  cuda::TensorMapSpec spec;
+  spec.base = buffer.as<std::uint8_t>();
+  spec.dims[0] = 128;
+  spec.dims[1] = 16;
+  spec.dims[2] = 1;
+  spec.strides_bytes[0] = 100;  // not a multiple of 16
+  spec.strides_bytes[1] = 1600;
+  spec.box[0] = 64;
+  spec.box[1] = 16;
+  spec.box[2] = 1;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      cuda::make_tensor_map(spec, "bad map");
+      FAIL() << "expected an error, attempt " << attempt;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.category(), ErrorCategory::kInvalidArgument);
+      EXPECT_NE(e.message().find("bad map"), std::string::npos) << e.message();
+    }
   }
 }
 

@@ -156,3 +156,42 @@ def test_unsupported_tensors_are_named():
     with pytest.raises(fp8mla.InvalidArgumentError, match="`input`: expected an array that"):
         fp8mla.quantize_fp8(torch.zeros(2, 128, device="meta"), 1.0,
                             out=torch.empty(2, 128, dtype=E4M3))
+
+
+def reader_cases(device):
+    """Tensors of every kind an op reads: each dtype, offsets, steps, transposes, broadcast,
+    empty and 0-dim shapes, a tensor that requires grad."""
+    base = torch.arange(2 * 3 * 4 * 5, dtype=torch.float32, device=device).reshape(2, 3, 4, 5)
+    cases = [base, base[1:, :, 2:], base.transpose(0, 3), base[..., ::2], base.select(2, 1),
+             base[:0], torch.zeros(3, device=device).expand(5, 3), torch.tensor(2.0, device=device),
+             base.clone().requires_grad_(), base.view(torch.int32)[:, 1:]]
+    names = ("bfloat16", "float16", "float32", "float64", "int8", "int16", "int32", "int64",
+             "uint8", "uint16", "bool", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu",
+             "float4_e2m1fn_x2")
+    for name in names:
+        if hasattr(torch, name):
+            cases.append(torch.empty(6, 8, dtype=getattr(torch, name), device=device)[2:, 1::3])
+    return cases
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_both_torch_readers_see_the_same_tensor(device):
+    """The shim reader (torch's C shim on the TensorImpl) and the attribute reader agree on
+    every tensor kind, and both agree with torch's own answers."""
+    assert fp8mla._C.torch_tensor_reader() == "shim", "torch 2.11's shim should pass its check"
+    for t in reader_cases(device):
+        by_shim = fp8mla._C._read_torch_tensor(t, "shim")
+        assert by_shim == fp8mla._C._read_torch_tensor(t, "attributes"), (t.dtype, t.shape)
+        data, _, shape, strides, (kind, index) = by_shim
+        assert (data, shape, strides) == (t.data_ptr(), tuple(t.shape), t.stride())
+        assert kind == t.device.type and index == (t.device.index or 0)
+    # Not a CPU or CUDA tensor: neither reader takes it (DLPack then names what is wrong).
+    meta = torch.empty(2, 3, device="meta")
+    assert fp8mla._C._read_torch_tensor(meta, "shim") is None
+    assert fp8mla._C._read_torch_tensor(meta, "attributes") is None
+    # A sparse tensor has no strides: the shim's error hands it to the attributes, which raise
+    # torch's own error.
+    sparse = torch.zeros(2, 3, device=device).to_sparse()
+    for reader in ("shim", "attributes"):
+        with pytest.raises(RuntimeError):
+            fp8mla._C._read_torch_tensor(sparse, reader)

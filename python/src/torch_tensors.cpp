@@ -1,0 +1,308 @@
+#include "torch_tensors.hpp"
+
+#include <dlfcn.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <iterator>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "fp8mla/error.hpp"
+
+namespace fp8mla_python {
+namespace {
+
+using Code = nb::dlpack::dtype_code;
+
+// torch's dtypes by attribute name, as its DLPack export describes them.
+constexpr struct {
+  const char* name;
+  nb::dlpack::dtype dtype;
+} kTorchDtypes[] = {
+    {"bfloat16", {std::uint8_t(Code::Bfloat), 16, 1}},
+    {"float16", {std::uint8_t(Code::Float), 16, 1}},
+    {"float32", {std::uint8_t(Code::Float), 32, 1}},
+    {"float64", {std::uint8_t(Code::Float), 64, 1}},
+    {"int8", {std::uint8_t(Code::Int), 8, 1}},
+    {"int16", {std::uint8_t(Code::Int), 16, 1}},
+    {"int32", {std::uint8_t(Code::Int), 32, 1}},
+    {"int64", {std::uint8_t(Code::Int), 64, 1}},
+    {"uint8", {std::uint8_t(Code::UInt), 8, 1}},
+    {"uint16", {std::uint8_t(Code::UInt), 16, 1}},
+    {"bool", {std::uint8_t(Code::Bool), 8, 1}},
+    {"float8_e4m3fn", {std::uint8_t(Code::Float8_E4M3FN), 8, 1}},
+    {"float8_e5m2", {std::uint8_t(Code::Float8_E5M2), 8, 1}},
+    {"float8_e8m0fnu", {std::uint8_t(Code::Float8_E8M0FNU), 8, 1}},
+    {"float4_e2m1fn_x2", {std::uint8_t(Code::Float4_E2M1FN), 4, 2}},
+};
+constexpr std::size_t kDtypeCount = std::size(kTorchDtypes);
+
+// One attribute read of a tensor: torch.Tensor's own descriptor, called directly for a tensor of
+// exactly that type (no attribute lookup), or the attribute by name for a subclass.
+struct Attribute {
+  PyObject* name = nullptr;
+  PyObject* descriptor = nullptr;
+  bool method = false;  // data_ptr(), stride(), get_device(); otherwise a property
+
+  nb::object read(PyObject* obj, bool exact) const {
+    PyObject* result;
+    if (exact && method) {
+      result = PyObject_Vectorcall(descriptor, &obj, 1, nullptr);
+    } else if (exact) {
+      result = Py_TYPE(descriptor)->tp_descr_get(descriptor, obj, (PyObject*)Py_TYPE(obj));
+    } else {
+      result = method ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name);
+    }
+    if (!result) throw nb::python_error();
+    return nb::steal(result);
+  }
+};
+
+Attribute attribute(nb::handle tensor_type, const char* name, bool method) {
+  Attribute a;
+  a.name = PyUnicode_InternFromString(name);
+  if (!a.name) throw nb::python_error();
+  a.descriptor = PyObject_GetAttr(tensor_type.ptr(), a.name);
+  if (!a.descriptor) throw nb::python_error();
+  a.method = method;
+  if (!method && !Py_TYPE(a.descriptor)->tp_descr_get) {
+    throw nb::type_error(fp8mla::concat("torch.Tensor.", name, " is not a property").c_str());
+  }
+  return a;
+}
+
+// The shim functions the "shim" reader calls (torch/csrc/inductor/aoti_torch/c/shim.h: a handle
+// is an at::Tensor*, the result 0 on success).
+struct Shim {
+  using Handle = void*;
+  using Result = std::int32_t;
+  Result (*data_ptr)(Handle, void**) = nullptr;
+  Result (*dim)(Handle, std::int64_t*) = nullptr;
+  Result (*sizes)(Handle, std::int64_t**) = nullptr;
+  Result (*strides)(Handle, std::int64_t**) = nullptr;
+  Result (*dtype)(Handle, std::int32_t*) = nullptr;
+  Result (*device_type)(Handle, std::int32_t*) = nullptr;
+  Result (*device_index)(Handle, std::int32_t*) = nullptr;
+  std::int32_t cpu = -1, cuda = -1;  // device type codes
+  // torch's ScalarType code -> 1 + index into kTorchDtypes (0: a dtype fp8mla does not read).
+  std::array<std::uint8_t, 256> dtype_of_code{};
+};
+
+// Set once by use_torch, then read-only; the references live as long as the process.
+struct Torch {
+  PyTypeObject* tensor_type = nullptr;
+  PyObject* dtypes[kDtypeCount] = {};  // nullptr where this torch lacks the dtype
+  Attribute data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device, cdata;
+  Shim shim;
+  bool use_shim = false;
+  bool ready = false;
+} g_torch;
+
+std::size_t read_dims(const char* op, const char* name, nb::handle tuple, std::int64_t* out) {
+  if (!PyTuple_Check(tuple.ptr())) fail(op, name, "torch returned a shape that is not a tuple");
+  const std::size_t ndim = std::size_t(PyTuple_GET_SIZE(tuple.ptr()));
+  if (ndim > std::size_t(fp8mla::kMaxDims)) {
+    fail(op, name, fp8mla::concat("expected at most ", fp8mla::kMaxDims, " dims, got ", ndim));
+  }
+  for (std::size_t d = 0; d < ndim; ++d) {
+    out[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple.ptr(), Py_ssize_t(d)));
+  }
+  if (PyErr_Occurred()) throw nb::python_error();
+  return ndim;
+}
+
+std::optional<RawTensor> read_by_attributes(const char* op, const char* name, PyObject* obj,
+                                            bool exact) {
+  const Torch& t = g_torch;
+  RawTensor raw;
+  if (t.is_cuda.read(obj, exact).ptr() == Py_True) {
+    raw.device = fp8mla::Device::cuda(int(PyLong_AsLong(t.get_device.read(obj, exact).ptr())));
+  } else if (t.is_cpu.read(obj, exact).ptr() != Py_True) {
+    return std::nullopt;
+  }
+  const nb::object dtype = t.dtype.read(obj, exact);
+  const auto* found = std::find(std::begin(t.dtypes), std::end(t.dtypes), dtype.ptr());
+  if (found == std::end(t.dtypes)) return std::nullopt;
+  raw.dtype = kTorchDtypes[found - std::begin(t.dtypes)].dtype;
+  raw.data = PyLong_AsVoidPtr(t.data_ptr.read(obj, exact).ptr());
+  if (PyErr_Occurred()) throw nb::python_error();
+  raw.ndim = read_dims(op, name, t.shape.read(obj, exact), raw.shape.data());
+  const std::size_t stride_dims =
+      read_dims(op, name, t.stride.read(obj, exact), raw.strides.data());
+  if (stride_dims != raw.ndim) fail(op, name, "torch returned strides that do not match the shape");
+  return raw;
+}
+
+enum class ShimRead { kRead, kNotFp8mla, kFailed };
+
+// An exact torch.Tensor through the shim. kFailed (a call returned an error, e.g. a sparse
+// tensor's strides): the attributes say what is wrong instead.
+ShimRead read_by_shim(const char* op, const char* name, PyObject* obj, RawTensor& raw) {
+  const Torch& t = g_torch;
+  const Shim& s = t.shim;
+  void* impl = PyLong_AsVoidPtr(t.cdata.read(obj, true).ptr());
+  if (PyErr_Occurred()) throw nb::python_error();
+  // An at::Tensor is one intrusive pointer to its TensorImpl: the address of `impl` is a handle.
+  Shim::Handle handle = &impl;
+  std::int32_t device_type = 0, device_index = 0, dtype = 0;
+  if (s.device_type(handle, &device_type) != 0) return ShimRead::kFailed;
+  if (device_type == s.cuda) {
+    if (s.device_index(handle, &device_index) != 0) return ShimRead::kFailed;
+    raw.device = fp8mla::Device::cuda(device_index);
+  } else if (device_type != s.cpu) {
+    return ShimRead::kNotFp8mla;
+  }
+  if (s.dtype(handle, &dtype) != 0) return ShimRead::kFailed;
+  const std::uint8_t known = dtype >= 0 && dtype < 256 ? s.dtype_of_code[std::size_t(dtype)] : 0;
+  if (known == 0) return ShimRead::kNotFp8mla;
+  raw.dtype = kTorchDtypes[known - 1].dtype;
+  std::int64_t ndim = 0;
+  std::int64_t *sizes = nullptr, *strides = nullptr;
+  if (s.dim(handle, &ndim) != 0 || s.sizes(handle, &sizes) != 0 ||
+      s.strides(handle, &strides) != 0 || s.data_ptr(handle, &raw.data) != 0) {
+    return ShimRead::kFailed;
+  }
+  if (ndim > fp8mla::kMaxDims) {
+    fail(op, name, fp8mla::concat("expected at most ", fp8mla::kMaxDims, " dims, got ", ndim));
+  }
+  raw.ndim = std::size_t(ndim);
+  std::copy_n(sizes, ndim, raw.shape.begin());
+  std::copy_n(strides, ndim, raw.strides.begin());
+  return ShimRead::kRead;
+}
+
+// The shim's functions in the libtorch already loaded beside `torch` (none: false).
+bool load_shim(nb::handle torch, Shim& s) {
+  const std::string dir = nb::cast<std::string>(
+      nb::module_::import_("os.path").attr("dirname")(torch.attr("__file__")));
+  for (const char* library : {"libtorch_cpu.so", "libtorch.so"}) {
+    // RTLD_NOLOAD: a handle of the copy torch loaded, never a second one.
+    void* lib = dlopen((dir + "/lib/" + library).c_str(), RTLD_LAZY | RTLD_NOLOAD);
+    if (!lib) continue;
+    const auto find = [lib](auto& fn, const char* symbol) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
+      return fn != nullptr;
+    };
+    std::int32_t (*cpu)() = nullptr;
+    std::int32_t (*cuda)() = nullptr;
+    if (find(s.data_ptr, "aoti_torch_get_data_ptr") && find(s.dim, "aoti_torch_get_dim") &&
+        find(s.sizes, "aoti_torch_get_sizes") && find(s.strides, "aoti_torch_get_strides") &&
+        find(s.dtype, "aoti_torch_get_dtype") &&
+        find(s.device_type, "aoti_torch_get_device_type") &&
+        find(s.device_index, "aoti_torch_get_device_index") &&
+        find(cpu, "aoti_torch_device_type_cpu") && find(cuda, "aoti_torch_device_type_cuda")) {
+      s.cpu = cpu();
+      s.cuda = cuda();
+      return true;
+    }
+    dlclose(lib);
+  }
+  return false;
+}
+
+bool same(const RawTensor& a, const RawTensor& b) {
+  return a.data == b.data && a.dtype == b.dtype && a.device == b.device && a.ndim == b.ndim &&
+         std::equal(a.shape.begin(), a.shape.begin() + a.ndim, b.shape.begin()) &&
+         std::equal(a.strides.begin(), a.strides.begin() + a.ndim, b.strides.begin());
+}
+
+// Learns the shim's dtype codes (one small tensor per dtype) and checks that the shim reads
+// tensors of every kind the ops take (offsets, steps, transposes, broadcast and empty dims) as
+// their attributes do. Any difference, or an error: the shim is not used.
+bool shim_agrees(nb::handle torch) {
+  using namespace nb::literals;
+  Torch& t = g_torch;
+  std::vector<nb::object> probes;
+  const nb::object empty = torch.attr("empty");
+  for (std::size_t i = 0; i < kDtypeCount; ++i) {
+    if (!t.dtypes[i]) continue;
+    nb::object probe = empty(2, "dtype"_a = nb::handle(t.dtypes[i]));
+    void* impl = PyLong_AsVoidPtr(t.cdata.read(probe.ptr(), true).ptr());
+    std::int32_t code = -1;
+    if (t.shim.dtype(&impl, &code) != 0 || code < 0 || code >= 256 ||
+        t.shim.dtype_of_code[std::size_t(code)] != 0) {
+      return false;
+    }
+    t.shim.dtype_of_code[std::size_t(code)] = std::uint8_t(i + 1);
+    probes.push_back(std::move(probe));
+  }
+  const nb::object f32 = torch.attr("float32");
+  const nb::object x = torch.attr("arange")(120, "dtype"_a = f32).attr("reshape")(2, 3, 4, 5);
+  probes.push_back(x);
+  probes.push_back(
+      x.attr("transpose")(1, 3)[nb::make_tuple(nb::slice(1, 2, 1), nb::slice(0, 5, 2))]);
+  probes.push_back(x.attr("select")(3, 2));
+  probes.push_back(torch.attr("zeros")(3, "dtype"_a = torch.attr("int32")).attr("expand")(4, 3));
+  probes.push_back(empty(0, 7, "dtype"_a = torch.attr("bfloat16")));
+  for (const nb::object& probe : probes) {
+    RawTensor by_shim;
+    const std::optional<RawTensor> by_attributes =
+        read_by_attributes("use_torch", "probe", probe.ptr(), true);
+    if (read_by_shim("use_torch", "probe", probe.ptr(), by_shim) != ShimRead::kRead ||
+        !by_attributes || !same(by_shim, *by_attributes)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void use_torch(nb::handle torch) {
+  g_torch = Torch{};
+  Torch& t = g_torch;
+  const nb::object tensor = torch.attr("Tensor");
+  t.tensor_type = reinterpret_cast<PyTypeObject*>(tensor.inc_ref().ptr());
+  for (std::size_t i = 0; i < kDtypeCount; ++i) {
+    if (nb::hasattr(torch, kTorchDtypes[i].name)) {
+      t.dtypes[i] = torch.attr(kTorchDtypes[i].name).inc_ref().ptr();
+    }
+  }
+  t.data_ptr = attribute(tensor, "data_ptr", true);
+  t.shape = attribute(tensor, "shape", false);
+  t.stride = attribute(tensor, "stride", true);
+  t.dtype = attribute(tensor, "dtype", false);
+  t.is_cuda = attribute(tensor, "is_cuda", false);
+  t.is_cpu = attribute(tensor, "is_cpu", false);
+  t.get_device = attribute(tensor, "get_device", true);
+  t.ready = true;  // the attributes reader is complete: the shim's check compares with it
+  const char* forced = std::getenv("FP8MLA_TORCH_READER");
+  if (forced && std::string_view(forced) == "attributes") return;
+  if (nb::hasattr(tensor, "_cdata") && load_shim(torch, t.shim)) {
+    t.cdata = attribute(tensor, "_cdata", false);
+    t.use_shim = shim_agrees(torch);
+  }
+}
+
+std::string torch_tensor_reader() {
+  return !g_torch.ready ? "none" : g_torch.use_shim ? "shim" : "attributes";
+}
+
+std::optional<RawTensor> read_torch(const char* op, const char* name, nb::handle tensor,
+                                    const char* reader) {
+  const Torch& t = g_torch;
+  PyObject* obj = tensor.ptr();
+  if (!t.ready || !PyObject_TypeCheck(obj, t.tensor_type)) return std::nullopt;
+  const bool exact = Py_TYPE(obj) == t.tensor_type;
+  const bool shim = reader ? std::string_view(reader) == "shim" : t.use_shim;
+  if (exact && shim) {
+    if (!t.use_shim) fail(op, name, "the shim reader is not in use (torch_tensor_reader())");
+    RawTensor raw;
+    switch (read_by_shim(op, name, obj, raw)) {
+      case ShimRead::kRead:
+        return raw;
+      case ShimRead::kNotFp8mla:
+        return std::nullopt;
+      case ShimRead::kFailed:
+        break;
+    }
+  }
+  return read_by_attributes(op, name, obj, exact);
+}
+
+}  // namespace fp8mla_python
