@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over every CUDA test binary of a
-# build tree (BUILD_DIR/tests/*_cuda_test) and over the CUDA pytest files (tests/python/*_torch.py),
+# build tree (BUILD_DIR/tests/*_cuda_test) and over the CUDA pytest files (tests/python/test_*torch*.py),
 # split into shares that each fit a time budget:
 #   scripts/sanitize.sh [--share K/N] [--budget-s 600] [--jobs 1] [--tools memcheck,...]
 #                       [--deadline-s S] [--out DIR] [--list-file FILE] [--times FILE]
@@ -67,7 +67,7 @@ else
   # without, each file is one item.
   has_torch=0
   python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null && has_torch=1
-  for py in "$here"/../tests/python/*_torch.py; do
+  for py in "$here"/../tests/python/test_*torch*.py; do
     [[ -f $py ]] && ((!no_pytest)) || continue
     file=tests/python/$(basename "$py")
     if ((has_torch)); then
