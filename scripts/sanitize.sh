@@ -111,7 +111,7 @@ run_item() {
     [[ $filter == '*' ]] && ids=("${binary#pytest:}")
     (cd "$here/.." && env "${item_env[@]}" timeout "$limit" $sanitizer --tool "$tool" "${opts[@]}" \
       --target-processes all --print-level info --error-exitcode 99 \
-      python3 -m pytest -q -p no:cacheprovider "${ids[@]}") >"$log" 2>&1
+      python3 -m pytest -q -rs -p no:cacheprovider "${ids[@]}") >"$log" 2>&1
   else
     env "${item_env[@]}" timeout "$limit" $sanitizer --tool "$tool" "${opts[@]}" \
       --print-level info --error-exitcode 99 "$dir/tests/$binary" --gtest_filter="$filter" \

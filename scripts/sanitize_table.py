@@ -7,7 +7,9 @@ rows.tsv (tool, binary, listed cases, exit status, seconds, log path) and each i
 cases: passed/listed (plus skipped and failed counts when not 0), from gtest's
 "[  PASSED  ] N tests" / "[  SKIPPED ] N tests" / "[  FAILED  ] N tests" lines or pytest's
 summary line. An item is "clean" only with exit status 0, the sanitizer's summary line with 0
-errors, and more than 0 passed cases; all skipped (or none run) is a failure of the run.
+errors, and more than 0 passed cases; all skipped (or none run) is a failure of the run, and so
+is a pytest item that skipped a test for want of a GPU (the reason tests/python/torch_helpers.py
+gives, listed by pytest's -rs): its CUDA cases did not run, only its CPU ones.
 launched kernels: lines of the sanitizer's info-level output that name a kernel launch, "-" when
 it printed none. Exit status "-" (and log "-"): the item was not started, its share's
 --deadline-s having passed; such a row is not clean either. --self-test checks the parsing on
@@ -24,6 +26,7 @@ GTEST = {'passed': re.compile(r'^\[  PASSED  \] (\d+) tests?', re.M),
          'skipped': re.compile(r'^\[  SKIPPED \] (\d+) tests?', re.M),
          'failed': re.compile(r'^\[  FAILED  \] (\d+) tests?', re.M)}
 PYTEST = {k: re.compile(r'\b(\d+) ' + k + r'\b') for k in ('passed', 'skipped', 'failed')}
+NO_GPU = re.compile(r'^SKIPPED .*needs a CUDA GPU', re.M)
 
 
 def parse(binary, status, text):
@@ -47,6 +50,8 @@ def parse(binary, status, text):
         word = f'FAIL (exit {status})'
     elif counts['passed'] == 0:
         word = 'FAIL (all skipped)' if counts['skipped'] else 'FAIL (no cases ran)'
+    elif binary.startswith('pytest:') and NO_GPU.search(text):
+        word = 'FAIL (GPU cases skipped)'
     else:
         word = 'clean'
     return counts, launches, errors, word
@@ -91,16 +96,21 @@ def self_test():
         'cut': '[ RUN      ] A.B\n',
         'race': '[  PASSED  ] 1 test.\n========= RACECHECK SUMMARY: 0 hazards displayed '
                 '(0 errors, 0 warnings)\n',
-        'pytest': '5 passed, 2 skipped in 3.1s\n========= ERROR SUMMARY: 0 errors\n',
+        'pytest': 'SKIPPED [1] t.py:9: needs two ranks\n5 passed, 2 skipped in 3.1s\n'
+                  '========= ERROR SUMMARY: 0 errors\n',
+        'pytest_no_gpu': 'SKIPPED [3] t.py:12: needs a CUDA GPU visible to torch and an fp8mla '
+                         'built with CUDA\n5 passed, 3 skipped in 2.0s\n'
+                         '========= ERROR SUMMARY: 0 errors\n',
     }
     want = {'clean': 'clean', 'skipped': 'FAIL (all skipped)', 'errors': 'ERRORS',
-            'cut': 'FAIL (no sanitizer summary)', 'race': 'clean', 'pytest': 'clean'}
+            'cut': 'FAIL (no sanitizer summary)', 'race': 'clean', 'pytest': 'clean',
+            'pytest_no_gpu': 'FAIL (GPU cases skipped)'}
     ok = True
     with tempfile.TemporaryDirectory() as d:
         for name, text in logs.items():
             path = f'{d}/{name}.log'
             open(path, 'w').write(text)
-            binary = 'pytest:t.py' if name == 'pytest' else 'x_cuda_test'
+            binary = 'pytest:t.py' if name.startswith('pytest') else 'x_cuda_test'
             status = 99 if name == 'errors' else (124 if name == 'cut' else 0)
             got = parse(binary, status, text)[3]
             expected = 'TIMEOUT' if name == 'cut' else want[name]
