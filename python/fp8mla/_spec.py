@@ -120,7 +120,8 @@ class Op:
             lines.append(f"    arrays = _adapter_for({self.first_tensor.public})")
         for a in self.args:
             if a.kind == DTYPE:
-                lines.append(f"    _check_choice({self.name!r}, {a.public!r}, {a.public}, "
+                lines.append(f"    if {a.public} not in _FP8_DTYPES:")
+                lines.append(f"        _check_choice({self.name!r}, {a.public!r}, {a.public}, "
                              f"_FP8_DTYPES)")
         if check is not None:
             lines.append(f"    {self.rule(check, 'check')}")
@@ -151,7 +152,8 @@ class Op:
         if a.kind == OPT_INT:
             return f"(None if {v} is None else int({v}))"
         if a.kind == SCALE:
-            return f"({v} if arrays.is_array({v}) else float({v}))"
+            # A Python float, the common case, passes as it is without the adapter's test.
+            return f"({v} if {v}.__class__ is float or arrays.is_array({v}) else float({v}))"
         if a.kind == SCALAR_TENSOR:
             return f"({v} if arrays.is_array({v}) else arrays.scalar(float({v}), {first}))"
         if a.kind == OPT_SCALAR_TENSOR:

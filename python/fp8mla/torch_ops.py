@@ -48,6 +48,7 @@ _DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "bf16": torch
 # fp8mla dtypes a plain uint8 tensor given for an argument may hold (raw bytes).
 _RAW_BYTES = ("e4m3", "e5m2", "ue8m0", "e2m1x2")
 _UINT8 = torch.uint8
+_TENSOR = torch.Tensor
 
 
 def _tensor(t: torch.Tensor, raw_dtype: str | None = None):
@@ -174,6 +175,11 @@ class Torch(Arrays):
 
     array_type = torch.Tensor
     tensor = staticmethod(_tensor)
+
+    @staticmethod
+    def is_array(value) -> bool:
+        # A plain tensor without isinstance's subclass walk (a static method: no class binding).
+        return value.__class__ is _TENSOR or isinstance(value, _TENSOR)
     empty_like = staticmethod(torch.empty_like)
     as_strided = staticmethod(torch.as_strided)
 
