@@ -81,7 +81,8 @@ The MLA layer (docs/design.md section 5; fp8mla/mla_layer.hpp), see fp8mla._laye
         -> out bf16 [rank's tokens, hidden]
     layer.prefill_device_batch(hidden, cu_seqlens_q, positions, slot_mapping, cache, *,
                                max_seqlen_q, out=None, ...) -> out bf16 [padded T, hidden]
-        (new tokens only, metadata on the device; CUDA-graph capturable with out, workspace)
+        (new tokens only, metadata on the device; CUDA-graph capturable with out, workspace;
+        the torch op torch.ops.fp8mla.mla_layer_prefill_device_batch under torch.compile)
 
 Tensor and context parallelism (docs/parallelism.md; fp8mla/mla_parallel.hpp), see
 fp8mla._parallel:

@@ -3,8 +3,9 @@
 An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`; `as_strided`, a view
 of a shape and element strides from an allocation's start, for the transposed layouts), makes
 one-element f32 scalars (`scalar`), says what is an array (`is_array`), converts an array for _C
-(`tensor`) and runs an op (`call`, or `query` for an op that returns a value); `require` sees the
-outputs about to be allocated (other DLPack arrays cannot be).
+(`tensor`) and runs an op (`call`, or `query` for an op that returns a value, `run_layer` for an
+MlaLayer method that has a torch op); `require` sees the outputs about to be allocated (other
+DLPack arrays cannot be).
 Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
 passed through as they are, every output given). torch's adapter is in torch_ops.py, which
 also registers the torch custom ops.
@@ -42,6 +43,12 @@ class Arrays:
     def call(cls, op, values, stream):
         """Runs op on `values`, its arguments as the torch op takes them (outputs allocated)."""
         getattr(_C, op.name)(*op.c_args(cls.tensor, *values), stream)
+
+    @staticmethod
+    def run_layer(layer, method, values):
+        """Runs MlaLayer method `method` on `values` (its torch op's arguments after the layer's
+        number): layer._<method>(*values)."""
+        getattr(layer, "_" + method)(*values)
 
     @classmethod
     def query(cls, op, values):

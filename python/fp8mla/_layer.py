@@ -11,7 +11,8 @@
     layer.prefill_context_parallel(hidden, cp_batch, communicator, cache, *, out=None, ...)
         -> out   (cp_batch: fp8mla.context_parallel_batch; docs/parallelism.md)
     layer.prefill_device_batch(hidden, cu_seqlens_q, positions, slot_mapping, cache, *,
-        max_seqlen_q, out=None, ...) -> out   (a padded batch of new tokens, CUDA-graph safe)
+        max_seqlen_q, out=None, ...) -> out   (a padded batch of new tokens, CUDA-graph safe;
+        torch.compile sees it as torch.ops.fp8mla.mla_layer_prefill_device_batch)
     layer.calibrate(hidden, batch, *, headroom=2.0) -> MlaCalibration   (static FP8 scales)
     layer.prefill(..., **calibration.prefill_options())
     mla_prefill_reference(weights, hidden, batch, cache, *, cache_scale_inv=1.0) -> f64 numpy
@@ -22,8 +23,10 @@ already in the latent cache, the new ones, and the cache slots of all of them, p
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -37,6 +40,11 @@ from ._parallel import ContextParallelBatch, MlaCommunicator
 
 MlaConfig = _C.MlaConfig
 MlaWeights = _C.MlaWeights
+
+# Live layers by number: the torch op of prefill_device_batch names its layer by this number (a
+# schema takes no Python object); the entry goes with the layer.
+_LAYERS: "weakref.WeakValueDictionary[int, MlaLayer]" = weakref.WeakValueDictionary()
+_LAYER_NUMBERS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -141,6 +149,9 @@ class MlaLayer:
                                   None if communicator is None else communicator._c)
         self.tensor_parallel = weights.tensor_parallel  # (rank, size); a shard: partial sums
         self._workspace = None  # CUDA: grown to the largest batch seen
+        self.number = next(_LAYER_NUMBERS)  # torch.ops.fp8mla.mla_layer_prefill_device_batch's
+        _LAYERS[self.number] = self
+        self._hidden_size = int(self.config.hidden)  # a plain int: torch.compile traces it
 
     @property
     def projection_notes(self) -> list:
@@ -223,20 +234,37 @@ class MlaLayer:
         (one_shot_max_prefix and chunk_capacity do not apply); the workspace is then
         workspace_bytes(T, B, P, one_shot_max_prefix=0, chunk_capacity=P)."""
         arrays = adapter_for(hidden)
+        if out is None:
+            out = arrays.empty((hidden.shape[0], self._hidden_size), "bf16", hidden)
+        values = (hidden, cu_seqlens_q, positions, slot_mapping, cache, out, workspace,
+                  int(max_seqlen_q), cu_seqlens_prefix, prefix_slots, int(max_seqlen_prefix),
+                  int(one_shot_max_prefix), int(chunk_capacity), float(cache_scale_inv),
+                  float(q_scale_inv), float(k_scale_inv), float(v_scale_inv),
+                  bool(fuse_output_quant), int(stream or 0))
+        # torch: the op torch.ops.fp8mla.mla_layer_prefill_device_batch where torch.compile or
+        # the dispatcher must see it, else self._prefill_device_batch directly.
+        arrays.run_layer(self, "prefill_device_batch", values)
+        return out
+
+    def _prefill_device_batch(self, hidden, cu_seqlens_q, positions, slot_mapping, cache, out,
+                              workspace, max_seqlen_q, cu_seqlens_prefix, prefix_slots,
+                              max_seqlen_prefix, one_shot_max_prefix, chunk_capacity,
+                              cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv,
+                              fuse_output_quant, stream):
+        """prefill_device_batch's work, out allocated: also the torch op's implementation."""
+        arrays = adapter_for(hidden)
         options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,
                            k_scale_inv, v_scale_inv, fuse_output_quant)
         # Shapes only: len() of a device tensor reads no device memory (graph capture).
         tokens, sequences = hidden.shape[0], len(cu_seqlens_q) - 1
         prefix_tokens = 0 if cu_seqlens_prefix is None else len(prefix_slots)
-        if out is None:
-            out = arrays.empty((tokens, self.config.hidden), "bf16", hidden)
         if _device(self.device)[0] == "cuda":
             # A device batch's prefixes are one chunk: sized as such by the limits' rule.
             sizing = _options(0, max(prefix_tokens, 1), cache_scale_inv, q_scale_inv,
                               k_scale_inv, v_scale_inv, fuse_output_quant)
             workspace = self._cuda_workspace(workspace, (tokens, sequences, prefix_tokens, 0),
                                              sizing, hidden)
-            if stream is None:
+            if not stream:
                 import torch
 
                 stream = torch.cuda.current_stream(hidden.device).cuda_stream
@@ -248,7 +276,6 @@ class MlaLayer:
             int(max_seqlen_prefix), arrays.tensor(cache, "e4m3"),
             self.backend.name, options, arrays.tensor(out, "bf16"),
             None if workspace is None else _workspace_bytes(workspace), int(stream or 0))
-        return out
 
     def calibrate(self, hidden, batch, *, headroom: float = MLA_CALIBRATION_HEADROOM,
                   stream=None) -> MlaCalibration:

@@ -119,8 +119,8 @@ def _fp8_out(arrays, x, dtype):
 
 # ---- the ops -------------------------------------------------------------------------------------
 
-# q_out and k_out of the RoPE + e4m3 ops and the packs: [.., 192] like their no-RoPE inputs. (An allocation
-# rule names the arguments it reads, so each query name has its own.)
+# q_out and k_out of the RoPE + e4m3 ops and the packs: [.., 192] like their no-RoPE inputs.
+# (An allocation rule names the arguments it reads, so each query name has its own.)
 _QK_OUT = {
     "q_nope": lambda arrays, q_nope: arrays.empty(
         out_shape(tuple(q_nope.shape), MLA["qk"]), "e4m3", q_nope),

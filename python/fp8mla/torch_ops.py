@@ -23,6 +23,7 @@ import torch
 
 from . import _C
 from ._arrays import Arrays
+from ._common import invalid_argument
 from ._ops import BACKEND_OPS, OPS
 from ._spec import (
     BOOL,
@@ -170,6 +171,42 @@ for _op in (*OPS, *BACKEND_OPS):
                                    **_customs, **_SCOPE)
 
 
+# ---- MlaLayer.prefill_device_batch -----------------------------------------------------------
+# A torch op too, so that torch.compile(fullgraph=True) and the dispatcher see a layer's prefill
+# of a device batch: the layer is named by its number (MlaLayer.number), the rest are
+# prefill_device_batch's arguments in order, `out` allocated (workspace None: the layer's own on
+# CUDA, allocated when too small, as in eager mode; give it to capture a CUDA graph).
+_LAYER_SCHEMA = ("(int layer, Tensor hidden, Tensor cu_seqlens_q, Tensor positions, "
+                 "Tensor slot_mapping, Tensor(a!) cache, Tensor(b!) out, Tensor(c!)? workspace, "
+                 "int max_seqlen_q, Tensor? cu_seqlens_prefix, Tensor? prefix_slots, "
+                 "int max_seqlen_prefix, int one_shot_max_prefix, int chunk_capacity, "
+                 "float cache_scale_inv, float q_scale_inv, float k_scale_inv, "
+                 "float v_scale_inv, bool fuse_output_quant, int stream) -> ()")
+
+
+def _layer_prefill_device_batch(layer, hidden, cu_seqlens_q, positions, slot_mapping, cache, out,
+                                workspace, max_seqlen_q, cu_seqlens_prefix, prefix_slots,
+                                max_seqlen_prefix, one_shot_max_prefix, chunk_capacity,
+                                cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv,
+                                fuse_output_quant, stream):
+    from ._layer import _LAYERS
+
+    target = _LAYERS.get(layer)
+    if target is None:
+        raise invalid_argument(f"mla_layer_prefill_device_batch: no live fp8mla.MlaLayer has "
+                               f"number {layer}")
+    target._prefill_device_batch(hidden, cu_seqlens_q, positions, slot_mapping, cache, out,
+                                 workspace, max_seqlen_q, cu_seqlens_prefix, prefix_slots,
+                                 max_seqlen_prefix, one_shot_max_prefix, chunk_capacity,
+                                 cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv,
+                                 fuse_output_quant, stream)
+
+
+torch.library.custom_op("fp8mla::mla_layer_prefill_device_batch", _layer_prefill_device_batch,
+                        mutates_args=("cache", "out", "workspace"),
+                        schema=_LAYER_SCHEMA).register_fake(_fake)
+
+
 class Torch(Arrays):
     """The adapter of _arrays.run for torch tensors: outputs on the first tensor's device."""
 
@@ -196,3 +233,12 @@ class Torch(Arrays):
     @staticmethod
     def call(op, values, stream):
         _EAGER[op.name](values, stream)
+
+    @staticmethod
+    def run_layer(layer, method, values):
+        # Plain eager mode (as for the ops): the method itself, without the dispatcher.
+        if (not _SCOPE["_is_compiling"]() and not _SCOPE["_dispatch_modes"]()
+                and all(v.__class__ is _TENSOR for v in values if isinstance(v, _TENSOR))):
+            getattr(layer, "_" + method)(*values)
+        else:
+            getattr(torch.ops.fp8mla, "mla_layer_" + method)(layer.number, *values)

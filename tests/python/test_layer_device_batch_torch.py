@@ -3,7 +3,9 @@ padded past its sequences (random hidden rows, position 0, slot -1) gives prefil
 host batch on its real rows and in the cache; and, captured once in a torch.cuda.graph with
 given `out` and `workspace`, replayed after another batch of the same padded shape (other
 sequence lengths, hidden states and slots) was copied into the captured tensors, it gives that
-batch's eager prefill. Both paths (fp8-hopper, bf16-hopper), as the C++ CUDA test runs them."""
+batch's eager prefill. Both paths (fp8-hopper, bf16-hopper), as the C++ CUDA test runs them.
+On the CPU and the GPU: its torch op (torch.ops.fp8mla.mla_layer_prefill_device_batch) and
+torch.compile(fullgraph=True) of a function calling it give eager mode's bytes."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ class Padded:
     """A batch as prefill's host batch and as the device metadata of its padded shape: the rows
     past its sequences random, position 0, slot -1."""
 
-    def __init__(self, lengths, width, seed):
+    def __init__(self, lengths, width, seed, device="cuda"):
         rng = np.random.default_rng(seed)
         slots = rng.permutation(PAGES * PAGE)
         self.batch, cu, positions, slot_mapping = [], [0], [], []
@@ -42,19 +44,19 @@ class Padded:
         pad = TOKENS - self.real
         assert pad > 0 and max(lengths) <= MAX_SEQLEN_Q
         hidden = rng.standard_normal((TOKENS, width)).astype(np.float32)
-        self.hidden = torch.from_numpy(hidden).to(torch.bfloat16).cuda()
-        self.cu_seqlens_q = torch.tensor(cu, dtype=torch.int32, device="cuda")
-        self.positions = torch.tensor(positions + [0] * pad, dtype=torch.int64, device="cuda")
+        self.hidden = torch.from_numpy(hidden).to(torch.bfloat16).to(device)
+        self.cu_seqlens_q = torch.tensor(cu, dtype=torch.int32, device=device)
+        self.positions = torch.tensor(positions + [0] * pad, dtype=torch.int64, device=device)
         self.slot_mapping = torch.tensor(slot_mapping + [-1] * pad, dtype=torch.int64,
-                                         device="cuda")
+                                         device=device)
 
 
-def random_cache():
+def random_cache(device="cuda"):
     """Random e4m3 bytes (|x| < 2, no NaN), so that a stray write to any slot shows."""
-    g = torch.Generator(device="cuda").manual_seed(2)
+    g = torch.Generator(device=device).manual_seed(2)
     bits = torch.randint(0, 0x40, (PAGES, PAGE, 576), generator=g, dtype=torch.uint8,
-                         device="cuda")
-    sign = torch.randint(0, 2, bits.shape, generator=g, dtype=torch.uint8, device="cuda") << 7
+                         device=device)
+    sign = torch.randint(0, 2, bits.shape, generator=g, dtype=torch.uint8, device=device) << 7
     return (bits | sign).view(torch.float8_e4m3fn)
 
 
@@ -62,8 +64,13 @@ def host_prefill(layer, p: Padded, cache_before):
     """(out of the real rows, cache after): the eager prefill of p's host batch."""
     cache = cache_before.clone()
     out = layer.prefill(p.hidden[:p.real], p.batch, cache)
-    torch.cuda.synchronize()
+    synchronize(cache)
     return out, cache
+
+
+def synchronize(t):
+    if t.is_cuda:
+        torch.cuda.synchronize()
 
 
 @needs_gpu
@@ -119,3 +126,51 @@ def test_cuda_graph_replays_for_another_batch_of_the_padded_shape(fmt, backend):
         want_out, want_cache = want[name]
         assert_same(out[:p.real], want_out)
         assert_same(cache, want_cache)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_torch_op_and_torch_compile_give_eager_bytes(device):
+    weights = fp8mla.generate_mla_weights("tiny", "fp8", seed=3)
+    layer = fp8mla.MlaLayer(None, weights, device=device)
+    p = Padded(BATCH_A, weights.config.hidden, 1, device)
+    cache_before = random_cache(device)
+    want_out, want_cache = host_prefill(layer, p, cache_before)
+
+    def step(cache):
+        return layer.prefill_device_batch(p.hidden, p.cu_seqlens_q, p.positions, p.slot_mapping,
+                                          cache, max_seqlen_q=MAX_SEQLEN_Q)
+
+    eager_cache = cache_before.clone()
+    eager = step(eager_cache)
+    op_cache, op_out = cache_before.clone(), torch.empty_like(eager)
+    op_args = (layer.number, p.hidden, p.cu_seqlens_q, p.positions, p.slot_mapping, op_cache,
+               op_out, None, MAX_SEQLEN_Q, None, None, 0, 8192, 8192, 1.0, 1.0, 1.0, 1.0, True, 0)
+    torch.ops.fp8mla.mla_layer_prefill_device_batch(*op_args)
+    # fullgraph: the layer's C++ call would break the graph; the torch op does not.
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    compiled_cache = cache_before.clone()
+    compiled = torch.compile(step, fullgraph=True, backend=backend)(compiled_cache)
+    synchronize(compiled)
+    assert_same(eager[:p.real], want_out)
+    assert_same(eager_cache, want_cache)
+    for out, cache in ((op_out, op_cache), (compiled, compiled_cache)):
+        assert_same(out[:p.real], want_out)
+        assert_same(cache, want_cache)
+    if device == "cpu":
+        torch.library.opcheck(torch.ops.fp8mla.mla_layer_prefill_device_batch.default, op_args,
+                              test_utils=("test_faketensor",))
+
+
+def test_torch_op_of_a_layer_that_is_gone_is_an_error():
+    weights = fp8mla.generate_mla_weights("tiny", "fp8", seed=3)
+    layer = fp8mla.MlaLayer(None, weights)
+    p = Padded(BATCH_A, weights.config.hidden, 1, "cpu")
+    cache, out = random_cache("cpu"), torch.empty(TOKENS, weights.config.hidden,
+                                                  dtype=torch.bfloat16)
+    number = layer.number
+    del layer
+    with pytest.raises(fp8mla.InvalidArgumentError, match=f"no live fp8mla.MlaLayer has number "
+                                                          f"{number}"):
+        torch.ops.fp8mla.mla_layer_prefill_device_batch(
+            number, p.hidden, p.cu_seqlens_q, p.positions, p.slot_mapping, cache, out, None,
+            MAX_SEQLEN_Q, None, None, 0, 8192, 8192, 1.0, 1.0, 1.0, 1.0, True, 0)
