@@ -1,11 +1,11 @@
 """Array adapters: how one framework's arrays meet the op table (_ops.py) and _C.
 
-An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`; `as_strided`, a view
-of a shape and element strides from an allocation's start, for the transposed layouts), makes
-one-element f32 scalars (`scalar`), says what is an array (`is_array`), converts an array for _C
-(`tensor`) and runs an op (`call`, or `query` for an op that returns a value, `run_layer` for an
-MlaLayer method that has a torch op); `require` sees the outputs about to be allocated (other
-DLPack arrays cannot be).
+An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`, `empty_as`;
+`as_strided`, a view of a shape and element strides from an allocation's start, for the
+transposed layouts), makes one-element f32 scalars (`scalar`), says what is an array
+(`is_array`), converts an array for _C (`tensor`) and runs an op (`call`, or `query` for an op
+that returns a value, `run_layer` for an MlaLayer method that has a torch op); `require` sees
+the outputs about to be allocated (other DLPack arrays cannot be).
 Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
 passed through as they are, every output given). torch's adapter is in torch_ops.py, which
 also registers the torch custom ops.
@@ -34,6 +34,11 @@ class Arrays:
     @classmethod
     def is_array(cls, value) -> bool:
         return isinstance(value, cls.array_type)
+
+    @classmethod
+    def empty_as(cls, like, dtype):
+        """A row-major array of `like`'s shape and device in the fp8mla format `dtype`."""
+        return cls.empty(tuple(like.shape), dtype, like)
 
     @staticmethod
     def require(op_name, **missing):

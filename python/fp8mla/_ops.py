@@ -72,7 +72,7 @@ def _v_out(arrays, v, v_layout):
         pitch = transposed_pitch(n)
         storage = arrays.empty((heads, dim, pitch), "e4m3", v)
         return arrays.as_strided(storage, (n, heads, dim), (1, dim * pitch, pitch))
-    return arrays.empty(tuple(v.shape), "e4m3", v)
+    return arrays.empty_as(v, "e4m3")
 
 
 def _backend_v_out(arrays, v, backend):
@@ -114,7 +114,7 @@ def _raw_block_scale(out):
 
 def _fp8_out(arrays, x, dtype):
     """`out` of the per-tensor ops: x's shape in the format `dtype` names."""
-    return arrays.empty(tuple(x.shape), dtype, x)
+    return arrays.empty_as(x, dtype)
 
 
 # ---- the ops -------------------------------------------------------------------------------------
@@ -193,8 +193,7 @@ OPS = (
     [M, G]; "packed_ue8m0" int32 [M, ceil(G/4)] strides (1, round_up(M, 4)). Given `scales`, its
     dtype and strides decide the layout.""", [
         Arg("x", TENSOR),
-        Arg("out", OUT, dtype="e4m3", alloc=lambda arrays, x: arrays.empty(
-            tuple(x.shape), "e4m3", x)),
+        Arg("out", OUT, dtype="e4m3", alloc=lambda arrays, x: arrays.empty_as(x, "e4m3")),
         Arg("scales", OUT, dtype="ue8m0", alloc=_group_scales),
         Arg("group_size", INT, 128),
         Arg("eps", FLOAT, 1e-10),
@@ -366,8 +365,8 @@ OPS = (
         Arg("lse_b", TENSOR),
         Arg("out", OUT, dtype=_raw_quantized_out, alloc=lambda arrays, o_a: arrays.empty_like(
             o_a)),
-        Arg("out_lse", OUT, dtype="f32", alloc=lambda arrays, lse_a: arrays.empty(
-            tuple(lse_a.shape), "f32", lse_a)),
+        Arg("out_lse", OUT, dtype="f32", alloc=lambda arrays, lse_a: arrays.empty_as(
+            lse_a, "f32")),
         Arg("output_scale", OPT_TENSOR, None),
         Arg("output_block_scale", OPT_INOUT, None, dtype=_raw_block_scale),
         Arg("num_tokens", OPT_TENSOR, None),
