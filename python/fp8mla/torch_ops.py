@@ -213,13 +213,13 @@ class Torch(Arrays):
 
     array_type = torch.Tensor
     tensor = staticmethod(_tensor)
+    empty_like = staticmethod(torch.empty_like)
+    as_strided = staticmethod(torch.as_strided)
 
     @staticmethod
     def is_array(value) -> bool:
         # A plain tensor without isinstance's subclass walk (a static method: no class binding).
         return value.__class__ is _TENSOR or isinstance(value, _TENSOR)
-    empty_like = staticmethod(torch.empty_like)
-    as_strided = staticmethod(torch.as_strided)
 
     @staticmethod
     def empty(shape, dtype, like):
@@ -242,8 +242,9 @@ class Torch(Arrays):
 
     @staticmethod
     def run_layer(layer, method, values):
-        # Plain eager mode (as for the ops): the method itself, without the dispatcher.
-        if (not _SCOPE["_is_compiling"]() and not _SCOPE["_dispatch_modes"]()
+        # Plain eager mode (the ops' eager entries test the same): the method itself, without
+        # the dispatcher.
+        if (not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack()
                 and all(v.__class__ is _TENSOR for v in values if isinstance(v, _TENSOR))):
             getattr(layer, "_" + method)(*values)
         else:

@@ -103,12 +103,16 @@ struct Torch {
   bool ready = false;
 } g_torch;
 
+void check_ndim(const char* op, const char* name, std::int64_t ndim) {
+  if (ndim > fp8mla::kMaxDims) {
+    fail(op, name, fp8mla::concat("expected at most ", fp8mla::kMaxDims, " dims, got ", ndim));
+  }
+}
+
 std::size_t read_dims(const char* op, const char* name, nb::handle tuple, std::int64_t* out) {
   if (!PyTuple_Check(tuple.ptr())) fail(op, name, "torch returned a shape that is not a tuple");
   const std::size_t ndim = std::size_t(PyTuple_GET_SIZE(tuple.ptr()));
-  if (ndim > std::size_t(fp8mla::kMaxDims)) {
-    fail(op, name, fp8mla::concat("expected at most ", fp8mla::kMaxDims, " dims, got ", ndim));
-  }
+  check_ndim(op, name, std::int64_t(ndim));
   for (std::size_t d = 0; d < ndim; ++d) {
     out[d] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple.ptr(), Py_ssize_t(d)));
   }
@@ -167,9 +171,7 @@ ShimRead read_by_shim(const char* op, const char* name, PyObject* obj, RawTensor
       s.strides(handle, &strides) != 0 || s.data_ptr(handle, &raw.data) != 0) {
     return ShimRead::kFailed;
   }
-  if (ndim > fp8mla::kMaxDims) {
-    fail(op, name, fp8mla::concat("expected at most ", fp8mla::kMaxDims, " dims, got ", ndim));
-  }
+  check_ndim(op, name, ndim);
   raw.ndim = std::size_t(ndim);
   std::copy_n(sizes, ndim, raw.shape.begin());
   std::copy_n(strides, ndim, raw.strides.begin());
