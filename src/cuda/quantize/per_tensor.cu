@@ -7,7 +7,10 @@
 // the vectors take the scalar variant.
 // The dynamic scale takes three more small steps: the scale cell doubles as the amax accumulator
 // (zeroed, then atomicMax of each block's max), the quantize kernel derives scale_inv from it, and
-// a one-thread kernel finally turns it into the scale.
+// a one-thread kernel finally turns it into the scale. Inputs of at most kOneBlockElements take a
+// single launch instead: one block finds the amax, quantizes (its second read hits L1) and writes
+// the scale, since below that size the three extra launches cost more host and GPU time than one
+// SM's traversal.
 #include <algorithm>
 
 #include "cuda/common/launch.cuh"
@@ -20,6 +23,8 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 2;
+constexpr int kOneBlockThreads = 1024;
+constexpr std::int64_t kOneBlockElements = std::int64_t(1) << 16;
 
 // The traversal shared by the amax and quantize kernels: `rows` rows of vectors_per_row vectors of
 // kVec elements each, starting at `first_row` (launches are split so indices fit in 32 bits).
@@ -103,6 +108,43 @@ __global__ void __launch_bounds__(kThreads)
   pdl_launch_dependents();
 }
 
+template <typename In, int kVec>
+__global__ void __launch_bounds__(kOneBlockThreads)
+    quantize_dynamic_one_block_kernel(QuantizeArgs<In> a, Traversal t, float* scale_out) {
+  pdl_wait();
+  __shared__ float scale_inv_shared;
+  float amax = 0.0f;
+  for (std::uint32_t v = threadIdx.x; v < t.vectors; v += kOneBlockThreads) {
+    std::uint32_t row, col;
+    t.vectors_per_row.divmod(v, row, col);
+    float x[kVec];
+    load_f32<In, kVec>(a.input + std::int64_t(row) * a.input_row_stride + std::int64_t(col) * kVec,
+                       x);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, fabsf(x[i]));  // fmaxf drops NaN
+  }
+  amax = block_max<kOneBlockThreads>(amax);
+  if (threadIdx.x == 0) {
+    const float scale = dynamic_scale(amax, a.fp8_max);
+    *scale_out = scale;
+    scale_inv_shared = __frcp_rn(scale);  // as quantize_kernel derives it from the amax cell
+  }
+  __syncthreads();
+  const float scale_inv = scale_inv_shared;
+  for (std::uint32_t v = threadIdx.x; v < t.vectors; v += kOneBlockThreads) {
+    std::uint32_t row, col;
+    t.vectors_per_row.divmod(v, row, col);
+    float x[kVec];
+    load_f32<In, kVec>(a.input + std::int64_t(row) * a.input_row_stride + std::int64_t(col) * kVec,
+                       x);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) x[i] *= scale_inv;
+    store_fp8<kVec>(a.out + std::int64_t(row) * a.out_row_stride + std::int64_t(col) * kVec, x,
+                    a.e5m2);
+  }
+  pdl_launch_dependents();
+}
+
 __global__ void finalize_scale_kernel(float* cell, float fp8_max) {
   pdl_wait();
   *cell = dynamic_scale(*cell, fp8_max);
@@ -144,7 +186,8 @@ void run(const QuantizeFp8Params& p, CudaStream stream) {
     throw Error(ErrorCategory::kUnsupported,
                 concat("quantize_fp8: rows of more than 2^31 elements, got ", p.input.cols));
   }
-  if (dynamic) {
+  const bool one_block = dynamic && p.input.rows * p.input.cols <= kOneBlockElements;
+  if (dynamic && !one_block) {
     check(cudaMemsetAsync(p.scale_out, 0, sizeof(float), stream), "cudaMemsetAsync");
   }
   const QuantizeArgs<In> args{input,
@@ -159,6 +202,14 @@ void run(const QuantizeFp8Params& p, CudaStream stream) {
   constexpr int kWide = 32 / sizeof(Storage);
   const int vec = p.input.rows == 0 ? 1 : vector_width<In>(p);
   auto launch_all = [&]<int kVec>() {
+    if (one_block) {
+      const std::uint32_t vectors_per_row = std::uint32_t(p.input.cols / kVec);
+      const Traversal t{0, std::uint32_t(p.input.rows) * vectors_per_row,
+                        FastDivmod(std::max(vectors_per_row, 1u))};
+      launch("quantize_fp8 one block", quantize_dynamic_one_block_kernel<In, kVec>,
+             {dim3(1), dim3(kOneBlockThreads), 0, stream, true}, args, t, p.scale_out);
+      return;
+    }
     if (dynamic) {
       const void* amax = reinterpret_cast<const void*>(amax_kernel<In, kVec>);
       for_each_launch(p.input, kVec, 1, amax, [&](const Traversal& t, dim3 grid) {
@@ -172,7 +223,7 @@ void run(const QuantizeFp8Params& p, CudaStream stream) {
     });
   };
   dispatch_vector_width<kWide>(vec == kWide, launch_all);
-  if (dynamic) {
+  if (dynamic && !one_block) {
     launch("quantize_fp8 finalize", finalize_scale_kernel, {dim3(1), dim3(1), 0, stream, true},
            p.scale_out, fp8_max);
   }
