@@ -229,6 +229,11 @@ class Torch(Arrays):
 
     @staticmethod
     def empty_as(like, dtype):
+        if torch.compiler.is_compiling():
+            # Traced, empty_like (and new_empty of a torch.Size) read `like`'s sizes in the graph:
+            # with dynamic shapes a use of an attention output that would keep the fusion pass
+            # from fusing its quantization. A tuple of sizes is the graph's own symbols.
+            return like.new_empty(tuple(like.shape), dtype=_DTYPES[dtype])
         # empty_like takes no shape to parse: about half new_empty's host time.
         return torch.empty_like(like, dtype=_DTYPES[dtype], memory_format=_CONTIGUOUS)
 
