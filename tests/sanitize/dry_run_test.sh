@@ -2,7 +2,8 @@
 # The share splitting of scripts/sanitize.sh, without a GPU or a sanitizer: on a fixed case list,
 # shares 1..4 together hold every (tool, binary) pair the list allows exactly once per case, each
 # share the same on every call, the excluded cases (past 2^31, the failing-launch test, racecheck
-# of cuBLASLt, initcheck of the layer's cases) in none, and a share's chunks join cases with ':'
+# of the cases that run cuBLASLt, initcheck of the layer's cases) in none, the layer's own kernels
+# under every tool, and a share's chunks join cases with ':'
 # (gtest) or ' ' (pytest ids).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,12 +22,14 @@ pairs=$(awk -F'\t' 'NF { n = split($5, c, $2 ~ /^pytest:/ ? " " : ":");
 dups=$(uniq -d <<<"$pairs")
 [[ -z $dups ]] || { echo "cases in more than one item: $dups"; exit 1; }
 count=$(wc -l <<<"$pairs")
-# 17 cases: 3 excluded for every tool (2^31, the failing launch), 3 more for racecheck (cuBLASLt),
+# 18 cases: 3 excluded for every tool (2^31, the failing launch), 3 more for racecheck (cuBLASLt),
 # 1 more for initcheck (the layer's NCCL case reads cuBLASLt's block-scaled GEMM outputs).
-want=$(((17 - 3) * 4 - 3 - 1))
+want=$(((18 - 3) * 4 - 3 - 1))
 ((count == want)) || { echo "expected $want (tool, case) pairs, got $count:"; echo "$pairs"; exit 1; }
 grep -q 'Past2To31\|StridesPast\|LaunchError' <<<"$pairs" && { echo "an excluded case is listed"; exit 1; }
-grep -q '^racecheck mla_model_cuda_test' <<<"$pairs" && { echo "racecheck of cuBLASLt listed"; exit 1; }
+grep -q '^racecheck mla_model_cuda_test [CM]' <<<"$pairs" && { echo "racecheck of cuBLASLt listed"; exit 1; }
+[[ $(grep -c ' mla_model_cuda_test LayerKernelsCuda' <<<"$pairs") == 4 ]] ||
+  { echo "the layer's own kernels lack a tool"; exit 1; }
 grep -q '^initcheck mla_model_cuda_test Mla' <<<"$pairs" &&
   { echo "initcheck of a layer case listed"; exit 1; }
 grep -q '^initcheck mla_model_cuda_test CublasLinearCuda' <<<"$pairs" ||
