@@ -51,6 +51,11 @@ _RAW_BYTES = ("e4m3", "e5m2", "ue8m0", "e2m1x2")
 _UINT8 = torch.uint8
 _TENSOR = torch.Tensor
 _CONTIGUOUS = torch.contiguous_format
+# Outputs allocated by libtorch from C++ (python/src/torch_tensors.hpp), about half of torch's
+# own allocation's host time, where _C found torch's functions for it; None: torch allocates.
+_TORCH_EMPTY = _C.torch_empty if _C.torch_allocator() == "shim" else None
+_IS_COMPILING = torch.compiler.is_compiling
+_DISPATCH_MODES = torch._C._len_torch_dispatch_stack
 
 
 def _tensor(t: torch.Tensor, raw_dtype: str | None = None):
@@ -224,16 +229,25 @@ class Torch(Arrays):
     @staticmethod
     def empty(shape, dtype, like):
         if isinstance(like, torch.Tensor):
+            # Traced or under a dispatch mode, torch's allocation is what the mode must see.
+            if _TORCH_EMPTY is not None and not _IS_COMPILING() and not _DISPATCH_MODES():
+                out = _TORCH_EMPTY(like, _DTYPES[dtype], shape)
+                if out is not None:
+                    return out
             return like.new_empty(shape, dtype=_DTYPES[dtype])  # no torch.device made
         return torch.empty(shape, dtype=_DTYPES[dtype], device=like)
 
     @staticmethod
     def empty_as(like, dtype):
-        if torch.compiler.is_compiling():
+        if _IS_COMPILING():
             # Traced, empty_like (and new_empty of a torch.Size) read `like`'s sizes in the graph:
             # with dynamic shapes a use of an attention output that would keep the fusion pass
             # from fusing its quantization. A tuple of sizes is the graph's own symbols.
             return like.new_empty(tuple(like.shape), dtype=_DTYPES[dtype])
+        if _TORCH_EMPTY is not None and not _DISPATCH_MODES():
+            out = _TORCH_EMPTY(like, _DTYPES[dtype], None)
+            if out is not None:
+                return out
         # empty_like takes no shape to parse: about half new_empty's host time.
         return torch.empty_like(like, dtype=_DTYPES[dtype], memory_format=_CONTIGUOUS)
 

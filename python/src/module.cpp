@@ -324,6 +324,12 @@ NB_MODULE(_C, m) {
         "Reads torch tensors directly from now on (torch_ops.py calls it once)");
   m.def("torch_tensor_reader", &fp8mla_python::torch_tensor_reader,
         "How torch tensors are read: \"shim\", \"attributes\" or \"none\" (torch_tensors.hpp)");
+  m.def("torch_allocator", &fp8mla_python::torch_allocator,
+        "How outputs are allocated for torch: \"shim\" (torch_empty) or \"torch\"");
+  m.def("torch_empty", &fp8mla_python::torch_empty, nb::arg("like"), nb::arg("dtype"),
+        nb::arg("shape").none(),
+        "A row-major tensor from libtorch's allocator, or None "
+        "(torch_tensors.hpp)");
   m.def("_read_torch_tensor", &read_torch_tensor, nb::arg("tensor"), nb::arg("reader"),
         "What a reader (\"shim\" / \"attributes\") sees of a torch tensor, for tests");
 

@@ -93,13 +93,27 @@ struct Shim {
   std::array<std::uint8_t, 256> dtype_of_code{};
 };
 
+// What torch_empty calls: the shim's allocation (through libtorch's allocator for the device, on
+// torch's current stream) and torch's own wrapper of a tensor as a Python object, exported by
+// libtorch_python (`THPVariable_Wrap(const at::TensorBase&)`; a handle points at an at::Tensor,
+// whose base is that TensorBase).
+struct Allocator {
+  Shim::Result (*empty_strided)(std::int64_t, const std::int64_t*, const std::int64_t*,
+                                std::int32_t, std::int32_t, std::int32_t, Shim::Handle*) = nullptr;
+  Shim::Result (*delete_tensor)(Shim::Handle) = nullptr;
+  PyObject* (*wrap)(const void*) = nullptr;
+  std::array<std::int32_t, kDtypeCount> code{};  // torch's ScalarType code of kTorchDtypes[i]
+};
+
 // Set once by use_torch, then read-only; the references live as long as the process.
 struct Torch {
   PyTypeObject* tensor_type = nullptr;
   PyObject* dtypes[kDtypeCount] = {};  // nullptr where this torch lacks the dtype
   Attribute data_ptr, shape, stride, dtype, is_cuda, is_cpu, get_device, cdata;
   Shim shim;
+  Allocator allocator;
   bool use_shim = false;
+  bool use_allocator = false;
   bool ready = false;
 } g_torch;
 
@@ -178,6 +192,23 @@ ShimRead read_by_shim(const char* op, const char* name, PyObject* obj, RawTensor
   return ShimRead::kRead;
 }
 
+template <typename Fn>
+bool find_symbol(void* lib, Fn& fn, const char* symbol) {
+  fn = reinterpret_cast<Fn>(dlsym(lib, symbol));
+  return fn != nullptr;
+}
+
+// torch_empty's functions from the libraries torch loaded (left null where one is missing).
+void load_allocator(void* shim_lib, const std::string& dir) {
+  Allocator& a = g_torch.allocator;
+  void* python_lib = dlopen((dir + "/lib/libtorch_python.so").c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (!python_lib || !find_symbol(shim_lib, a.empty_strided, "aoti_torch_empty_strided") ||
+      !find_symbol(shim_lib, a.delete_tensor, "aoti_torch_delete_tensor_object") ||
+      !find_symbol(python_lib, a.wrap, "_Z16THPVariable_WrapRKN2at10TensorBaseE")) {
+    a = Allocator{};
+  }
+}
+
 // The shim's functions in the libtorch already loaded beside `torch` (none: false).
 bool load_shim(nb::handle torch, Shim& s) {
   const std::string dir = nb::cast<std::string>(
@@ -186,10 +217,7 @@ bool load_shim(nb::handle torch, Shim& s) {
     // RTLD_NOLOAD: a handle of the copy torch loaded, never a second one.
     void* lib = dlopen((dir + "/lib/" + library).c_str(), RTLD_LAZY | RTLD_NOLOAD);
     if (!lib) continue;
-    const auto find = [lib](auto& fn, const char* symbol) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
-      return fn != nullptr;
-    };
+    const auto find = [lib](auto& fn, const char* symbol) { return find_symbol(lib, fn, symbol); };
     std::int32_t (*cpu)() = nullptr;
     std::int32_t (*cuda)() = nullptr;
     if (find(s.data_ptr, "aoti_torch_get_data_ptr") && find(s.dim, "aoti_torch_get_dim") &&
@@ -200,6 +228,7 @@ bool load_shim(nb::handle torch, Shim& s) {
         find(cpu, "aoti_torch_device_type_cpu") && find(cuda, "aoti_torch_device_type_cuda")) {
       s.cpu = cpu();
       s.cuda = cuda();
+      load_allocator(lib, dir);
       return true;
     }
     dlclose(lib);
@@ -231,6 +260,7 @@ bool shim_agrees(nb::handle torch) {
       return false;
     }
     t.shim.dtype_of_code[std::size_t(code)] = std::uint8_t(i + 1);
+    t.allocator.code[i] = code;
     probes.push_back(std::move(probe));
   }
   const nb::object f32 = torch.attr("float32");
@@ -253,7 +283,111 @@ bool shim_agrees(nb::handle torch) {
   return true;
 }
 
+// A row-major tensor of `ndim` sizes with dtype kTorchDtypes[index] on `like`'s device (read
+// through `handle`), or nullptr where libtorch declined (torch's own allocation then says why).
+PyObject* allocate(Shim::Handle like, std::size_t index, std::int64_t ndim,
+                   const std::int64_t* sizes) {
+  const Torch& t = g_torch;
+  const Allocator& a = t.allocator;
+  std::int32_t device_type = 0, device_index = 0;
+  if (t.shim.device_type(like, &device_type) != 0 ||
+      t.shim.device_index(like, &device_index) != 0) {
+    return nullptr;
+  }
+  std::array<std::int64_t, fp8mla::kMaxDims> strides{};
+  for (std::int64_t d = ndim - 1, step = 1; d >= 0; --d) {
+    strides[std::size_t(d)] = step;
+    step *= std::max<std::int64_t>(sizes[d], 1);  // torch's contiguous strides
+  }
+  Shim::Handle out = nullptr;
+  if (a.empty_strided(ndim, sizes, strides.data(), a.code[index], device_type, device_index,
+                      &out) != 0) {
+    return nullptr;
+  }
+  PyObject* tensor = a.wrap(out);
+  a.delete_tensor(out);  // the Python tensor holds its own reference
+  if (!tensor) throw nb::python_error();
+  return tensor;
+}
+
+// torch_empty, whether or not use_torch chose it.
+nb::object make_empty(nb::handle like, nb::handle dtype, nb::handle shape) {
+  const Torch& t = g_torch;
+  PyObject* obj = like.ptr();
+  if (!t.allocator.wrap || !t.use_shim || Py_TYPE(obj) != t.tensor_type) return nb::none();
+  const auto* found = std::find(std::begin(t.dtypes), std::end(t.dtypes), dtype.ptr());
+  if (found == std::end(t.dtypes) || *found == nullptr) return nb::none();
+  void* impl = PyLong_AsVoidPtr(t.cdata.read(obj, true).ptr());
+  if (PyErr_Occurred()) throw nb::python_error();
+  Shim::Handle handle = &impl;  // as in read_by_shim
+  std::array<std::int64_t, fp8mla::kMaxDims> sizes{};
+  std::int64_t ndim = 0;
+  if (shape.is_none()) {
+    std::int64_t* like_sizes = nullptr;
+    if (t.shim.dim(handle, &ndim) != 0 || ndim > fp8mla::kMaxDims ||
+        t.shim.sizes(handle, &like_sizes) != 0) {
+      return nb::none();
+    }
+    std::copy_n(like_sizes, ndim, sizes.begin());
+  } else {
+    if (!PyTuple_Check(shape.ptr()) || PyTuple_GET_SIZE(shape.ptr()) > fp8mla::kMaxDims) {
+      return nb::none();
+    }
+    ndim = PyTuple_GET_SIZE(shape.ptr());
+    for (std::int64_t d = 0; d < ndim; ++d) {
+      sizes[std::size_t(d)] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), Py_ssize_t(d)));
+    }
+    if (PyErr_Occurred()) {
+      PyErr_Clear();  // not a tuple of ints (a SymInt, say): torch allocates it
+      return nb::none();
+    }
+    // torch's error for a negative size, not the shim's logged one.
+    if (std::any_of(sizes.begin(), sizes.begin() + ndim, [](std::int64_t n) { return n < 0; })) {
+      return nb::none();
+    }
+  }
+  PyObject* tensor =
+      allocate(handle, std::size_t(found - std::begin(t.dtypes)), ndim, sizes.data());
+  return tensor ? nb::steal(tensor) : nb::none();
+}
+
+// Whether torch_empty's tensors are what torch.empty would make: for every dtype and a few
+// shapes (empty and zero-dim ones too), an exact torch.Tensor whose attributes give that dtype,
+// shape, row-major strides and the CPU, and whose memory torch can write and read.
+bool allocator_agrees(nb::handle torch) {
+  using namespace nb::literals;
+  const nb::object like = torch.attr("empty")(1);
+  for (std::size_t i = 0; i < kDtypeCount; ++i) {
+    if (!g_torch.dtypes[i]) continue;
+    for (const nb::tuple& shape :
+         {nb::make_tuple(3, 5), nb::make_tuple(0, 4, 2), nb::make_tuple(7), nb::make_tuple()}) {
+      const nb::object made = make_empty(like, g_torch.dtypes[i], shape);
+      const nb::object want = torch.attr("empty")(shape, "dtype"_a = nb::handle(g_torch.dtypes[i]));
+      if (made.is_none() || Py_TYPE(made.ptr()) != g_torch.tensor_type) return false;
+      const std::optional<RawTensor> got =
+          read_by_attributes("use_torch", "probe", made.ptr(), true);
+      const std::optional<RawTensor> ref =
+          read_by_attributes("use_torch", "probe", want.ptr(), true);
+      if (!got || !ref) return false;
+      RawTensor same_place = *ref;
+      same_place.data = got->data;
+      if (!same(*got, same_place) || made.attr("requires_grad").ptr() != Py_False) return false;
+    }
+  }
+  const nb::object words = make_empty(like, torch.attr("int32"), nb::make_tuple(64));
+  words.attr("fill_")(-7);
+  return nb::cast<bool>(words.attr("eq")(-7).attr("all")().attr("item")());
+}
+
 }  // namespace
+
+nb::object torch_empty(nb::handle like, nb::handle dtype, nb::handle shape) {
+  return g_torch.use_allocator ? make_empty(like, dtype, shape) : nb::none();
+}
+
+std::string torch_allocator() {
+  return g_torch.use_allocator ? "shim" : "torch";
+}
 
 void use_torch(nb::handle torch) {
   g_torch = Torch{};
@@ -278,6 +412,14 @@ void use_torch(nb::handle torch) {
   if (nb::hasattr(tensor, "_cdata") && load_shim(torch, t.shim)) {
     t.cdata = attribute(tensor, "_cdata", false);
     t.use_shim = shim_agrees(torch);
+    const char* allocator = std::getenv("FP8MLA_TORCH_ALLOCATOR");
+    const bool forced_torch = allocator && std::string_view(allocator) == "torch";
+    try {
+      t.use_allocator = t.use_shim && t.allocator.wrap && !forced_torch && allocator_agrees(torch);
+    } catch (const std::exception& e) {
+      fprintf(stderr, "DBG %s\n", e.what());
+      throw;
+    }
   }
 }
 

@@ -26,6 +26,20 @@ void use_torch(nb::handle torch);
 // "shim", "attributes", or "none" before use_torch.
 std::string torch_tensor_reader();
 
+// A new row-major tensor (an exact torch.Tensor) of `shape` (a tuple of ints; None: `like`'s
+// shape) with the torch dtype `dtype` on `like`'s device: allocated by libtorch through the shim
+// (aoti_torch_empty_strided: torch's allocator for the device, its current stream) and made a
+// Python object by torch's own wrapper (THPVariable_Wrap, from libtorch_python), with none of
+// torch.empty's Python argument parsing. None where it does not apply (`like` not an exact
+// torch.Tensor, a dtype or shape it does not take, libtorch declined, or torch_allocator() is
+// "torch"): the caller allocates through torch, which also says what was wrong.
+nb::object torch_empty(nb::handle like, nb::handle dtype, nb::handle shape);
+
+// "shim" where use_torch found the functions torch_empty calls and its probe tensors equal
+// torch.empty's (dtype, shape, strides, device, writable), unless the environment says
+// FP8MLA_TORCH_ALLOCATOR=torch when fp8mla is imported; else "torch".
+std::string torch_allocator();
+
 // A torch tensor on the CPU or a CUDA device with a dtype fp8mla knows, read by the chosen
 // reader (or by `reader` when given: "shim" or "attributes"); nullopt for anything else (DLPack
 // then converts it or says what is wrong).

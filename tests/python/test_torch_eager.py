@@ -195,3 +195,52 @@ def test_both_torch_readers_see_the_same_tensor(device):
     for reader in ("shim", "attributes"):
         with pytest.raises(RuntimeError):
             fp8mla._C._read_torch_tensor(sparse, reader)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_allocator_makes_what_torch_empty_makes(device):
+    """_C.torch_empty (libtorch's allocation from C++, torch's wrapper): an exact torch.Tensor of
+    the dtype, shape and device asked for, row-major, not requiring grad; None where torch
+    allocates instead (a subclass, a shape that is not a tuple of ints, a size libtorch refuses)."""
+    assert fp8mla._C.torch_allocator() == "shim", "torch 2.11 should pass the allocator's check"
+    like = torch.zeros(6, 7, device=device).requires_grad_()
+    for dtype in set(torch_ops._DTYPES.values()) | {torch.uint8, torch.bfloat16}:
+        for shape in ((3, 5), (0, 4, 2), (9,), (), None):
+            made = fp8mla._C.torch_empty(like, dtype, shape)
+            want = torch.empty(like.shape if shape is None else shape, dtype=dtype, device=device)
+            assert made.__class__ is torch.Tensor and made.dtype == dtype
+            assert (made.shape, made.stride(), made.device) == (want.shape, want.stride(),
+                                                                 want.device)
+            assert not made.requires_grad
+    words = fp8mla._C.torch_empty(like, torch.int32, (1000,))
+    words.fill_(-7)
+    assert bool((words == -7).all())
+    assert fp8mla._C.torch_empty(torch.nn.Parameter(like), torch.float32, (2,)) is None
+    assert fp8mla._C.torch_empty(like, torch.float32, [2, 3]) is None
+    assert fp8mla._C.torch_empty(like, torch.float32, (2, -1)) is None
+    assert fp8mla._C.torch_empty(like, torch.complex64, (2,)) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_both_allocators_give_the_same_outputs(device, monkeypatch):
+    """Every op with its outputs allocated by _C.torch_empty, then by torch: the same bytes,
+    shapes and dtypes. Under a dispatch mode the mode sees torch's own allocations."""
+    by_shim = step(inputs(device))
+    monkeypatch.setattr(torch_ops, "_TORCH_EMPTY", None)
+    for s, t in zip(by_shim, step(inputs(device))):
+        assert_same(s, t)
+    monkeypatch.undo()
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    x = rand((3, 128), 7, device)
+    with Allocations() as mode:
+        fp8mla.quantize_fp8(x, 2.0)
+    assert any(name.startswith(("empty", "new_empty")) for name in mode.seen), mode.seen
