@@ -14,11 +14,13 @@
 // target is within 2 % of plain attention, section 9).
 //
 // Method (bench/README.md): CUDA events around each timed unit (one call, or the unfused pair),
-// --warmup untimed units, then --iters timed ones queued behind a host gate (device time only),
-// median. Inputs are random non-zero values from the harness's pool (e4m3 codes of random bf16,
-// descales 1/16). After timing, the fused output and scales are compared byte for byte with the
-// separate pair's (the contract: fused equals unfused then standalone); a mismatch fails the run
-// after the JSON is written.
+// --warmup untimed units, then --iters timed ones queued behind a host gate (device time only;
+// --host-paced: not queued, for a profiler), median; a key's units (plain, fused, separate, the
+// quantization alone) take turns over --rounds rounds, the row the median of the rounds. Inputs are
+// random non-zero values from the harness's pool (e4m3 codes of random bf16, descales 1/16). After
+// timing, the fused output and scales are compared byte for byte with the separate pair's (the
+// contract: fused equals unfused then standalone); a mismatch fails the run after the JSON is
+// written.
 #include <cuda_runtime_api.h>
 
 #include <CLI/CLI.hpp>
@@ -247,15 +249,37 @@ struct Options {
   bool no_chunked = false;
   int warmup = 3;
   int iters = 20;
+  int rounds = 3;
+  bool host_paced = false;
   std::string json;
   bool no_pdl = false;
 };
 
-// The one-shot rows of one shape: plain attention once, then each key fused and separate.
+// The median microseconds of each unit, each timed in o.rounds rounds (a median of o.iters in
+// each) in which the units take turns, in an order rotated every round: the card heats to its
+// power cap within a second, so a unit always timed first or last would be favoured.
+std::vector<double> interleaved_us(const Options& o, EventTimer& timer,
+                                   const std::vector<std::function<void()>>& units) {
+  std::vector<std::vector<double>> rounds(units.size());
+  for (int r = 0; r < o.rounds; ++r) {
+    for (std::size_t k = 0; k < units.size(); ++k) {
+      const std::size_t u = (k + std::size_t(r)) % units.size();
+      rounds[u].push_back(timer.median_us([&](int) { units[u](); }, o.warmup, !o.host_paced));
+    }
+  }
+  std::vector<double> us;
+  for (std::vector<double>& t : rounds) {
+    std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+    us.push_back(t[t.size() / 2]);
+  }
+  return us;
+}
+
+// The one-shot rows of one shape: for each key, plain attention, fused, separate and the
+// quantization op alone, interleaved.
 void run_one_shot(const Options& o, const Problem& p, const std::vector<std::size_t>& keys,
                   EventTimer& timer, std::vector<Row>& rows) {
   const PrefillAttentionArgs plain = p.attention(false, p.states(p.o_new), {});
-  const double plain_us = timer.median_us([&](int) { prefill_attention(plain); }, o.warmup, true);
   for (std::size_t i : keys) {
     const KeyInfo& key = kKeys[i];
     const QuantOutput fused_out(key, p.tokens, p.width()), separate_out(key, p.tokens, p.width());
@@ -263,15 +287,18 @@ void run_one_shot(const Options& o, const Problem& p, const std::vector<std::siz
     fused.output_scale = fused_out.output_scale();
     fused.output_block_scale = fused_out.output_block_scale();
     const TensorView bf16 = p.bf16_rows(p.o_new);
-    Row r{"one-shot", p.tokens, p.heads, key.name, plain_us};
-    r.fused_us = timer.median_us([&](int) { prefill_attention(fused); }, o.warmup, true);
-    r.separate_us = timer.median_us(
-        [&](int) {
-          prefill_attention(plain);
-          separate_out.quantize(bf16);
-        },
-        o.warmup, true);
-    r.quant_us = timer.median_us([&](int) { separate_out.quantize(bf16); }, o.warmup, true);
+    const std::vector<double> us =
+        interleaved_us(o, timer,
+                       {[&] { prefill_attention(plain); }, [&] { prefill_attention(fused); },
+                        [&] {
+                          prefill_attention(plain);
+                          separate_out.quantize(bf16);
+                        },
+                        [&] { separate_out.quantize(bf16); }});
+    Row r{"one-shot", p.tokens, p.heads, key.name, us[0]};
+    r.fused_us = us[1];
+    r.separate_us = us[2];
+    r.quant_us = us[3];
     cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     r.same = fused_out.same_bytes(separate_out);
     rows.push_back(r);
@@ -279,7 +306,7 @@ void run_one_shot(const Options& o, const Problem& p, const std::vector<std::siz
 }
 
 // The chunked-prefix rows of one shape: the two attentions with LSE, then the merge plain, fused
-// or followed by the quantization; the whole path and the merge alone.
+// or followed by the quantization; the whole path and the merge alone, interleaved for each key.
 void run_chunked(const Options& o, const Problem& p, const std::vector<std::size_t>& keys,
                  EventTimer& timer, std::vector<Row>& rows) {
   const PrefillAttentionArgs new_tokens = p.attention(false, p.states(p.o_new), p.lse(p.lse_new));
@@ -293,13 +320,6 @@ void run_chunked(const Options& o, const Problem& p, const std::vector<std::size
                            p.lse(p.lse_prefix), out, p.lse(p.merged_lse), scale, block);
   };
   const TensorView merged = p.states(p.merged);
-  const double plain_us = timer.median_us(
-      [&](int) {
-        attend();
-        merge(merged, {}, {});
-      },
-      o.warmup, true);
-  const double merge_us = timer.median_us([&](int) { merge(merged, {}, {}); }, o.warmup, true);
   for (std::size_t i : keys) {
     const KeyInfo& key = kKeys[i];
     const QuantOutput fused_out(key, p.tokens, p.width()), separate_out(key, p.tokens, p.width());
@@ -310,24 +330,29 @@ void run_chunked(const Options& o, const Problem& p, const std::vector<std::size
       merge(merged, {}, {});
       separate_out.quantize(p.bf16_rows(p.merged));
     };
-    Row r{"chunked", p.tokens, p.heads, key.name, plain_us};
-    r.merge_us = merge_us;
-    r.fused_us = timer.median_us(
-        [&](int) {
-          attend();
-          fused_merge();
-        },
-        o.warmup, true);
-    r.separate_us = timer.median_us(
-        [&](int) {
-          attend();
-          separate_merge();
-        },
-        o.warmup, true);
-    r.merge_fused_us = timer.median_us([&](int) { fused_merge(); }, o.warmup, true);
-    r.merge_separate_us = timer.median_us([&](int) { separate_merge(); }, o.warmup, true);
-    r.quant_us =
-        timer.median_us([&](int) { separate_out.quantize(p.bf16_rows(p.merged)); }, o.warmup, true);
+    const std::vector<double> us = interleaved_us(
+        o, timer,
+        {[&] {
+           attend();
+           merge(merged, {}, {});
+         },
+         [&] { merge(merged, {}, {}); },
+         [&] {
+           attend();
+           fused_merge();
+         },
+         [&] {
+           attend();
+           separate_merge();
+         },
+         fused_merge, separate_merge, [&] { separate_out.quantize(p.bf16_rows(p.merged)); }});
+    Row r{"chunked", p.tokens, p.heads, key.name, us[0]};
+    r.merge_us = us[1];
+    r.fused_us = us[2];
+    r.separate_us = us[3];
+    r.merge_fused_us = us[4];
+    r.merge_separate_us = us[5];
+    r.quant_us = us[6];
     cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     r.same = fused_out.same_bytes(separate_out);
     rows.push_back(r);
@@ -359,6 +384,7 @@ void print_row(const Row& r) {
 void write_json(const Options& o, const std::vector<Row>& rows) {
   JsonFields header = document_header("output_quant", true);
   header.add("warmup", std::int64_t(o.warmup)).add("iters", std::int64_t(o.iters));
+  header.add("rounds", std::int64_t(o.rounds)).add("host_paced", json_bool(o.host_paced));
   header.add("target_fused_over_plain", json_number(1.02));
   std::vector<std::string> objects;
   for (const Row& r : rows) {
@@ -413,8 +439,9 @@ void run(const Options& o) {
   std::printf(
       "prefill attention with fused output quantization vs attention + quantize_*; e4m3 "
       "Q/K/V (V transposed), causal, one sequence; chunked: a prefix chunk of T tokens; "
-      "median of %d after %d warm-up, queued\n",
-      o.iters, o.warmup);
+      "median of %d rounds (each unit a median of %d after %d warm-up%s), the units of a key "
+      "interleaved\n",
+      o.rounds, o.iters, o.warmup, o.host_paced ? ", host-paced" : ", queued");
   print_header();
   for (std::int64_t t : o.tokens) {
     for (int h : o.heads) {
@@ -451,6 +478,11 @@ void add_bench_output_quant_command(CLI::App& bench) {
   cmd->add_flag("--no-chunked", options->no_chunked, "Skip the chunked-prefix path");
   cmd->add_option("--warmup", options->warmup, "Untimed units")->check(CLI::Range(0, 100));
   cmd->add_option("--iters", options->iters, "Timed units")->check(CLI::Range(1, 1000));
+  cmd->add_option("--rounds", options->rounds, "Rounds in which a key's units take turns")
+      ->check(CLI::Range(1, 20));
+  cmd->add_flag("--host-paced", options->host_paced,
+                "Launch the timed units one by one instead of queued behind a host gate (under a "
+                "profiler, which serializes launches)");
   cmd->add_option("--json", options->json, "Write the results as JSON to this file");
   cmd->add_flag("--no-pdl", options->no_pdl, "Launch without programmatic dependent launch");
   cmd->callback([options] { run(*options); });
