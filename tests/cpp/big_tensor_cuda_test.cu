@@ -3,14 +3,15 @@
 // (cache write and gather past 2 GiB) do not already cover: dynamic and from-memory per-tensor
 // FP8 of more than 2^31 elements, and RoPE + FP8 (with its cache write), the K/V pack, the V
 // quantization, prefill_attention and the merge on a few tokens whose token or dim strides put
-// their last rows past element 2^31. Only the touched rows are written and read back (a pitched
-// copy), and they are compared with the same op on compact copies of those rows: the CPU op,
-// bit for bit, for the prep and quantize ops; the CUDA op on small offsets for attention and the
-// merge (whose CPU paths differ from the kernels within the error rule, not bit for bit), so a
-// 32-bit offset anywhere shows as different bytes. Attention and the merge also run on enough
-// tokens (128 heads) that the last sequences' rows start past element 2^31. Each test holds at most
-// about 26 GB of device memory at a time. Test names contain "Big" (--gtest_filter='*Big*' selects
-// them).
+// their last rows past element 2^31, and the fused output quantization of the attention and the
+// merge into an out and scales whose row strides do. Only the touched rows are written and read
+// back (a pitched copy), and they are compared with the same op on compact copies of those rows:
+// the CPU op, bit for bit, for the prep and quantize ops; the CUDA op on small offsets for
+// attention and the merge (whose CPU paths differ from the kernels within the error rule, not bit
+// for bit), so a 32-bit offset anywhere shows as different bytes. Attention and the merge also run
+// on enough tokens (128 heads) that the last sequences' rows start past element 2^31. Each test
+// holds at most about 26 GB of device memory at a time. Test names contain "Big"
+// (--gtest_filter='*Big*' selects them).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -407,6 +408,71 @@ TEST(BigTensorCuda, MergeAttentionStatesStridesPast2To31) {
   EXPECT_TRUE(same_bytes(d_out.download().payload(), c_out.download(), "out"));
   EXPECT_TRUE(same_bytes(c_out_big_lse.download(), c_out_lse.download(), "out_lse"));
   EXPECT_TRUE(d_out.intact());
+}
+
+// The fused output quantization (group 128, f32 scales row-major) of prefill_attention's
+// epilogue and of the merge, into an e4m3 out and a scale tensor whose row strides put their last
+// rows past element 2^31. Bytes equal to the same calls into compact ones.
+TEST(BigTensorCuda, FusedOutputQuantStridesPast2To31) {
+  FP8MLA_REQUIRE_HOPPER();
+  const std::int64_t T = kTokens, H = kHeads, W = H * 128;
+  const std::int64_t out_stride = pitch_past_2_31(T), scale_stride = pitch_past_2_31(T);
+  const HostBuffer q = attention_rows(T * H * 192, true, 41),
+                   k = attention_rows(T * H * 192, true, 42),
+                   v = attention_rows(T * H * 128, true, 43);  // transposed: [H][128][T]
+  const DeviceBuffer c_q = compact_copy(q), c_k = compact_copy(k), c_v = compact_copy(v);
+  const DeviceBuffer cu = to_device(std::vector<std::int32_t>{0, 30, 64});
+  const DeviceBuffer descales = to_device(std::vector<float>{0.3f, 0.3f, 0.5f});
+  DeviceBuffer states(std::size_t(T * W * 2)), lse(std::size_t(T * H * 4));
+  DeviceBuffer c_out(std::size_t(T * W)), c_scales(std::size_t(T * H * 4));
+  DeviceBuffer merged_lse(std::size_t(T * H * 4));
+  PitchedRows d_out(T, std::size_t(W), std::size_t(out_stride)),
+      d_scales(T, std::size_t(H * 4), std::size_t(scale_stride) * 4);
+  const Device gpu = Device::cuda(0);
+  const auto attention = [&](const TensorView& out, const TensorView& block_scale) {
+    PrefillAttentionArgs a;
+    a.q = TensorView(c_q.data(), DType::kE4M3, {T, H, 192}, gpu);
+    a.k = TensorView(c_k.data(), DType::kE4M3, {T, H, 192}, gpu);
+    a.v = TensorView(c_v.data(), DType::kE4M3, {T, H, 128}, {1, 128 * T, T}, gpu);
+    a.cu_seqlens_q = a.cu_seqlens_k = TensorView(cu.data(), DType::kI32, {3}, gpu);
+    a.max_seqlen_q = a.max_seqlen_k = 34;
+    a.softmax_scale = float(1.0 / std::sqrt(192.0));
+    a.q_descale = TensorView(descales.as<float>(), DType::kF32, {1}, gpu);
+    a.k_descale = TensorView(descales.as<float>() + 1, DType::kF32, {1}, gpu);
+    a.v_descale = TensorView(descales.as<float>() + 2, DType::kF32, {1}, gpu);
+    a.out = out;
+    a.output_block_scale = block_scale;
+    return a;
+  };
+  const TensorView big_out(d_out.data(), DType::kE4M3, {T, W}, {out_stride, 1}, gpu),
+      big_scales(d_scales.data(), DType::kF32, {T, H}, {scale_stride, 1}, gpu),
+      compact_out(c_out.data(), DType::kE4M3, {T, W}, gpu),
+      compact_scales(c_scales.data(), DType::kF32, {T, H}, gpu);
+  const auto expect_same = [&](const char* what) {
+    device_sync();
+    EXPECT_TRUE(same_bytes(d_out.download().payload(), c_out.download(), what));
+    EXPECT_TRUE(same_bytes(d_scales.download().payload(), c_scales.download(), what));
+    EXPECT_TRUE(d_out.intact() && d_scales.intact());
+  };
+  prefill_attention(attention(big_out, big_scales));
+  prefill_attention(attention(compact_out, compact_scales));
+  expect_same("attention's epilogue");
+
+  // The merge of the bf16 attention with itself, quantized the same way.
+  PrefillAttentionArgs plain =
+      attention(TensorView(states.data(), DType::kBF16, {T, H, 128}, gpu), {});
+  plain.lse = TensorView(lse.data(), DType::kF32, {T, H}, gpu);
+  prefill_attention(plain);
+  d_out.poison();
+  d_scales.poison();
+  const auto merge = [&](const TensorView& out, const TensorView& block_scale) {
+    merge_attention_states(plain.out, plain.lse, plain.out, plain.lse, out,
+                           TensorView(merged_lse.data(), DType::kF32, {T, H}, gpu), {},
+                           block_scale);
+  };
+  merge(big_out, big_scales);
+  merge(compact_out, compact_scales);
+  expect_same("merge");
 }
 
 // ---- Many tokens: offsets from cu_seqlens past element 2^31 ----------------------------------

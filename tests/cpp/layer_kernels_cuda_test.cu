@@ -1,8 +1,9 @@
 // The CUDA layer's own small kernels (cuda/model/layer_kernels.hpp) called directly, against their
 // CPU counterparts in model/cpu_math.hpp: RMSNorm within one bf16 step (the f32 sum's order
 // differs), RoPE with the K assembly, the amax and the latent-row copies bit for bit, on padded
-// rows whose padding must stay as it was. They run here without the layer's cuBLASLt GEMMs, so
-// that every sanitizer checks them (racecheck cannot run the GEMMs: docs/testing.md, Sanitizers).
+// rows whose padding must stay as it was, and at offsets past 2^31 (BigStridesPast2To31). They
+// run here without the layer's cuBLASLt GEMMs, so that every sanitizer checks them (racecheck
+// cannot run the GEMMs: docs/testing.md, Sanitizers).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -220,6 +221,139 @@ TEST(LayerKernelsCuda, LatentRowsPackAndUnpackBySlot) {
     }
     EXPECT_EQ(d_other.download(), other);
     EXPECT_TRUE(d_other.guards_intact());
+  }
+}
+
+// ---- Strides past 2^31 -------------------------------------------------------------------------
+
+constexpr std::int64_t kPast2To31 = (std::int64_t(1) << 30) + 64;  // row 2 starts past 2^31
+
+// Rows `rows` of `width` elements of T at `stride` elements apart in a poisoned device buffer:
+// only the rows are copied in and out.
+template <typename T>
+struct StridedRows {
+  std::int64_t rows, width, stride;
+  DeviceBuffer buffer;
+  StridedRows(std::int64_t r, std::int64_t w, std::int64_t s)
+      : rows(r), width(w), stride(s), buffer(std::size_t((r - 1) * s + w) * sizeof(T)) {}
+  T* data() const { return buffer.as<T>(); }
+  void upload(const std::vector<T>& compact) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      ASSERT_EQ(cudaMemcpy(data() + r * stride, compact.data() + r * width,
+                           std::size_t(width) * sizeof(T), cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+  }
+  std::vector<T> download() const {
+    std::vector<T> compact(std::size_t(rows * width));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      EXPECT_EQ(cudaMemcpy(compact.data() + r * width, data() + r * stride,
+                           std::size_t(width) * sizeof(T), cudaMemcpyDeviceToHost),
+                cudaSuccess);
+    }
+    return compact;
+  }
+};
+
+// RMSNorm and the amax of three rows, RoPE with the K assembly of three tokens, and the latent
+// rows of a cache page, each at offsets past element (or byte) 2^31: the results of the compact
+// rows (64-bit addressing, or different bytes).
+TEST(LayerKernelsCuda, BigStridesPast2To31) {
+  FP8MLA_REQUIRE_HOPPER();
+  constexpr std::int64_t kRows = 3, kWidth = 1536, H = 4;
+  {
+    const auto x = random_bf16(std::size_t(kRows * kWidth), 61, 2.0f);
+    auto weight = random_bf16(std::size_t(kWidth), 62);
+    const DeviceBuffer dw = to_device(weight);
+    StridedRows<std::uint16_t> dx(kRows, kWidth, kPast2To31), dy(kRows, kWidth, kPast2To31);
+    dx.upload(x);
+    const DeviceBuffer cell = to_device(std::vector<unsigned>{0});
+    cuda::model::rms_norm({dx.data(), kPast2To31, dw.as<std::uint16_t>(), dy.data(), kPast2To31,
+                           kRows, int(kWidth), 1e-6f},
+                          nullptr);
+    cuda::model::amax_bf16({dx.data(), kRows, kWidth, kPast2To31, cell.as<unsigned>()}, nullptr);
+    const DeviceBuffer c_x = to_device(x);
+    DeviceBuffer c_y(std::size_t(kRows * kWidth) * 2);
+    cuda::model::rms_norm({c_x.as<std::uint16_t>(), kWidth, dw.as<std::uint16_t>(),
+                           c_y.as<std::uint16_t>(), kWidth, kRows, int(kWidth), 1e-6f},
+                          nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(dy.download(), c_y.download_as<std::uint16_t>()) << "rms_norm";
+    EXPECT_EQ(cell.download_as<unsigned>()[0],
+              encode_bf16(model::amax_bf16(x.data(), kRows, kWidth, kWidth)))
+        << "amax";
+    EXPECT_TRUE(dy.buffer.guards_intact());
+  }
+  {
+    std::vector<float> cos_sin(std::size_t(8 * kRope));
+    std::mt19937_64 rng(63);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    for (float& c : cos_sin) c = unit(rng);
+    const DeviceBuffer d_cos_sin = to_device(cos_sin),
+                       d_pos = to_device(std::vector<std::int64_t>{5, 0, 7});
+    const auto kv = random_bf16(std::size_t(kRows * H * 256), 64),
+               latent = random_bf16(std::size_t(kRows * kMlaLatentDim), 65),
+               q = random_bf16(std::size_t(kRows * H * kQk), 66);
+    StridedRows<std::uint16_t> b_kv(kRows, H * 256, kPast2To31),
+        b_latent(kRows, kMlaLatentDim, kPast2To31), b_q(kRows, H * kQk, kPast2To31);
+    b_kv.upload(kv);
+    b_latent.upload(latent);
+    b_q.upload(q);
+    const DeviceBuffer c_kv = to_device(kv), c_latent = to_device(latent), c_q = to_device(q);
+    DeviceBuffer b_k(std::size_t(kRows * H * kQk) * 2), c_k(std::size_t(kRows * H * kQk) * 2);
+    const auto run = [&](const std::uint16_t* kv_p, const std::uint16_t* latent_p,
+                         std::uint16_t* q_p, std::int64_t stride, std::uint16_t* k_out) {
+      cuda::model::RopeAssembleParams p;
+      p.tokens = kRows;
+      p.heads = H;
+      p.k_nope = kv_p;
+      p.k_nope_token_stride = stride == 0 ? H * 256 : stride;
+      p.k_nope_head_stride = 256;
+      p.k_pe = latent_p + kMlaKvLoraRank;
+      p.k_pe_stride = stride == 0 ? kMlaLatentDim : stride;
+      p.k_out = k_out;
+      p.q_pe = q_p + kNope;
+      p.q_token_stride = stride == 0 ? H * kQk : stride;
+      p.q_head_stride = kQk;
+      p.positions = d_pos.as<std::int64_t>();
+      p.cos_sin = d_cos_sin.as<float>();
+      cuda::model::rope_assemble_bf16(p, nullptr);
+    };
+    run(b_kv.data(), b_latent.data(), b_q.data(), kPast2To31, b_k.as<std::uint16_t>());
+    run(c_kv.as<std::uint16_t>(), c_latent.as<std::uint16_t>(), c_q.as<std::uint16_t>(), 0,
+        c_k.as<std::uint16_t>());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(b_k.download_as<std::uint16_t>(), c_k.download_as<std::uint16_t>()) << "k";
+    EXPECT_EQ(b_q.download(), c_q.download_as<std::uint16_t>()) << "q_pe";
+  }
+  {
+    // Two pages 2^31 + 16 bytes apart: slot 16 + 3 lies past byte 2^31.
+    constexpr std::int64_t kPageSize = 16, kPageStride = (std::int64_t(1) << 31) + 16;
+    const std::vector<std::int64_t> slots{19, 2, 31};
+    std::vector<std::uint8_t> rows(slots.size() * kMlaLatentDim);
+    for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = std::uint8_t(i * 7 + 1);
+    DeviceBuffer cache(std::size_t(kPageStride + kPageSize * kMlaLatentDim));
+    const DeviceBuffer d_slots = to_device(slots), d_rows = to_device(rows);
+    DeviceBuffer back(rows.size());
+    const cuda::model::LatentRowsParams to_cache{cache.as<std::uint8_t>(),
+                                                 kPageSize,
+                                                 kPageStride,
+                                                 kMlaLatentDim,
+                                                 d_rows.as<std::uint8_t>(),
+                                                 d_slots.as<std::int64_t>(),
+                                                 std::int64_t(slots.size()),
+                                                 true};
+    cuda::model::copy_latent_rows(to_cache, nullptr);
+    cuda::model::LatentRowsParams from_cache = to_cache;
+    from_cache.rows = back.as<std::uint8_t>();
+    from_cache.to_cache = false;
+    cuda::model::copy_latent_rows(from_cache, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(back.download(), rows) << "latent rows";
+    EXPECT_EQ(cache.download(std::size_t(kPageStride + 3 * kMlaLatentDim), kMlaLatentDim),
+              std::vector<std::uint8_t>(rows.begin(), rows.begin() + kMlaLatentDim))
+        << "slot 19 at its byte offset";
+    EXPECT_TRUE(cache.guards_intact());
   }
 }
 
