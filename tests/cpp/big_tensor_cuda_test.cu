@@ -151,6 +151,32 @@ TEST(BigTensorCuda, QuantizeFp8DynamicAndFromMemoryPast2To31Elements) {
   EXPECT_TRUE(out.guards_intact());
 }
 
+// A small input (the dynamic scale's one-launch path) whose row stride puts its last row past
+// element 2^31, into an out whose row stride does too: the bytes and scale of the compact rows.
+TEST(BigTensorCuda, QuantizeFp8DynamicOneLaunchRowStridesPast2To31) {
+  FP8MLA_REQUIRE_HOPPER();
+  constexpr std::int64_t kRows = 3, kCols = 7168;  // 21504 elements: the one-launch path
+  const std::int64_t in_stride = pitch_past_2_31(kRows), out_stride = pitch_past_2_31(kRows);
+  const HostBuffer x = uniform_bf16_rows(kRows * kCols, 37.0f, 51);
+  PitchedRows d_in(kRows, std::size_t(kCols) * 2, std::size_t(in_stride) * 2),
+      d_out(kRows, std::size_t(kCols), std::size_t(out_stride));
+  d_in.upload(x);
+  DeviceBuffer scale{4};
+  const Device gpu = Device::cuda(0);
+  quantize_fp8_dynamic(TensorView(d_in.data(), DType::kBF16, {kRows, kCols}, {in_stride, 1}, gpu),
+                       TensorView(d_out.data(), DType::kE4M3, {kRows, kCols}, {out_stride, 1}, gpu),
+                       TensorView(scale.data(), DType::kF32, {1}, gpu));
+  device_sync();
+  HostBuffer want(std::size_t(kRows * kCols)), want_scale(4),
+      host_in = copy_of(x.data(), x.bytes());
+  quantize_fp8_dynamic(TensorView(host_in.data(), DType::kBF16, {kRows, kCols}),
+                       TensorView(want.data(), DType::kE4M3, {kRows, kCols}),
+                       TensorView(want_scale.data(), DType::kF32, {1}));
+  EXPECT_TRUE(same_bytes(d_out.download().payload(), want.payload(), "out"));
+  EXPECT_TRUE(same_bytes(scale.download(), want_scale.payload(), "scale"));
+  EXPECT_TRUE(d_out.intact());
+}
+
 // ---- RoPE + FP8 with its cache write ---------------------------------------------------------
 
 TEST(BigTensorCuda, RopeQuantizeTokenStridesAndCachePast2To31) {
