@@ -1,8 +1,8 @@
 """Array adapters: how one framework's arrays meet the op table (_ops.py) and _C.
 
 An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`, `empty_as`;
-`as_strided`, a view of a shape and element strides from an allocation's start, for the
-transposed layouts), makes one-element f32 scalars (`scalar`), says what is an array
+`as_strided`, a view of a shape and element strides from an allocation's start, and
+`empty_view`, a new allocation's view, for the transposed layouts), makes one-element f32 scalars (`scalar`), says what is an array
 (`is_array`), converts an array for _C (`tensor`) and runs an op (`call`, or `query` for an op
 that returns a value, `run_layer` for an MlaLayer method that has a torch op); `require` sees
 the outputs about to be allocated (other DLPack arrays cannot be).
@@ -39,6 +39,11 @@ class Arrays:
     def empty_as(cls, like, dtype):
         """A row-major array of `like`'s shape and device in the fp8mla format `dtype`."""
         return cls.empty(tuple(like.shape), dtype, like)
+
+    @classmethod
+    def empty_view(cls, shape, dtype, like, view_shape, view_strides):
+        """The view (`as_strided`) of a new row-major allocation of `shape`."""
+        return cls.as_strided(cls.empty(shape, dtype, like), view_shape, view_strides)
 
     @staticmethod
     def require(op_name, **missing):

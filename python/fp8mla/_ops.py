@@ -59,10 +59,11 @@ from ._spec import (
 def _group_scales(arrays, x, group_size, scale_layout):
     check_choice("quantize_fp8_per_token_group", "scale_layout", scale_layout, SCALE_LAYOUTS)
     kind, shape, transpose, rows = group_scale_plan(tuple(x.shape), group_size, scale_layout)
-    scales = arrays.empty(shape, kind, x)
+    if not transpose:
+        return arrays.empty(shape, kind, x)
     # The column-major [rows, G] view of [G, R] storage, in one call (a slice and a transpose
     # cost torch two more).
-    return arrays.as_strided(scales, (rows, shape[0]), (1, shape[1])) if transpose else scales
+    return arrays.empty_view(shape, kind, x, (rows, shape[0]), (1, shape[1]))
 
 
 def _v_out(arrays, v, v_layout):
@@ -70,8 +71,8 @@ def _v_out(arrays, v, v_layout):
     if v_layout == "transposed":
         n, heads, dim = v.shape
         pitch = transposed_pitch(n)
-        storage = arrays.empty((heads, dim, pitch), "e4m3", v)
-        return arrays.as_strided(storage, (n, heads, dim), (1, dim * pitch, pitch))
+        return arrays.empty_view((heads, dim, pitch), "e4m3", v, (n, heads, dim),
+                                 (1, dim * pitch, pitch))
     return arrays.empty_as(v, "e4m3")
 
 

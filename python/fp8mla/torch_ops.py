@@ -237,6 +237,14 @@ class Torch(Arrays):
             return like.new_empty(shape, dtype=_DTYPES[dtype])  # no torch.device made
         return torch.empty(shape, dtype=_DTYPES[dtype], device=like)
 
+    @classmethod
+    def empty_view(cls, shape, dtype, like, view_shape, view_strides):
+        if _TORCH_EMPTY is not None and not _IS_COMPILING() and not _DISPATCH_MODES():
+            out = _TORCH_EMPTY(like, _DTYPES[dtype], shape, view_shape, view_strides)
+            if out is not None:
+                return out
+        return super().empty_view(shape, dtype, like, view_shape, view_strides)
+
     @staticmethod
     def empty_as(like, dtype):
         if _IS_COMPILING():

@@ -327,8 +327,9 @@ NB_MODULE(_C, m) {
   m.def("torch_allocator", &fp8mla_python::torch_allocator,
         "How outputs are allocated for torch: \"shim\" (torch_empty) or \"torch\"");
   m.def("torch_empty", &fp8mla_python::torch_empty, nb::arg("like"), nb::arg("dtype"),
-        nb::arg("shape").none(),
-        "A row-major tensor from libtorch's allocator, or None "
+        nb::arg("shape").none(), nb::arg("view_shape").none() = nb::none(),
+        nb::arg("view_strides").none() = nb::none(),
+        "A row-major tensor (or a view of one) from libtorch's allocator, or None "
         "(torch_tensors.hpp)");
   m.def("_read_torch_tensor", &read_torch_tensor, nb::arg("tensor"), nb::arg("reader"),
         "What a reader (\"shim\" / \"attributes\") sees of a torch tensor, for tests");

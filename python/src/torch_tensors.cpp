@@ -101,6 +101,8 @@ struct Allocator {
   Shim::Result (*empty_strided)(std::int64_t, const std::int64_t*, const std::int64_t*,
                                 std::int32_t, std::int32_t, std::int32_t, Shim::Handle*) = nullptr;
   Shim::Result (*delete_tensor)(Shim::Handle) = nullptr;
+  Shim::Result (*reinterpret)(Shim::Handle, std::int64_t, const std::int64_t*, const std::int64_t*,
+                              std::int64_t, Shim::Handle*) = nullptr;
   PyObject* (*wrap)(const void*) = nullptr;
   std::array<std::int32_t, kDtypeCount> code{};  // torch's ScalarType code of kTorchDtypes[i]
 };
@@ -204,6 +206,7 @@ void load_allocator(void* shim_lib, const std::string& dir) {
   void* python_lib = dlopen((dir + "/lib/libtorch_python.so").c_str(), RTLD_LAZY | RTLD_NOLOAD);
   if (!python_lib || !find_symbol(shim_lib, a.empty_strided, "aoti_torch_empty_strided") ||
       !find_symbol(shim_lib, a.delete_tensor, "aoti_torch_delete_tensor_object") ||
+      !find_symbol(shim_lib, a.reinterpret, "aoti_torch__reinterpret_tensor") ||
       !find_symbol(python_lib, a.wrap, "_Z16THPVariable_WrapRKN2at10TensorBaseE")) {
     a = Allocator{};
   }
@@ -283,10 +286,19 @@ bool shim_agrees(nb::handle torch) {
   return true;
 }
 
+using Dims = std::array<std::int64_t, fp8mla::kMaxDims>;
+
+// A view of an allocation: its sizes and element strides from the allocation's start.
+struct View {
+  std::int64_t ndim = 0;
+  Dims sizes{}, strides{};
+};
+
 // A row-major tensor of `ndim` sizes with dtype kTorchDtypes[index] on `like`'s device (read
-// through `handle`), or nullptr where libtorch declined (torch's own allocation then says why).
-PyObject* allocate(Shim::Handle like, std::size_t index, std::int64_t ndim,
-                   const std::int64_t* sizes) {
+// through `handle`), or the `view` of one; nullptr where libtorch declined (torch's own
+// allocation then says why).
+PyObject* allocate(Shim::Handle like, std::size_t index, std::int64_t ndim, const Dims& sizes,
+                   const View* view) {
   const Torch& t = g_torch;
   const Allocator& a = t.allocator;
   std::int32_t device_type = 0, device_index = 0;
@@ -294,24 +306,53 @@ PyObject* allocate(Shim::Handle like, std::size_t index, std::int64_t ndim,
       t.shim.device_index(like, &device_index) != 0) {
     return nullptr;
   }
-  std::array<std::int64_t, fp8mla::kMaxDims> strides{};
+  Dims strides{};
   for (std::int64_t d = ndim - 1, step = 1; d >= 0; --d) {
     strides[std::size_t(d)] = step;
-    step *= std::max<std::int64_t>(sizes[d], 1);  // torch's contiguous strides
+    step *= std::max<std::int64_t>(sizes[std::size_t(d)], 1);  // torch's contiguous strides
   }
-  Shim::Handle out = nullptr;
-  if (a.empty_strided(ndim, sizes, strides.data(), a.code[index], device_type, device_index,
-                      &out) != 0) {
+  Shim::Handle storage = nullptr, out = nullptr;
+  if (a.empty_strided(ndim, sizes.data(), strides.data(), a.code[index], device_type, device_index,
+                      &storage) != 0) {
+    return nullptr;
+  }
+  out = storage;
+  if (view &&
+      a.reinterpret(storage, view->ndim, view->sizes.data(), view->strides.data(), 0, &out) != 0) {
+    a.delete_tensor(storage);
     return nullptr;
   }
   PyObject* tensor = a.wrap(out);
-  a.delete_tensor(out);  // the Python tensor holds its own reference
+  a.delete_tensor(out);  // the Python tensor holds its own reference (of the storage too)
+  if (view) a.delete_tensor(storage);
   if (!tensor) throw nb::python_error();
   return tensor;
 }
 
+// The ints of a tuple (none: not a tuple of at most kMaxDims non-negative ints, e.g. SymInts,
+// which torch then takes, or says what is wrong with).
+std::optional<std::int64_t> read_ints(nb::handle tuple, Dims& out) {
+  if (!PyTuple_Check(tuple.ptr()) || PyTuple_GET_SIZE(tuple.ptr()) > fp8mla::kMaxDims) {
+    return std::nullopt;
+  }
+  const std::int64_t n = PyTuple_GET_SIZE(tuple.ptr());
+  for (std::int64_t d = 0; d < n; ++d) {
+    out[std::size_t(d)] = PyLong_AsLongLong(PyTuple_GET_ITEM(tuple.ptr(), Py_ssize_t(d)));
+  }
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  // torch's error for a negative size, not the shim's logged one.
+  if (std::any_of(out.begin(), out.begin() + n, [](std::int64_t v) { return v < 0; })) {
+    return std::nullopt;
+  }
+  return n;
+}
+
 // torch_empty, whether or not use_torch chose it.
-nb::object make_empty(nb::handle like, nb::handle dtype, nb::handle shape) {
+nb::object make_empty(nb::handle like, nb::handle dtype, nb::handle shape, nb::handle view_shape,
+                      nb::handle view_strides) {
   const Torch& t = g_torch;
   PyObject* obj = like.ptr();
   if (!t.allocator.wrap || !t.use_shim || Py_TYPE(obj) != t.tensor_type) return nb::none();
@@ -320,7 +361,7 @@ nb::object make_empty(nb::handle like, nb::handle dtype, nb::handle shape) {
   void* impl = PyLong_AsVoidPtr(t.cdata.read(obj, true).ptr());
   if (PyErr_Occurred()) throw nb::python_error();
   Shim::Handle handle = &impl;  // as in read_by_shim
-  std::array<std::int64_t, fp8mla::kMaxDims> sizes{};
+  Dims sizes{};
   std::int64_t ndim = 0;
   if (shape.is_none()) {
     std::int64_t* like_sizes = nullptr;
@@ -330,24 +371,27 @@ nb::object make_empty(nb::handle like, nb::handle dtype, nb::handle shape) {
     }
     std::copy_n(like_sizes, ndim, sizes.begin());
   } else {
-    if (!PyTuple_Check(shape.ptr()) || PyTuple_GET_SIZE(shape.ptr()) > fp8mla::kMaxDims) {
-      return nb::none();
-    }
-    ndim = PyTuple_GET_SIZE(shape.ptr());
-    for (std::int64_t d = 0; d < ndim; ++d) {
-      sizes[std::size_t(d)] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape.ptr(), Py_ssize_t(d)));
-    }
-    if (PyErr_Occurred()) {
-      PyErr_Clear();  // not a tuple of ints (a SymInt, say): torch allocates it
-      return nb::none();
-    }
-    // torch's error for a negative size, not the shim's logged one.
-    if (std::any_of(sizes.begin(), sizes.begin() + ndim, [](std::int64_t n) { return n < 0; })) {
-      return nb::none();
-    }
+    const std::optional<std::int64_t> n = read_ints(shape, sizes);
+    if (!n) return nb::none();
+    ndim = *n;
   }
-  PyObject* tensor =
-      allocate(handle, std::size_t(found - std::begin(t.dtypes)), ndim, sizes.data());
+  View view;
+  if (!view_shape.is_none()) {
+    const std::optional<std::int64_t> n = read_ints(view_shape, view.sizes);
+    const std::optional<std::int64_t> m = read_ints(view_strides, view.strides);
+    if (!n || !m || *n != *m) return nb::none();
+    view.ndim = *n;
+    // Inside the allocation: its last element at most the storage's last.
+    std::int64_t last = 0, elements = 1;
+    for (std::int64_t d = 0; d < ndim; ++d) elements *= sizes[std::size_t(d)];
+    for (std::int64_t d = 0; d < view.ndim; ++d) {
+      if (view.sizes[std::size_t(d)] == 0) last = -1;
+      if (last >= 0) last += (view.sizes[std::size_t(d)] - 1) * view.strides[std::size_t(d)];
+    }
+    if (last >= elements) return nb::none();
+  }
+  PyObject* tensor = allocate(handle, std::size_t(found - std::begin(t.dtypes)), ndim, sizes,
+                              view_shape.is_none() ? nullptr : &view);
   return tensor ? nb::steal(tensor) : nb::none();
 }
 
@@ -361,7 +405,7 @@ bool allocator_agrees(nb::handle torch) {
     if (!g_torch.dtypes[i]) continue;
     for (const nb::tuple& shape :
          {nb::make_tuple(3, 5), nb::make_tuple(0, 4, 2), nb::make_tuple(7), nb::make_tuple()}) {
-      const nb::object made = make_empty(like, g_torch.dtypes[i], shape);
+      const nb::object made = make_empty(like, g_torch.dtypes[i], shape, nb::none(), nb::none());
       const nb::object want = torch.attr("empty")(shape, "dtype"_a = nb::handle(g_torch.dtypes[i]));
       if (made.is_none() || Py_TYPE(made.ptr()) != g_torch.tensor_type) return false;
       const std::optional<RawTensor> got =
@@ -374,15 +418,30 @@ bool allocator_agrees(nb::handle torch) {
       if (!same(*got, same_place) || made.attr("requires_grad").ptr() != Py_False) return false;
     }
   }
-  const nb::object words = make_empty(like, torch.attr("int32"), nb::make_tuple(64));
+  const nb::object words =
+      make_empty(like, torch.attr("int32"), nb::make_tuple(64), nb::none(), nb::none());
   words.attr("fill_")(-7);
-  return nb::cast<bool>(words.attr("eq")(-7).attr("all")().attr("item")());
+  if (!nb::cast<bool>(words.attr("eq")(-7).attr("all")().attr("item")())) return false;
+  // A view (a transposed V's shape): the shape and strides asked for, on an allocation of the
+  // storage's size, from its start.
+  const nb::object view = make_empty(like, torch.attr("float32"), nb::make_tuple(2, 3, 8),
+                                     nb::make_tuple(5, 2, 3), nb::make_tuple(1, 24, 8));
+  if (view.is_none() || Py_TYPE(view.ptr()) != g_torch.tensor_type) return false;
+  const std::optional<RawTensor> got = read_by_attributes("use_torch", "probe", view.ptr(), true);
+  const nb::object storage = view.attr("untyped_storage")();
+  return got && got->ndim == 3 && got->shape[0] == 5 && got->shape[1] == 2 && got->shape[2] == 3 &&
+         got->strides[0] == 1 && got->strides[1] == 24 && got->strides[2] == 8 &&
+         nb::cast<std::int64_t>(storage.attr("nbytes")()) == 2 * 3 * 8 * 4 &&
+         nb::cast<std::uintptr_t>(storage.attr("data_ptr")()) ==
+             reinterpret_cast<std::uintptr_t>(got->data);
 }
 
 }  // namespace
 
-nb::object torch_empty(nb::handle like, nb::handle dtype, nb::handle shape) {
-  return g_torch.use_allocator ? make_empty(like, dtype, shape) : nb::none();
+nb::object torch_empty(nb::handle like, nb::handle dtype, nb::handle shape, nb::handle view_shape,
+                       nb::handle view_strides) {
+  return g_torch.use_allocator ? make_empty(like, dtype, shape, view_shape, view_strides)
+                               : nb::none();
 }
 
 std::string torch_allocator() {
@@ -414,12 +473,7 @@ void use_torch(nb::handle torch) {
     t.use_shim = shim_agrees(torch);
     const char* allocator = std::getenv("FP8MLA_TORCH_ALLOCATOR");
     const bool forced_torch = allocator && std::string_view(allocator) == "torch";
-    try {
-      t.use_allocator = t.use_shim && t.allocator.wrap && !forced_torch && allocator_agrees(torch);
-    } catch (const std::exception& e) {
-      fprintf(stderr, "DBG %s\n", e.what());
-      throw;
-    }
+    t.use_allocator = t.use_shim && t.allocator.wrap && !forced_torch && allocator_agrees(torch);
   }
 }
 

@@ -30,10 +30,13 @@ std::string torch_tensor_reader();
 // shape) with the torch dtype `dtype` on `like`'s device: allocated by libtorch through the shim
 // (aoti_torch_empty_strided: torch's allocator for the device, its current stream) and made a
 // Python object by torch's own wrapper (THPVariable_Wrap, from libtorch_python), with none of
-// torch.empty's Python argument parsing. None where it does not apply (`like` not an exact
-// torch.Tensor, a dtype or shape it does not take, libtorch declined, or torch_allocator() is
-// "torch"): the caller allocates through torch, which also says what was wrong.
-nb::object torch_empty(nb::handle like, nb::handle dtype, nb::handle shape);
+// torch.empty's Python argument parsing. With `view_shape` and `view_strides` (tuples), the view
+// of that allocation torch's as_strided(view_shape, view_strides) gives. None where it does not
+// apply (`like` not an exact torch.Tensor, a dtype, shape or view it does not take, libtorch
+// declined, or torch_allocator() is "torch"): the caller allocates through torch, which also says
+// what was wrong.
+nb::object torch_empty(nb::handle like, nb::handle dtype, nb::handle shape, nb::handle view_shape,
+                       nb::handle view_strides);
 
 // "shim" where use_torch found the functions torch_empty calls and its probe tensors equal
 // torch.empty's (dtype, shape, strides, device, writable), unless the environment says

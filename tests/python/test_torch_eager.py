@@ -219,6 +219,17 @@ def test_torch_allocator_makes_what_torch_empty_makes(device):
     assert fp8mla._C.torch_empty(like, torch.float32, [2, 3]) is None
     assert fp8mla._C.torch_empty(like, torch.float32, (2, -1)) is None
     assert fp8mla._C.torch_empty(like, torch.complex64, (2,)) is None
+    # A view of the allocation (a transposed V): torch's as_strided of an allocation that size.
+    view = fp8mla._C.torch_empty(like, E4M3, (2, 128, 40), (33, 2, 128), (1, 128 * 40, 40))
+    want = torch.empty(2, 128, 40, dtype=E4M3, device=device).as_strided((33, 2, 128),
+                                                                         (1, 128 * 40, 40))
+    assert view.__class__ is torch.Tensor and view.dtype == E4M3
+    assert (view.shape, view.stride(), view.device) == (want.shape, want.stride(), want.device)
+    assert view.untyped_storage().nbytes() == 2 * 128 * 40
+    assert view.untyped_storage().data_ptr() == view.data_ptr()
+    # A view past its allocation, or shape and strides of different lengths: torch's to refuse.
+    assert fp8mla._C.torch_empty(like, E4M3, (2, 3), (3, 3), (3, 1)) is None
+    assert fp8mla._C.torch_empty(like, E4M3, (2, 3), (2, 3), (3,)) is None
 
 
 @pytest.mark.parametrize("device", DEVICES)
