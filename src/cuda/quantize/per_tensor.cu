@@ -108,6 +108,17 @@ __global__ void __launch_bounds__(kThreads)
   pdl_launch_dependents();
 }
 
+// Vector v of a one-launch traversal (first_row 0) into x; returns its offset in the output.
+template <typename In, int kVec>
+__device__ __forceinline__ std::int64_t load_vector(const QuantizeArgs<In>& a, const Traversal& t,
+                                                    std::uint32_t v, float (&x)[kVec]) {
+  std::uint32_t row, col;
+  t.vectors_per_row.divmod(v, row, col);
+  load_f32<In, kVec>(a.input + std::int64_t(row) * a.input_row_stride + std::int64_t(col) * kVec,
+                     x);
+  return std::int64_t(row) * a.out_row_stride + std::int64_t(col) * kVec;
+}
+
 template <typename In, int kVec>
 __global__ void __launch_bounds__(kOneBlockThreads)
     quantize_dynamic_one_block_kernel(QuantizeArgs<In> a, Traversal t, float* scale_out) {
@@ -115,11 +126,8 @@ __global__ void __launch_bounds__(kOneBlockThreads)
   __shared__ float scale_inv_shared;
   float amax = 0.0f;
   for (std::uint32_t v = threadIdx.x; v < t.vectors; v += kOneBlockThreads) {
-    std::uint32_t row, col;
-    t.vectors_per_row.divmod(v, row, col);
     float x[kVec];
-    load_f32<In, kVec>(a.input + std::int64_t(row) * a.input_row_stride + std::int64_t(col) * kVec,
-                       x);
+    load_vector(a, t, v, x);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) amax = fmaxf(amax, fabsf(x[i]));  // fmaxf drops NaN
   }
@@ -132,15 +140,11 @@ __global__ void __launch_bounds__(kOneBlockThreads)
   __syncthreads();
   const float scale_inv = scale_inv_shared;
   for (std::uint32_t v = threadIdx.x; v < t.vectors; v += kOneBlockThreads) {
-    std::uint32_t row, col;
-    t.vectors_per_row.divmod(v, row, col);
     float x[kVec];
-    load_f32<In, kVec>(a.input + std::int64_t(row) * a.input_row_stride + std::int64_t(col) * kVec,
-                       x);
+    const std::int64_t out_offset = load_vector(a, t, v, x);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) x[i] *= scale_inv;
-    store_fp8<kVec>(a.out + std::int64_t(row) * a.out_row_stride + std::int64_t(col) * kVec, x,
-                    a.e5m2);
+    store_fp8<kVec>(a.out + out_offset, x, a.e5m2);
   }
   pdl_launch_dependents();
 }
