@@ -218,7 +218,6 @@ class Torch(Arrays):
 
     array_type = torch.Tensor
     tensor = staticmethod(_tensor)
-    empty_like = staticmethod(torch.empty_like)
     as_strided = staticmethod(torch.as_strided)
 
     @staticmethod
@@ -236,6 +235,16 @@ class Torch(Arrays):
                     return out
             return like.new_empty(shape, dtype=_DTYPES[dtype])  # no torch.device made
         return torch.empty(shape, dtype=_DTYPES[dtype], device=like)
+
+    @staticmethod
+    def empty_like(like):
+        # A row-major `like` (the usual merge input) is what torch.empty_like would make of it.
+        if (_TORCH_EMPTY is not None and not _IS_COMPILING() and not _DISPATCH_MODES()
+                and like.is_contiguous()):
+            out = _TORCH_EMPTY(like, like.dtype, None)
+            if out is not None:
+                return out
+        return torch.empty_like(like)
 
     @classmethod
     def empty_view(cls, shape, dtype, like, view_shape, view_strides):
