@@ -2,10 +2,11 @@
 
 An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`, `empty_as`;
 `as_strided`, a view of a shape and element strides from an allocation's start, and
-`empty_view`, a new allocation's view, for the transposed layouts), makes one-element f32 scalars (`scalar`), says what is an array
-(`is_array`), converts an array for _C (`tensor`) and runs an op (`call`, or `query` for an op
-that returns a value, `run_layer` for an MlaLayer method that has a torch op); `require` sees
-the outputs about to be allocated (other DLPack arrays cannot be).
+`empty_view`, such a view of a new allocation, for the transposed layouts), makes one-element
+f32 scalars (`scalar`), says what is an array (`is_array`), converts an array for _C (`tensor`)
+and runs an op (`call`, or `query` for an op that returns a value, `run_layer` for an MlaLayer
+method that has a torch op); `require` sees the outputs about to be allocated (other DLPack
+arrays cannot be).
 Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
 passed through as they are, every output given). torch's adapter is in torch_ops.py, which
 also registers the torch custom ops.

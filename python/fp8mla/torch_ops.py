@@ -58,6 +58,14 @@ _IS_COMPILING = torch.compiler.is_compiling
 _DISPATCH_MODES = torch._C._len_torch_dispatch_stack
 
 
+def _c_empty(like, dtype, shape=None, view_shape=None, view_strides=None):
+    """_C.torch_empty's tensor in plain eager mode, else None (torch allocates): traced or under a
+    dispatch mode, torch's allocation is what the mode must see."""
+    if _TORCH_EMPTY is None or _IS_COMPILING() or _DISPATCH_MODES():
+        return None
+    return _TORCH_EMPTY(like, dtype, shape, view_shape, view_strides)
+
+
 def _tensor(t: torch.Tensor, raw_dtype: str | None = None):
     """The argument _C takes for tensor `t`: `t`, or (t, fp8mla dtype name) for raw bytes."""
     if t.dtype is _UINT8 and raw_dtype in _RAW_BYTES:
@@ -228,30 +236,23 @@ class Torch(Arrays):
     @staticmethod
     def empty(shape, dtype, like):
         if isinstance(like, torch.Tensor):
-            # Traced or under a dispatch mode, torch's allocation is what the mode must see.
-            if _TORCH_EMPTY is not None and not _IS_COMPILING() and not _DISPATCH_MODES():
-                out = _TORCH_EMPTY(like, _DTYPES[dtype], shape)
-                if out is not None:
-                    return out
+            out = _c_empty(like, _DTYPES[dtype], shape)
+            if out is not None:
+                return out
             return like.new_empty(shape, dtype=_DTYPES[dtype])  # no torch.device made
         return torch.empty(shape, dtype=_DTYPES[dtype], device=like)
 
     @staticmethod
     def empty_like(like):
         # A row-major `like` (the usual merge input) is what torch.empty_like would make of it.
-        if (_TORCH_EMPTY is not None and not _IS_COMPILING() and not _DISPATCH_MODES()
-                and like.is_contiguous()):
-            out = _TORCH_EMPTY(like, like.dtype, None)
-            if out is not None:
-                return out
-        return torch.empty_like(like)
+        out = _c_empty(like, like.dtype) if like.is_contiguous() else None
+        return out if out is not None else torch.empty_like(like)
 
     @classmethod
     def empty_view(cls, shape, dtype, like, view_shape, view_strides):
-        if _TORCH_EMPTY is not None and not _IS_COMPILING() and not _DISPATCH_MODES():
-            out = _TORCH_EMPTY(like, _DTYPES[dtype], shape, view_shape, view_strides)
-            if out is not None:
-                return out
+        out = _c_empty(like, _DTYPES[dtype], shape, view_shape, view_strides)
+        if out is not None:
+            return out
         return super().empty_view(shape, dtype, like, view_shape, view_strides)
 
     @staticmethod
@@ -261,10 +262,9 @@ class Torch(Arrays):
             # with dynamic shapes a use of an attention output that would keep the fusion pass
             # from fusing its quantization. A tuple of sizes is the graph's own symbols.
             return like.new_empty(tuple(like.shape), dtype=_DTYPES[dtype])
-        if _TORCH_EMPTY is not None and not _DISPATCH_MODES():
-            out = _TORCH_EMPTY(like, _DTYPES[dtype], None)
-            if out is not None:
-                return out
+        out = _c_empty(like, _DTYPES[dtype])
+        if out is not None:
+            return out
         # empty_like takes no shape to parse: about half new_empty's host time.
         return torch.empty_like(like, dtype=_DTYPES[dtype], memory_format=_CONTIGUOUS)
 
@@ -280,7 +280,7 @@ class Torch(Arrays):
     def run_layer(layer, method, values):
         # Plain eager mode (the ops' eager entries test the same): the method itself, without
         # the dispatcher.
-        if (not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack()
+        if (not _IS_COMPILING() and not _DISPATCH_MODES()
                 and all(v.__class__ is _TENSOR for v in values if isinstance(v, _TENSOR))):
             getattr(layer, "_" + method)(*values)
         else:

@@ -381,14 +381,15 @@ nb::object make_empty(nb::handle like, nb::handle dtype, nb::handle shape, nb::h
     const std::optional<std::int64_t> m = read_ints(view_strides, view.strides);
     if (!n || !m || *n != *m) return nb::none();
     view.ndim = *n;
-    // Inside the allocation: its last element at most the storage's last.
+    // Inside the allocation: a non-empty view's last element at most the storage's last.
     std::int64_t last = 0, elements = 1;
     for (std::int64_t d = 0; d < ndim; ++d) elements *= sizes[std::size_t(d)];
     for (std::int64_t d = 0; d < view.ndim; ++d) {
-      if (view.sizes[std::size_t(d)] == 0) last = -1;
-      if (last >= 0) last += (view.sizes[std::size_t(d)] - 1) * view.strides[std::size_t(d)];
+      last += (view.sizes[std::size_t(d)] - 1) * view.strides[std::size_t(d)];
     }
-    if (last >= elements) return nb::none();
+    const bool empty = std::find(view.sizes.begin(), view.sizes.begin() + view.ndim, 0) !=
+                       view.sizes.begin() + view.ndim;
+    if (!empty && last >= elements) return nb::none();
   }
   PyObject* tensor = allocate(handle, std::size_t(found - std::begin(t.dtypes)), ndim, sizes,
                               view_shape.is_none() ? nullptr : &view);
