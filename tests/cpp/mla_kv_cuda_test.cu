@@ -289,22 +289,24 @@ TEST(MlaKvCuda, CacheBeyond2GiB) {
   for (const DeviceBuffer& d : gd) EXPECT_TRUE(d.guards_intact());
 }
 
-// The transposed V's grid holds at most 65535 tiles of 64 tokens: more is a clear error before any
-// launch (the views only describe memory; nothing is read).
-TEST(MlaKvCuda, TransposedVTokenLimit) {
+// One block per transposed-V tile (128 tokens of one head), the grid at most 2^31 - 1 blocks:
+// more is a clear error before any launch (the views only describe memory; nothing is read).
+// 2^20 heads of 2^18 tokens make 2^31 tiles.
+TEST(MlaKvCuda, TransposedVTileLimit) {
   FP8MLA_REQUIRE_HOPPER();
-  const std::int64_t n = std::int64_t(65535) * 64 + 1;
+  const std::int64_t heads = std::int64_t(1) << 20, n = std::int64_t(1) << 18;
   // Never dereferenced: the call is rejected first. The two views lie apart, so that the check
-  // that fires is the token limit, not the overlap of an output with its input.
+  // that fires is the tile limit, not the overlap of an output with its input.
   void* const fake_v = reinterpret_cast<void*>(std::uintptr_t{0x10000});
-  void* const fake_out = reinterpret_cast<void*>(std::uintptr_t{1} << 40);
-  const TensorView v(fake_v, DType::kBF16, {n, 1, kMlaVDim}, Device::cuda(0));
-  const TensorView v_out(fake_out, DType::kE4M3, {n, 1, kMlaVDim}, {1, kMlaVDim * n, n},
+  void* const fake_out = reinterpret_cast<void*>(std::uintptr_t{1} << 47);
+  const TensorView v(fake_v, DType::kBF16, {n, heads, kMlaVDim}, Device::cuda(0));
+  const TensorView v_out(fake_out, DType::kE4M3, {n, heads, kMlaVDim}, {1, kMlaVDim * n, n},
                          Device::cuda(0));
   test::expect_error(
       [&] { mla_v_quantize_fp8(v, v_out, 1.0f, VLayout::kTransposed); },
       ErrorCategory::kUnsupported,
-      {"mla_v_quantize_fp8: at most 4194240 tokens into a transposed V", concat("got ", n)});
+      {"mla_v_quantize_fp8: at most 2147483647 transposed-V tiles (heads x tokens / 128)",
+       "got 2147483648"});
 }
 }  // namespace
 }  // namespace fp8mla

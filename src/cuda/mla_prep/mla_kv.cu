@@ -214,20 +214,21 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(MlaKvGatherParams p, T
 
 constexpr int kPackUnroll = 2;
 
+// The K/V pack's flat units (see the file comment), grid-strided over `blocks` blocks.
 template <typename In, int kVec>
-__global__ void __launch_bounds__(kThreads) pack_kernel(MlaKvPackParams p, Traversal t) {
+__device__ __forceinline__ void pack_units(const MlaKvPackParams& p, const Traversal& t,
+                                           std::uint32_t block, std::uint32_t blocks) {
   using S = typename In::Storage;
   constexpr int kNopeUnits = kMlaNopeDim / kVec;  // == kMlaVDim / kVec
   constexpr int kPeUnits = kMlaRopeDim / kVec;
-  // A transposed V is written by pack_v_transposed_kernel instead. V alone: no k_nope units (a
+  // A transposed V is written by the transposed-V blocks instead. V alone: no k_nope units (a
   // head's units start at its V), no k_pe units (col < head_units always).
   const std::uint32_t kHeadUnits = p.v_transposed || p.v_only ? kNopeUnits : 2 * kNopeUnits;
   const int v_first = p.v_only ? 0 : kNopeUnits;  // a head's first V unit
   const std::int64_t heads = p.v.heads;
   const std::uint32_t head_units = std::uint32_t(heads) * kHeadUnits;
-  pdl_wait();
-  const std::uint32_t stride = gridDim.x * kThreads;
-  for (std::uint32_t base = blockIdx.x * kThreads * kPackUnroll + threadIdx.x; base < t.units;
+  const std::uint32_t stride = blocks * kThreads;
+  for (std::uint32_t base = block * kThreads * kPackUnroll + threadIdx.x; base < t.units;
        base += stride * kPackUnroll) {
     float x[kPackUnroll][kVec];
     std::uint8_t* dst[kPackUnroll];
@@ -275,28 +276,27 @@ __global__ void __launch_bounds__(kThreads) pack_kernel(MlaKvPackParams p, Trave
         store_bytes<kVec>(dst[u] + h * p.k_out.head_stride, bytes);
     }
   }
-  pdl_launch_dependents();
 }
 
-// V into the transposed layout ([H][128][>= n] bytes). Blocks take the heads fastest, so that the
-// blocks running together read whole token rows of the [n, H, 256] kv_b output (one head's
-// 256-byte slices 64 KiB apart read poorly from DRAM).
-//  Vector path (16-byte aligned V rows; pitch, head stride and pointer 8-byte aligned): a block
-//  owns kVTileTokens tokens x 128 dims of one head, thread t the 8 dims [8c, 8c + 8) (c = t / 16)
-//  of the 8 tokens [8g, 8g + 8) (g = t % 16). It loads its 8 rows of 16 bytes (a warp's load: 16
+// V into the transposed layout ([H][128][>= n] bytes), one tile of tokens of one head a block.
+// The tiles take the heads fastest, so that the blocks running together read whole token rows of
+// the [n, H, 256] kv_b output (one head's 256-byte slices 64 KiB apart read poorly from DRAM).
+//  kVector (16-byte aligned V rows; pitch, head stride and pointer 8-byte aligned): a block owns
+//  kVTileTokens tokens x 128 dims of one head, thread t the 8 dims [8c, 8c + 8) (c = t / 16) of
+//  the 8 tokens [8g, 8g + 8) (g = t % 16). It loads its 8 rows of 16 bytes (a warp's load: 16
 //  tokens x 32 contiguous bytes), converts, and stores each dim's 8 token bytes as one 8-byte word
 //  (a warp's store: two dims x 128 contiguous bytes). No shared memory, no barrier.
-//  Scalar path: 64 tokens x 128 dims through shared memory, element loads, word or byte stores.
+//  kScalar: 64 tokens x 128 dims through shared memory, element loads, word or byte stores.
+enum class VTranspose { kNone, kVector, kScalar };
 constexpr int kVTileTokens = 128;
 constexpr int kTransposeTokens = 64;
 
 template <typename In>
-__global__ void __launch_bounds__(kThreads) pack_v_transposed_vec_kernel(MlaKvPackParams p) {
+__device__ __forceinline__ void transpose_v_vector(const MlaKvPackParams& p, std::int64_t head,
+                                                   std::int64_t tile) {
   static_assert(kThreads == 16 * (kMlaVDim / 8) && kVTileTokens == 16 * 8);
   using S = typename In::Storage;
-  pdl_wait();
-  const std::int64_t t0 = std::int64_t(blockIdx.y) * kVTileTokens;
-  const std::int64_t head = blockIdx.x;
+  const std::int64_t t0 = tile * kVTileTokens;
   const int n = int(std::min<std::int64_t>(kVTileTokens, p.v.tokens - t0));
   const int dim0 = 8 * (int(threadIdx.x) / 16);
   const int token0 = 8 * (int(threadIdx.x) % 16);  // of the tile
@@ -330,22 +330,20 @@ __global__ void __launch_bounds__(kThreads) pack_v_transposed_vec_kernel(MlaKvPa
       for (int k = 0; k < n - token0; ++k) row[k] = std::uint8_t(word[k / 4] >> (8 * (k % 4)));
     }
   }
-  pdl_launch_dependents();
 }
 
 template <typename In>
-__global__ void __launch_bounds__(kThreads) pack_v_transposed_kernel(MlaKvPackParams p) {
+__device__ __forceinline__ void transpose_v_scalar(const MlaKvPackParams& p, std::int64_t head,
+                                                   std::int64_t tile) {
   using S = typename In::Storage;
-  __shared__ std::uint8_t tile[kMlaVDim][kTransposeTokens + 4];
-  pdl_wait();
-  const std::int64_t t0 = std::int64_t(blockIdx.y) * kTransposeTokens;
-  const std::int64_t head = blockIdx.x;
+  __shared__ std::uint8_t staged[kMlaVDim][kTransposeTokens + 4];
+  const std::int64_t t0 = tile * kTransposeTokens;
   const int n = int(std::min<std::int64_t>(kTransposeTokens, p.v.tokens - t0));
   for (int e = threadIdx.x; e < n * kMlaVDim; e += kThreads) {
     const int token = e / kMlaVDim, d = e % kMlaVDim;
     float x[1];
     load_f32<In, 1>(at<const S>(p.v, t0 + token, head, d), x);
-    tile[d][token] = std::uint8_t(cvt_e4m3x2(__fmul_rn(x[0], p.v_scale_inv), 0.0f));
+    staged[d][token] = std::uint8_t(cvt_e4m3x2(__fmul_rn(x[0], p.v_scale_inv), 0.0f));
   }
   __syncthreads();
   std::uint8_t* out = static_cast<std::uint8_t*>(p.v_out.data) + head * p.v_out.head_stride + t0;
@@ -355,13 +353,34 @@ __global__ void __launch_bounds__(kThreads) pack_v_transposed_kernel(MlaKvPackPa
     for (int e = threadIdx.x; e < kMlaVDim * kTransposeTokens / 4; e += kThreads) {
       const int d = e / (kTransposeTokens / 4), w = e % (kTransposeTokens / 4);
       std::uint32_t word;
-      std::memcpy(&word, &tile[d][4 * w], 4);
+      std::memcpy(&word, &staged[d][4 * w], 4);
       *reinterpret_cast<std::uint32_t*>(out + d * p.v_out_dim_stride + 4 * w) = word;
     }
   } else {
     for (int e = threadIdx.x; e < kMlaVDim * n; e += kThreads) {
       const int d = e / n, token = e % n;
-      out[d * p.v_out_dim_stride + token] = tile[d][token];
+      out[d * p.v_out_dim_stride + token] = staged[d][token];
+    }
+  }
+}
+
+// The blocks of one pack launch: the first `pack_blocks` pack the flat units of `t`; the rest
+// (kMode != kNone) each write one transposed-V tile of one head, the head fastest. One launch
+// for both halves of mla_kv_pack_quantize_fp8: the second launch cost as much host time as the
+// whole op otherwise.
+template <typename In, int kVec, VTranspose kMode>
+__global__ void __launch_bounds__(kThreads)
+    pack_kernel(MlaKvPackParams p, Traversal t, std::uint32_t pack_blocks, FastDivmod heads) {
+  pdl_wait();
+  if (blockIdx.x < pack_blocks) {
+    pack_units<In, kVec>(p, t, blockIdx.x, pack_blocks);
+  } else if constexpr (kMode != VTranspose::kNone) {
+    std::uint32_t tile, head;
+    heads.divmod(blockIdx.x - pack_blocks, tile, head);
+    if constexpr (kMode == VTranspose::kVector) {
+      transpose_v_vector<In>(p, head, tile);
+    } else {
+      transpose_v_scalar<In>(p, head, tile);
     }
   }
   pdl_launch_dependents();
@@ -395,8 +414,9 @@ void mla_kv_gather(const MlaKvGatherParams& p, CudaStream stream) {
   dispatch_vector_width<kWide>(wide, run);
 }
 
-// Also mla_v_quantize_fp8 (p.v_only): pack_kernel with V units only (token-major V), or
-// pack_v_transposed_kernel alone (transposed V).
+// Also mla_v_quantize_fp8 (p.v_only): pack units of V only (token-major V), or transposed-V
+// tiles only (transposed V). The tiles ride in the first pack launch (launches split only past
+// 2^31 units).
 void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
   const char* op = p.v_only ? "mla_v_quantize_fp8" : "mla_kv_pack_quantize_fp8";
   const bool v_wide = vectors_ok(p.v) && (p.v_transposed || vectors_ok(p.v_out));
@@ -407,39 +427,51 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
   if (heads > (std::int64_t(1) << 20)) {
     throw Error(ErrorCategory::kUnsupported, concat(op, ": more than 2^20 heads, got ", heads));
   }
-  // The transposed V's grid: heads along x, tiles of (at least) kTransposeTokens tokens along y.
-  constexpr std::int64_t kMaxTransposedTokens = std::int64_t(65535) * kTransposeTokens;
-  if (p.v_transposed && p.v.tokens > kMaxTransposedTokens) {
-    throw Error(ErrorCategory::kUnsupported,
-                concat(op, ": at most ", kMaxTransposedTokens, " tokens into a transposed V, got ",
-                       p.v.tokens));
-  }
-  // Per head: k_nope units unless V alone, V units unless a transposed V (written below).
+  // The transposed V's tiles: kVTileTokens tokens on the vector path, kTransposeTokens otherwise.
+  const bool v_vector = p.v_transposed && vectors_ok(p.v) &&
+                        reinterpret_cast<std::uintptr_t>(p.v_out.data) % 8 == 0 &&
+                        p.v_out_dim_stride % 8 == 0 && (p.v_out.head_stride % 8 == 0 || heads == 1);
+  const std::int64_t tile_tokens = v_vector ? kVTileTokens : kTransposeTokens;
+  const std::int64_t v_blocks =
+      p.v_transposed ? heads * ((p.v.tokens + tile_tokens - 1) / tile_tokens) : 0;
+  // Per head: k_nope units unless V alone, V units unless a transposed V.
   const int unit_sets = (p.v_only ? 0 : 1) + (p.v_transposed ? 0 : 1);
+  constexpr std::int64_t kMaxBlocks = (std::int64_t(1) << 31) - 1;
   dispatch_16bit(p.v.dtype, [&]<typename In>() {
-    auto run = [&]<int kVec>() {
+    auto run = [&]<int kVec, VTranspose kMode>() {
       const std::int64_t units =
           heads * unit_sets * (kMlaNopeDim / kVec) + groups * (kMlaRopeDim / kVec);
-      for_each_launch(p.v.tokens, units, kPackUnroll, [&](const Traversal& t, dim3 grid) {
-        launch(op, pack_kernel<In, kVec>, {grid, dim3(kThreads), 0, stream, true}, p, t);
-      });
-    };
-    // V alone into a transposed V leaves pack_kernel nothing to do.
-    if (unit_sets != 0) dispatch_vector_width<kWide>(wide, run);
-    if (p.v_transposed) {
-      const char* name = p.v_only ? "mla_v_quantize_fp8 (transposed V)"
-                                  : "mla_kv_pack_quantize_fp8 (transposed V)";
-      const bool words = reinterpret_cast<std::uintptr_t>(p.v_out.data) % 8 == 0 &&
-                         p.v_out_dim_stride % 8 == 0 &&
-                         (p.v_out.head_stride % 8 == 0 || heads == 1);
-      if (vectors_ok(p.v) && words) {
-        const dim3 grid(unsigned(heads), unsigned((p.v.tokens + kVTileTokens - 1) / kVTileTokens));
-        launch(name, pack_v_transposed_vec_kernel<In>, {grid, dim3(kThreads), 0, stream, true}, p);
-      } else {
-        const dim3 grid(unsigned(heads),
-                        unsigned((p.v.tokens + kTransposeTokens - 1) / kTransposeTokens));
-        launch(name, pack_v_transposed_kernel<In>, {grid, dim3(kThreads), 0, stream, true}, p);
+      std::int64_t tiles_left = v_blocks;
+      auto launch_blocks = [&](const Traversal& t, std::uint32_t pack_blocks) {
+        const std::int64_t blocks = pack_blocks + tiles_left;
+        if (blocks > kMaxBlocks) {
+          throw Error(
+              ErrorCategory::kUnsupported,
+              concat(op, ": at most ", kMaxBlocks - pack_blocks,
+                     " transposed-V tiles (heads x tokens / ", tile_tokens, "), got ", tiles_left));
+        }
+        launch(op, pack_kernel<In, kVec, kMode>,
+               {dim3(unsigned(blocks)), dim3(kThreads), 0, stream, true}, p, t, pack_blocks,
+               FastDivmod(std::uint32_t(heads)));
+        tiles_left = 0;
+      };
+      if (units == 0) {
+        launch_blocks(Traversal{0, 0, FastDivmod(1)}, 0);
+        return;
       }
+      for_each_launch(p.v.tokens, units, kPackUnroll,
+                      [&](const Traversal& t, dim3 grid) { launch_blocks(t, grid.x); });
+    };
+    auto with_width = [&]<VTranspose kMode>() {
+      dispatch_vector_width<kWide>(wide,
+                                   [&]<int kVec>() { run.template operator()<kVec, kMode>(); });
+    };
+    if (!p.v_transposed) {
+      with_width.template operator()<VTranspose::kNone>();
+    } else if (v_vector) {
+      with_width.template operator()<VTranspose::kVector>();
+    } else {
+      with_width.template operator()<VTranspose::kScalar>();
     }
   });
 }
