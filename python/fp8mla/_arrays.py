@@ -2,11 +2,12 @@
 
 An adapter (a subclass of Arrays) allocates outputs (`empty`, `empty_like`, `empty_as`;
 `as_strided`, a view of a shape and element strides from an allocation's start, and
-`empty_view`, such a view of a new allocation, for the transposed layouts), makes one-element
-f32 scalars (`scalar`), says what is an array (`is_array`), converts an array for _C (`tensor`)
-and runs an op (`call`, or `query` for an op that returns a value, `run_layer` for an MlaLayer
-method that has a torch op); `require` sees the outputs about to be allocated (other DLPack
-arrays cannot be).
+`empty_view`, such a view of a new allocation, for the transposed layouts; `empty_group`, a
+call's several outputs at once from the specs Plan's methods of the same names give), makes
+one-element f32 scalars (`scalar`), says what is an array (`is_array`), converts an array for _C
+(`tensor`) and runs an op (`call`, or `query` for an op that returns a value, `run_layer` for an
+MlaLayer method that has a torch op); `require` sees the outputs about to be allocated (other
+DLPack arrays cannot be).
 Here: numpy (CPU; bf16 and fp8 through ml_dtypes) and other DLPack arrays (cupy, jax, ...:
 passed through as they are, every output given). torch's adapter is in torch_ops.py, which
 also registers the torch custom ops.
@@ -46,6 +47,22 @@ class Arrays:
         """The view (`as_strided`) of a new row-major allocation of `shape`."""
         return cls.as_strided(cls.empty(shape, dtype, like), view_shape, view_strides)
 
+    @classmethod
+    def empty_group(cls, specs):
+        """The outputs of one call, from Plan's specs, each allocated as its method would (an
+        adapter may put them in one allocation)."""
+        return tuple(cls.empty_spec(*spec) for spec in specs)
+
+    @classmethod
+    def empty_spec(cls, like, dtype, shape, view_shape, view_strides):
+        if dtype is None:
+            return cls.empty_like(like)
+        if shape is None:
+            return cls.empty_as(like, dtype)
+        if view_shape is None:
+            return cls.empty(shape, dtype, like)
+        return cls.empty_view(shape, dtype, like, view_shape, view_strides)
+
     @staticmethod
     def require(op_name, **missing):
         """Called with the outputs about to be allocated (True: missing) before allocating."""
@@ -65,6 +82,29 @@ class Arrays:
     def query(cls, op, values):
         """Runs query `op` (metadata only: no stream, no outputs) and returns its result."""
         return getattr(_C, op.name)(*op.c_args(cls.tensor, *values))
+
+
+class Plan:
+    """The allocation methods of an adapter, answering with what they would allocate: a spec
+    (like, dtype, shape, view_shape, view_strides) for Arrays.empty_group, which allocates a
+    call's outputs together. An op's allocation rules run on it when every output is missing."""
+
+    @staticmethod
+    def empty(shape, dtype, like):
+        return (like, dtype, shape, None, None)
+
+    @staticmethod
+    def empty_as(like, dtype):
+        return (like, dtype, None, None, None)
+
+    @staticmethod
+    def empty_like(like):
+        return (like, None, None, None, None)
+
+    @staticmethod
+    def empty_view(shape, dtype, like, view_shape, view_strides):
+        return (like, dtype, shape, view_shape, view_strides)
+
 
 
 class Numpy(Arrays):

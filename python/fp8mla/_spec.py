@@ -13,7 +13,9 @@ registered with linecache, so a traceback shows their lines; print Op.public_sou
 Kinds:
     TENSOR, OPT_TENSOR        an input tensor (OPT_: may be None)
     OUT                       an output, allocated by its `alloc` rule when not given (with a
-                              `when` rule: only when that holds; otherwise it may stay None)
+                              `when` rule: only when that holds; otherwise it may stay None);
+                              an op's outputs all missing are allocated together (the rules
+                              run on _arrays.Plan, the adapter's empty_group allocates)
     INOUT, OPT_INOUT          a tensor the op writes into that the caller always provides
     SCALE                     a float or a one-element f32 tensor (the torch op gets a twin
                               `<op>_scale_tensor` taking the tensor)
@@ -40,6 +42,7 @@ from __future__ import annotations
 import inspect
 import linecache
 
+from ._arrays import Plan
 from ._common import FP8_DTYPES, check_choice, yarn_list, yarn_tuple
 
 TENSOR, OPT_TENSOR, OUT, INOUT, OPT_INOUT = "tensor", "tensor?", "out", "inout", "inout?"
@@ -99,10 +102,12 @@ class Op:
 
     # ---- code generation ----
 
-    def rule(self, fn, label: str) -> str:
-        """Source text calling rule `fn` (kept as _<label>) with the arguments it names."""
+    def rule(self, fn, label: str, arrays: str = "arrays") -> str:
+        """Source text calling rule `fn` (kept as _<label>) with the arguments it names (its
+        `arrays`, the adapter, as the expression `arrays`)."""
         self._rules[f"_{label}"] = fn
-        return f"_{label}({', '.join(inspect.signature(fn).parameters)})"
+        names = [arrays if p == "arrays" else p for p in inspect.signature(fn).parameters]
+        return f"_{label}({', '.join(names)})"
 
     def _public_source(self, result, check, choose) -> str:
         def param(a):
@@ -133,9 +138,21 @@ class Op:
             lines.append(f"    if {any_missing}:")
             flags = ", ".join(f"{name}={m}" for name, m in missing.items())
             lines.append(f"        arrays.require({self.name!r}, {flags})")
+            indent = "        "
+            if len(outputs) > 1:
+                # Every output missing (the usual call): the rules say what they would allocate
+                # and the adapter allocates them together.
+                every_missing = " and ".join(f"({m})" for m in missing.values())
+                names = ", ".join(a.public for a in outputs)
+                specs = "".join(
+                    self.rule(a.alloc, "alloc_" + a.name, arrays="_Plan") + ", " for a in outputs)
+                lines.append(f"        if {every_missing}:")
+                lines.append(f"            {names} = arrays.empty_group(({specs}))")
+                lines.append("        else:")
+                indent += "    "
             for a in outputs:
-                lines.append(f"        if {missing[a.public]}:")
-                lines.append(f"            {a.public} = {self.rule(a.alloc, 'alloc_' + a.name)}")
+                lines.append(f"{indent}if {missing[a.public]}:")
+                lines.append(f"{indent}    {a.public} = {self.rule(a.alloc, 'alloc_' + a.name)}")
         values = ", ".join(self._schema_value(a) for a in self.schema_args)
         if self.query:
             lines.append(f"    return arrays.query(_op, ({values},))")
@@ -199,6 +216,7 @@ class Op:
         filename = f"<fp8mla._ops {self.name}.{name}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         namespace = {"_op": self, "_check_choice": check_choice, "_FP8_DTYPES": FP8_DTYPES,
+                     "_Plan": Plan,
                      "_yarn_list": yarn_list, "_yarn_tuple": yarn_tuple, **self._rules, **extra}
         exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - built from the table
         return namespace[name]

@@ -37,15 +37,15 @@ from ._spec import (
     YARN,
 )
 
-# _C reads torch tensors directly (data pointer, shape, strides, dtype, device: no DLPack export;
-# python/src/torch_tensors.hpp says how).
-_C.use_torch(torch)
-
 # The dtypes of allocated outputs.
 _DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2, "bf16": torch.bfloat16,
            "f32": torch.float32, "i32": torch.int32,
            "ue8m0": getattr(torch, "float8_e8m0fnu", torch.uint8),
            "e2m1x2": getattr(torch, "float4_e2m1fn_x2", torch.uint8)}
+
+# _C reads torch tensors directly (data pointer, shape, strides, dtype, device: no DLPack export;
+# python/src/torch_tensors.hpp says how), and allocates outputs of these dtypes by name.
+_C.use_torch(torch, _DTYPES)
 # fp8mla dtypes a plain uint8 tensor given for an argument may hold (raw bytes).
 _RAW_BYTES = ("e4m3", "e5m2", "ue8m0", "e2m1x2")
 _UINT8 = torch.uint8
@@ -53,7 +53,10 @@ _TENSOR = torch.Tensor
 _CONTIGUOUS = torch.contiguous_format
 # Outputs allocated by libtorch from C++ (python/src/torch_tensors.hpp), about half of torch's
 # own allocation's host time, where _C found torch's functions for it; None: torch allocates.
-_TORCH_EMPTY = _C.torch_empty if _C.torch_allocator() == "shim" else None
+_TORCH_EMPTY = _C.torch_empty if _C.torch_allocator() in ("shim", "grouped") else None
+# A call's several outputs in one allocation (one caching-allocator call and one free instead of
+# one each); None: one allocation per output.
+_TORCH_EMPTY_GROUP = _C.torch_empty_group if _C.torch_allocator() == "grouped" else None
 _IS_COMPILING = torch.compiler.is_compiling
 _DISPATCH_MODES = torch._C._len_torch_dispatch_stack
 
@@ -254,6 +257,14 @@ class Torch(Arrays):
         if out is not None:
             return out
         return super().empty_view(shape, dtype, like, view_shape, view_strides)
+
+    @classmethod
+    def empty_group(cls, specs):
+        if _TORCH_EMPTY_GROUP is not None and not _IS_COMPILING() and not _DISPATCH_MODES():
+            outputs = _TORCH_EMPTY_GROUP(specs)
+            if outputs is not None:
+                return outputs
+        return tuple(cls.empty_spec(*spec) for spec in specs)
 
     @staticmethod
     def empty_as(like, dtype):

@@ -320,12 +320,15 @@ NB_MODULE(_C, m) {
   def_backends(m);
   def_parallel_bindings(m);
   def_layer_bindings(m);
-  m.def("use_torch", &fp8mla_python::use_torch, nb::arg("torch"),
+  m.def("use_torch", &fp8mla_python::use_torch, nb::arg("torch"), nb::arg("output_dtypes"),
         "Reads torch tensors directly from now on (torch_ops.py calls it once)");
   m.def("torch_tensor_reader", &fp8mla_python::torch_tensor_reader,
         "How torch tensors are read: \"shim\", \"attributes\" or \"none\" (torch_tensors.hpp)");
   m.def("torch_allocator", &fp8mla_python::torch_allocator,
-        "How outputs are allocated for torch: \"shim\" (torch_empty) or \"torch\"");
+        "How outputs are allocated for torch: \"grouped\" (torch_empty_group), \"shim\" "
+        "(torch_empty) or \"torch\"");
+  m.def("torch_empty_group", &fp8mla_python::torch_empty_group, nb::arg("specs"),
+        "A call's outputs in one libtorch allocation, or None (torch_tensors.hpp)");
   m.def("torch_empty", &fp8mla_python::torch_empty, nb::arg("like"), nb::arg("dtype"),
         nb::arg("shape").none(), nb::arg("view_shape").none() = nb::none(),
         nb::arg("view_strides").none() = nb::none(),

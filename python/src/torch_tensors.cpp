@@ -105,6 +105,12 @@ struct Allocator {
                               std::int64_t, Shim::Handle*) = nullptr;
   PyObject* (*wrap)(const void*) = nullptr;
   std::array<std::int32_t, kDtypeCount> code{};  // torch's ScalarType code of kTorchDtypes[i]
+  // For torch_empty_group: the dtype view of an allocation (the shim's generated functions are
+  // per device type; null where that library is not loaded).
+  Shim::Result (*view_dtype_cpu)(Shim::Handle, std::int32_t, Shim::Handle*) = nullptr;
+  Shim::Result (*view_dtype_cuda)(Shim::Handle, std::int32_t, Shim::Handle*) = nullptr;
+  // The output dtypes by fp8mla name (torch_output_dtypes): name -> index into kTorchDtypes.
+  std::vector<std::pair<PyObject*, std::size_t>> names;
 };
 
 // Set once by use_torch, then read-only; the references live as long as the process.
@@ -116,6 +122,7 @@ struct Torch {
   Allocator allocator;
   bool use_shim = false;
   bool use_allocator = false;
+  bool use_group = false;  // torch_empty_group allocates (use_allocator and its own check)
   bool ready = false;
 } g_torch;
 
@@ -209,6 +216,11 @@ void load_allocator(void* shim_lib, const std::string& dir) {
       !find_symbol(shim_lib, a.reinterpret, "aoti_torch__reinterpret_tensor") ||
       !find_symbol(python_lib, a.wrap, "_Z16THPVariable_WrapRKN2at10TensorBaseE")) {
     a = Allocator{};
+    return;
+  }
+  find_symbol(shim_lib, a.view_dtype_cpu, "aoti_torch_cpu_view_dtype");
+  if (void* cuda_lib = dlopen((dir + "/lib/libtorch_cuda.so").c_str(), RTLD_LAZY | RTLD_NOLOAD)) {
+    find_symbol(cuda_lib, a.view_dtype_cuda, "aoti_torch_cuda_view_dtype");
   }
 }
 
@@ -294,39 +306,13 @@ struct View {
   Dims sizes{}, strides{};
 };
 
-// A row-major tensor of `ndim` sizes with dtype kTorchDtypes[index] on `like`'s device (read
-// through `handle`), or the `view` of one; nullptr where libtorch declined (torch's own
-// allocation then says why).
-PyObject* allocate(Shim::Handle like, std::size_t index, std::int64_t ndim, const Dims& sizes,
-                   const View* view) {
-  const Torch& t = g_torch;
-  const Allocator& a = t.allocator;
-  std::int32_t device_type = 0, device_index = 0;
-  if (t.shim.device_type(like, &device_type) != 0 ||
-      t.shim.device_index(like, &device_index) != 0) {
-    return nullptr;
-  }
+Dims row_major(std::int64_t ndim, const Dims& sizes) {
   Dims strides{};
   for (std::int64_t d = ndim - 1, step = 1; d >= 0; --d) {
     strides[std::size_t(d)] = step;
     step *= std::max<std::int64_t>(sizes[std::size_t(d)], 1);  // torch's contiguous strides
   }
-  Shim::Handle storage = nullptr, out = nullptr;
-  if (a.empty_strided(ndim, sizes.data(), strides.data(), a.code[index], device_type, device_index,
-                      &storage) != 0) {
-    return nullptr;
-  }
-  out = storage;
-  if (view &&
-      a.reinterpret(storage, view->ndim, view->sizes.data(), view->strides.data(), 0, &out) != 0) {
-    a.delete_tensor(storage);
-    return nullptr;
-  }
-  PyObject* tensor = a.wrap(out);
-  a.delete_tensor(out);  // the Python tensor holds its own reference (of the storage too)
-  if (view) a.delete_tensor(storage);
-  if (!tensor) throw nb::python_error();
-  return tensor;
+  return strides;
 }
 
 // The ints of a tuple (none: not a tuple of at most kMaxDims non-negative ints, e.g. SymInts,
@@ -350,50 +336,223 @@ std::optional<std::int64_t> read_ints(nb::handle tuple, Dims& out) {
   return n;
 }
 
+// One output asked of the allocator: `ndim` sizes of dtype kTorchDtypes[dtype] on `like`'s
+// device, or the `view` of such an allocation.
+struct Request {
+  void* like = nullptr;  // like's TensorImpl: its address is a shim handle (as in read_by_shim)
+  std::size_t dtype = 0;
+  std::int64_t ndim = 0;
+  Dims sizes{};
+  bool has_view = false;
+  View view;
+
+  Shim::Handle handle() { return &like; }
+  // The elements of the allocation (nullopt: past int64, which torch then refuses).
+  std::optional<std::int64_t> elements() const {
+    std::int64_t n = 1;
+    for (std::int64_t d = 0; d < ndim; ++d) {
+      if (__builtin_mul_overflow(n, sizes[std::size_t(d)], &n)) return std::nullopt;
+    }
+    return n;
+  }
+};
+
+// Reads an exact torch.Tensor `like`, `shape` (None: like's sizes) and the view (None, None: no
+// view) into r; false where the allocator does not take them.
+bool read_request(nb::handle like, nb::handle shape, nb::handle view_shape, nb::handle view_strides,
+                  Request& r) {
+  const Torch& t = g_torch;
+  if (Py_TYPE(like.ptr()) != t.tensor_type) return false;
+  r.like = PyLong_AsVoidPtr(t.cdata.read(like.ptr(), true).ptr());
+  if (PyErr_Occurred()) throw nb::python_error();
+  if (shape.is_none()) {
+    std::int64_t* like_sizes = nullptr;
+    if (t.shim.dim(r.handle(), &r.ndim) != 0 || r.ndim > fp8mla::kMaxDims ||
+        t.shim.sizes(r.handle(), &like_sizes) != 0) {
+      return false;
+    }
+    std::copy_n(like_sizes, r.ndim, r.sizes.begin());
+  } else {
+    const std::optional<std::int64_t> n = read_ints(shape, r.sizes);
+    if (!n) return false;
+    r.ndim = *n;
+  }
+  if (view_shape.is_none()) return true;
+  const std::optional<std::int64_t> n = read_ints(view_shape, r.view.sizes);
+  const std::optional<std::int64_t> m = read_ints(view_strides, r.view.strides);
+  const std::optional<std::int64_t> elements = r.elements();
+  if (!n || !m || *n != *m || !elements) return false;
+  r.view.ndim = *n;
+  r.has_view = true;
+  // Inside the allocation: a non-empty view's last element at most the storage's last.
+  std::int64_t last = 0;
+  for (std::int64_t d = 0; d < r.view.ndim; ++d) {
+    last += (r.view.sizes[std::size_t(d)] - 1) * r.view.strides[std::size_t(d)];
+  }
+  const auto view_end = r.view.sizes.begin() + r.view.ndim;
+  return std::find(r.view.sizes.begin(), view_end, 0) != view_end || last < *elements;
+}
+
+// The request's tensor (a row-major allocation or its view); nullptr where libtorch declined
+// (torch's own allocation then says why).
+PyObject* allocate(Request& r) {
+  const Torch& t = g_torch;
+  const Allocator& a = t.allocator;
+  std::int32_t device_type = 0, device_index = 0;
+  if (t.shim.device_type(r.handle(), &device_type) != 0 ||
+      t.shim.device_index(r.handle(), &device_index) != 0) {
+    return nullptr;
+  }
+  const Dims strides = row_major(r.ndim, r.sizes);
+  Shim::Handle storage = nullptr, out = nullptr;
+  if (a.empty_strided(r.ndim, r.sizes.data(), strides.data(), a.code[r.dtype], device_type,
+                      device_index, &storage) != 0) {
+    return nullptr;
+  }
+  out = storage;
+  if (r.has_view && a.reinterpret(storage, r.view.ndim, r.view.sizes.data(), r.view.strides.data(),
+                                  0, &out) != 0) {
+    a.delete_tensor(storage);
+    return nullptr;
+  }
+  PyObject* tensor = a.wrap(out);
+  a.delete_tensor(out);  // the Python tensor holds its own reference (of the storage too)
+  if (r.has_view) a.delete_tensor(storage);
+  if (!tensor) throw nb::python_error();
+  return tensor;
+}
+
 // torch_empty, whether or not use_torch chose it.
 nb::object make_empty(nb::handle like, nb::handle dtype, nb::handle shape, nb::handle view_shape,
                       nb::handle view_strides) {
   const Torch& t = g_torch;
-  PyObject* obj = like.ptr();
-  if (!t.allocator.wrap || !t.use_shim || Py_TYPE(obj) != t.tensor_type) return nb::none();
+  if (!t.allocator.wrap || !t.use_shim) return nb::none();
   const auto* found = std::find(std::begin(t.dtypes), std::end(t.dtypes), dtype.ptr());
   if (found == std::end(t.dtypes) || *found == nullptr) return nb::none();
-  void* impl = PyLong_AsVoidPtr(t.cdata.read(obj, true).ptr());
-  if (PyErr_Occurred()) throw nb::python_error();
-  Shim::Handle handle = &impl;  // as in read_by_shim
-  Dims sizes{};
-  std::int64_t ndim = 0;
-  if (shape.is_none()) {
-    std::int64_t* like_sizes = nullptr;
-    if (t.shim.dim(handle, &ndim) != 0 || ndim > fp8mla::kMaxDims ||
-        t.shim.sizes(handle, &like_sizes) != 0) {
+  Request r;
+  r.dtype = std::size_t(found - std::begin(t.dtypes));
+  if (!read_request(like, shape, view_shape, view_strides, r)) return nb::none();
+  PyObject* tensor = allocate(r);
+  return tensor ? nb::steal(tensor) : nb::none();
+}
+
+// ---- torch_empty_group ---------------------------------------------------------------------
+
+constexpr std::size_t kMaxGroup = 4;
+// Bytes from one output's start to the next one's: a multiple of every dtype's size, and as
+// aligned as the kernels' vector and TMA accesses want.
+constexpr std::int64_t kGroupAlign = 256;
+
+std::int64_t element_bytes(std::size_t dtype) {
+  return kTorchDtypes[dtype].dtype.bits * kTorchDtypes[dtype].dtype.lanes / 8;
+}
+
+// The kTorchDtypes index of an fp8mla dtype name of use_torch's `output_dtypes`.
+std::optional<std::size_t> named_dtype(nb::handle name) {
+  const auto& names = g_torch.allocator.names;
+  for (const auto& [known, index] : names) {
+    if (known == name.ptr()) return index;  // the usual case: the same interned string
+  }
+  for (const auto& [known, index] : names) {
+    if (PyUnicode_Check(name.ptr()) && PyUnicode_Compare(known, name.ptr()) == 0) return index;
+  }
+  return std::nullopt;
+}
+
+// The dtype of a group spec: an fp8mla name, or (None) like's own dtype, as torch.empty_like
+// gives it for a row-major `like` (nullopt otherwise).
+std::optional<std::size_t> group_dtype(nb::handle name, Request& r) {
+  const Torch& t = g_torch;
+  if (!name.is_none()) return named_dtype(name);
+  std::int32_t code = -1;
+  std::int64_t* strides = nullptr;
+  if (t.shim.dtype(r.handle(), &code) != 0 || code < 0 || code >= 256 ||
+      t.shim.dtype_of_code[std::size_t(code)] == 0 || t.shim.strides(r.handle(), &strides) != 0) {
+    return std::nullopt;
+  }
+  const Dims want = row_major(r.ndim, r.sizes);
+  const std::optional<std::int64_t> elements = r.elements();
+  for (std::int64_t d = 0; d < r.ndim && elements != 0; ++d) {
+    if (r.sizes[std::size_t(d)] != 1 && strides[d] != want[std::size_t(d)]) return std::nullopt;
+  }
+  return std::size_t(t.shim.dtype_of_code[std::size_t(code)] - 1);
+}
+
+// Shim handles owned until the group's tensors hold their own references.
+struct Handles {
+  std::array<Shim::Handle, kDtypeCount> by_dtype{};
+  ~Handles() {
+    for (Shim::Handle h : by_dtype) {
+      if (h) g_torch.allocator.delete_tensor(h);
+    }
+  }
+};
+
+// torch_empty_group, whether or not use_torch chose it.
+nb::object make_empty_group(nb::handle specs) {
+  const Torch& t = g_torch;
+  const Allocator& a = t.allocator;
+  if (!a.wrap || !t.use_shim || !PyTuple_Check(specs.ptr())) return nb::none();
+  const std::size_t n = std::size_t(PyTuple_GET_SIZE(specs.ptr()));
+  if (n == 0 || n > kMaxGroup) return nb::none();
+  std::array<Request, kMaxGroup> r;
+  std::array<std::int64_t, kMaxGroup> offset{};
+  std::int64_t total = 0;
+  std::int32_t device_type = 0, device_index = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    PyObject* spec = PyTuple_GET_ITEM(specs.ptr(), Py_ssize_t(i));
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 5) return nb::none();
+    const auto item = [spec](int k) { return nb::handle(PyTuple_GET_ITEM(spec, k)); };
+    if (!read_request(item(0), item(2), item(3), item(4), r[i])) return nb::none();
+    const std::optional<std::size_t> dtype = group_dtype(item(1), r[i]);
+    std::int32_t type = 0, index = 0;
+    if (!dtype || t.shim.device_type(r[i].handle(), &type) != 0 ||
+        t.shim.device_index(r[i].handle(), &index) != 0 || (i > 0 && type != device_type) ||
+        (i > 0 && index != device_index)) {
       return nb::none();
     }
-    std::copy_n(like_sizes, ndim, sizes.begin());
-  } else {
-    const std::optional<std::int64_t> n = read_ints(shape, sizes);
-    if (!n) return nb::none();
-    ndim = *n;
-  }
-  View view;
-  if (!view_shape.is_none()) {
-    const std::optional<std::int64_t> n = read_ints(view_shape, view.sizes);
-    const std::optional<std::int64_t> m = read_ints(view_strides, view.strides);
-    if (!n || !m || *n != *m) return nb::none();
-    view.ndim = *n;
-    // Inside the allocation: a non-empty view's last element at most the storage's last.
-    std::int64_t last = 0, elements = 1;
-    for (std::int64_t d = 0; d < ndim; ++d) elements *= sizes[std::size_t(d)];
-    for (std::int64_t d = 0; d < view.ndim; ++d) {
-      last += (view.sizes[std::size_t(d)] - 1) * view.strides[std::size_t(d)];
+    device_type = type;
+    device_index = index;
+    r[i].dtype = *dtype;
+    const std::optional<std::int64_t> elements = r[i].elements();
+    std::int64_t bytes = 0;
+    if (!elements || __builtin_mul_overflow(*elements, element_bytes(*dtype), &bytes) ||
+        bytes > (std::int64_t(1) << 62) - total) {
+      return nb::none();
     }
-    const bool empty = std::find(view.sizes.begin(), view.sizes.begin() + view.ndim, 0) !=
-                       view.sizes.begin() + view.ndim;
-    if (!empty && last >= elements) return nb::none();
+    offset[i] = total;
+    total += (bytes + kGroupAlign - 1) / kGroupAlign * kGroupAlign;
   }
-  PyObject* tensor = allocate(handle, std::size_t(found - std::begin(t.dtypes)), ndim, sizes,
-                              view_shape.is_none() ? nullptr : &view);
-  return tensor ? nb::steal(tensor) : nb::none();
+  const auto view_dtype = device_type == t.shim.cuda  ? a.view_dtype_cuda
+                          : device_type == t.shim.cpu ? a.view_dtype_cpu
+                                                      : nullptr;
+  // One allocation in the first output's dtype; the others' dtypes are views of it.
+  Handles typed;
+  const std::size_t first = r[0].dtype;
+  const std::int64_t count = total / element_bytes(first), step = 1;
+  if (a.empty_strided(1, &count, &step, a.code[first], device_type, device_index,
+                      &typed.by_dtype[first]) != 0) {
+    return nb::none();
+  }
+  nb::object group = nb::steal(PyTuple_New(Py_ssize_t(n)));
+  for (std::size_t i = 0; i < n; ++i) {
+    Shim::Handle& base = typed.by_dtype[r[i].dtype];
+    if (!base && (!view_dtype || view_dtype(typed.by_dtype[first], a.code[r[i].dtype], &base))) {
+      return nb::none();
+    }
+    const View v =
+        r[i].has_view ? r[i].view : View{r[i].ndim, r[i].sizes, row_major(r[i].ndim, r[i].sizes)};
+    Shim::Handle out = nullptr;
+    if (a.reinterpret(base, v.ndim, v.sizes.data(), v.strides.data(),
+                      offset[i] / element_bytes(r[i].dtype), &out) != 0) {
+      return nb::none();
+    }
+    PyObject* tensor = a.wrap(out);
+    a.delete_tensor(out);
+    if (!tensor) throw nb::python_error();
+    PyTuple_SET_ITEM(group.ptr(), Py_ssize_t(i), tensor);
+  }
+  return group;
 }
 
 // Whether torch_empty's tensors are what torch.empty would make: for every dtype and a few
@@ -437,6 +596,70 @@ bool allocator_agrees(nb::handle torch) {
              reinterpret_cast<std::uintptr_t>(got->data);
 }
 
+// Whether torch_empty_group's tensors are torch_empty's of the same specs (dtype, shape,
+// strides, device, not requiring grad), each at its own 256-byte-aligned place of one shared
+// storage, apart from the others: every output dtype next to a bf16 one, a transposed view with
+// an empty_like's twin, and three writable outputs filled one by one.
+bool group_agrees(nb::handle torch) {
+  using namespace nb::literals;
+  const Torch& t = g_torch;
+  const nb::object like = torch.attr("empty")(2, 3, "dtype"_a = torch.attr("bfloat16"));
+  const nb::object none = nb::none();
+  std::vector<nb::tuple> groups;
+  for (const auto& [name, index] : t.allocator.names) {
+    groups.push_back(
+        nb::make_tuple(nb::make_tuple(like, "bf16", nb::make_tuple(5), none, none),
+                       nb::make_tuple(like, nb::handle(name), nb::make_tuple(3, 7), none, none)));
+  }
+  groups.push_back(
+      nb::make_tuple(nb::make_tuple(like, "e4m3", nb::make_tuple(2, 8, 40),
+                                    nb::make_tuple(33, 2, 8), nb::make_tuple(1, 320, 40)),
+                     nb::make_tuple(like, "e4m3", none, none, none)));
+  const nb::tuple filled =
+      nb::make_tuple(nb::make_tuple(like, "f32", nb::make_tuple(4), none, none),
+                     nb::make_tuple(like, "i32", nb::make_tuple(3), none, none),
+                     nb::make_tuple(like, none, none, none, none));
+  groups.push_back(filled);
+  for (const nb::tuple& specs : groups) {
+    const nb::object made = make_empty_group(specs);
+    if (made.is_none() || nb::len(made) != nb::len(specs)) return false;
+    const std::uintptr_t storage =
+        nb::cast<std::uintptr_t>(made[0].attr("untyped_storage")().attr("data_ptr")());
+    std::uintptr_t next = storage;
+    for (std::size_t i = 0; i < nb::len(specs); ++i) {
+      const nb::handle spec = specs[i];
+      const nb::handle name = spec[1];
+      const std::optional<std::size_t> index = named_dtype(name);
+      if (!name.is_none() && !index) return false;
+      const nb::object dtype =
+          name.is_none() ? like.attr("dtype") : nb::borrow(t.dtypes[index.value_or(0)]);
+      const nb::object want = make_empty(spec[0], dtype, spec[2], spec[3], spec[4]);
+      const nb::handle got = made[i];
+      const std::optional<RawTensor> g = read_by_attributes("use_torch", "probe", got.ptr(), true);
+      const std::optional<RawTensor> w =
+          want.is_none() ? std::nullopt
+                         : read_by_attributes("use_torch", "probe", want.ptr(), true);
+      if (!g || !w || Py_TYPE(got.ptr()) != t.tensor_type ||
+          got.attr("requires_grad").ptr() != Py_False ||
+          nb::cast<std::uintptr_t>(got.attr("untyped_storage")().attr("data_ptr")()) != storage) {
+        return false;
+      }
+      RawTensor same_place = *w;
+      same_place.data = g->data;
+      const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(g->data);
+      if (!same(*g, same_place) || at < next || (at - storage) % kGroupAlign != 0) return false;
+      next = at + std::uintptr_t(
+                      nb::cast<std::int64_t>(want.attr("untyped_storage")().attr("nbytes")()));
+    }
+  }
+  const nb::object outs = make_empty_group(filled);
+  for (std::size_t i = 0; i < 3; ++i) outs[i].attr("fill_")(int(i) + 1);
+  for (std::size_t i = 0; i < 3; ++i) {
+    if (!nb::cast<bool>(outs[i].attr("eq")(int(i) + 1).attr("all")().attr("item")())) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 nb::object torch_empty(nb::handle like, nb::handle dtype, nb::handle shape, nb::handle view_shape,
@@ -445,11 +668,15 @@ nb::object torch_empty(nb::handle like, nb::handle dtype, nb::handle shape, nb::
                                : nb::none();
 }
 
-std::string torch_allocator() {
-  return g_torch.use_allocator ? "shim" : "torch";
+nb::object torch_empty_group(nb::handle specs) {
+  return g_torch.use_group ? make_empty_group(specs) : nb::none();
 }
 
-void use_torch(nb::handle torch) {
+std::string torch_allocator() {
+  return g_torch.use_group ? "grouped" : g_torch.use_allocator ? "shim" : "torch";
+}
+
+void use_torch(nb::handle torch, nb::dict output_dtypes) {
   g_torch = Torch{};
   Torch& t = g_torch;
   const nb::object tensor = torch.attr("Tensor");
@@ -472,9 +699,17 @@ void use_torch(nb::handle torch) {
   if (nb::hasattr(tensor, "_cdata") && load_shim(torch, t.shim)) {
     t.cdata = attribute(tensor, "_cdata", false);
     t.use_shim = shim_agrees(torch);
-    const char* allocator = std::getenv("FP8MLA_TORCH_ALLOCATOR");
-    const bool forced_torch = allocator && std::string_view(allocator) == "torch";
-    t.use_allocator = t.use_shim && t.allocator.wrap && !forced_torch && allocator_agrees(torch);
+    const char* env = std::getenv("FP8MLA_TORCH_ALLOCATOR");
+    const std::string_view allocator = env ? env : "grouped";
+    t.use_allocator =
+        t.use_shim && t.allocator.wrap && allocator != "torch" && allocator_agrees(torch);
+    for (const auto& [name, dtype] : output_dtypes) {
+      const auto* found = std::find(std::begin(t.dtypes), std::end(t.dtypes), dtype.ptr());
+      if (found == std::end(t.dtypes) || !*found) continue;  // an alias this torch lacks
+      t.allocator.names.emplace_back(name.inc_ref().ptr(),
+                                     std::size_t(found - std::begin(t.dtypes)));
+    }
+    t.use_group = t.use_allocator && allocator != "shim" && group_agrees(torch);
   }
 }
 

@@ -20,8 +20,9 @@
 namespace fp8mla_python {
 
 // Reads torch's Tensor type and dtypes from module `torch`, looks up the shim and checks it
-// (torch_ops.py calls this once at import).
-void use_torch(nb::handle torch);
+// (torch_ops.py calls this once at import). `output_dtypes` maps the fp8mla dtype names of
+// allocated outputs ("e4m3", "bf16", ...) to torch dtypes, for torch_empty_group.
+void use_torch(nb::handle torch, nb::dict output_dtypes);
 
 // "shim", "attributes", or "none" before use_torch.
 std::string torch_tensor_reader();
@@ -38,9 +39,21 @@ std::string torch_tensor_reader();
 nb::object torch_empty(nb::handle like, nb::handle dtype, nb::handle shape, nb::handle view_shape,
                        nb::handle view_strides);
 
-// "shim" where use_torch found the functions torch_empty calls and its probe tensors equal
-// torch.empty's (dtype, shape, strides, device, writable), unless the environment says
-// FP8MLA_TORCH_ALLOCATOR=torch when fp8mla is imported; else "torch".
+// The outputs of one call in one allocation: `specs` a tuple of at most 4 tuples (like, dtype,
+// shape, view_shape, view_strides), each what torch_empty takes, with `dtype` an fp8mla name of
+// use_torch's output_dtypes, or None for like's own dtype and shape (torch.empty_like of a
+// row-major `like`). All `like`s on one device. One libtorch allocation holds the outputs, each
+// at a 256-byte-aligned offset, in the order given; each is its own tensor of that storage (a
+// dtype view of it where its dtype is not the first output's), so the memory lives until the
+// last of them is freed. One allocation instead of one per output: each costs a caching-
+// allocator call and a free. None where it does not apply (as torch_empty, or mixed devices):
+// the caller allocates each output.
+nb::object torch_empty_group(nb::handle specs);
+
+// "grouped" where use_torch found the functions torch_empty and torch_empty_group call and their
+// probe tensors equal torch.empty's (dtype, shape, strides, device, writable, the group's apart);
+// "shim" where only torch_empty passed, or the environment says FP8MLA_TORCH_ALLOCATOR=shim when
+// fp8mla is imported; "torch" where neither, or FP8MLA_TORCH_ALLOCATOR=torch.
 std::string torch_allocator();
 
 // A torch tensor on the CPU or a CUDA device with a dtype fp8mla knows, read by the chosen

@@ -15,7 +15,7 @@ pytest.importorskip("ml_dtypes")
 import fp8mla  # noqa: E402
 import fp8mla.torch_ops as torch_ops  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch_helpers import assert_same, needs_gpu  # noqa: E402
+from torch_helpers import assert_identical, assert_same, needs_gpu  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_gpu)]
 T, H, PAGE = 5, 2, 4
@@ -202,7 +202,7 @@ def test_torch_allocator_makes_what_torch_empty_makes(device):
     """_C.torch_empty (libtorch's allocation from C++, torch's wrapper): an exact torch.Tensor of
     the dtype, shape and device asked for, row-major, not requiring grad; None where torch
     allocates instead (a subclass, a shape that is not a tuple of ints, a size libtorch refuses)."""
-    assert fp8mla._C.torch_allocator() == "shim", "torch 2.11 should pass the allocator's check"
+    assert fp8mla._C.torch_allocator() == "grouped", "torch 2.11 should pass the allocator's check"
     like = torch.zeros(6, 7, device=device).requires_grad_()
     for dtype in set(torch_ops._DTYPES.values()) | {torch.uint8, torch.bfloat16}:
         for shape in ((3, 5), (0, 4, 2), (9,), (), None):
@@ -233,13 +233,58 @@ def test_torch_allocator_makes_what_torch_empty_makes(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_both_allocators_give_the_same_outputs(device, monkeypatch):
-    """Every op with its outputs allocated by _C.torch_empty, then by torch: the same bytes,
-    shapes and dtypes. Under a dispatch mode the mode sees torch's own allocations."""
-    by_shim = step(inputs(device))
+def test_torch_empty_group_is_torch_empty_in_one_allocation(device):
+    """_C.torch_empty_group: each output is what _C.torch_empty makes of its spec (dtype, shape,
+    strides, device, not requiring grad), all in one storage at 256-byte-aligned offsets in the
+    order given, apart from each other; None where each output must be allocated alone."""
+    like = torch.zeros(6, 7, dtype=torch.bfloat16, device=device)
+    specs = ((like, "e4m3", (3, 5, 7), None, None),
+             (like, "f32", (2, 4), None, None),
+             (like, "e4m3", (2, 128, 40), (33, 2, 128), (1, 128 * 40, 40)),
+             (like, None, None, None, None))
+    made = fp8mla._C.torch_empty_group(specs)
+    assert len(made) == len(specs)
+    storage = made[0].untyped_storage().data_ptr()
+    end = storage
+    for out, (spec_like, name, shape, view_shape, view_strides) in zip(made, specs):
+        dtype = spec_like.dtype if name is None else torch_ops._DTYPES[name]
+        want = fp8mla._C.torch_empty(spec_like, dtype, shape, view_shape, view_strides)
+        assert out.__class__ is torch.Tensor and not out.requires_grad
+        assert (out.dtype, out.shape, out.stride(), out.device) == (
+            want.dtype, want.shape, want.stride(), want.device)
+        assert out.untyped_storage().data_ptr() == storage
+        assert out.data_ptr() >= end and (out.data_ptr() - storage) % 256 == 0
+        end = out.data_ptr() + want.untyped_storage().nbytes()
+    # Apart: each keeps what was written into it after the others were written.
+    words = fp8mla._C.torch_empty_group(tuple((like, "i32", (n,), None, None) for n in (1, 70, 3)))
+    for i, w in enumerate(words):
+        w.fill_(i + 1)
+    assert all(bool((w == i + 1).all()) for i, w in enumerate(words))
+    # None: a non-row-major like for its own dtype (torch.empty_like keeps its strides), a
+    # dtype name the table lacks, more than four outputs, a spec torch_empty refuses.
+    assert fp8mla._C.torch_empty_group(((like.t(), None, None, None, None),)) is None
+    assert fp8mla._C.torch_empty_group(((like, "f64", (2,), None, None),)) is None
+    assert fp8mla._C.torch_empty_group(((like, "f32", (2,), None, None),) * 5) is None
+    assert fp8mla._C.torch_empty_group(((like, "f32", (2, -1), None, None),)) is None
+    if device == "cuda":
+        cpu = torch.zeros(2)
+        assert fp8mla._C.torch_empty_group(((like, "f32", (2,), None, None),
+                                            (cpu, "f32", (2,), None, None))) is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_allocator_gives_the_same_outputs(device, monkeypatch):
+    """Every op with its outputs allocated together by _C.torch_empty_group, then one by one by
+    _C.torch_empty, then by torch: the same bytes, shapes, strides and dtypes. Under a dispatch
+    mode the mode sees torch's own allocations."""
+    grouped = step(inputs(device))
+    monkeypatch.setattr(torch_ops, "_TORCH_EMPTY_GROUP", None)
+    one_by_one = step(inputs(device))
     monkeypatch.setattr(torch_ops, "_TORCH_EMPTY", None)
-    for s, t in zip(by_shim, step(inputs(device))):
-        assert_same(s, t)
+    by_torch = step(inputs(device))
+    for g, o, t in zip(grouped, one_by_one, by_torch):
+        assert_identical(g, o)
+        assert_identical(g, t)
     monkeypatch.undo()
 
     class Allocations(TorchDispatchMode):
