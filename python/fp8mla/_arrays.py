@@ -47,6 +47,12 @@ class Arrays:
         """The view (`as_strided`) of a new row-major allocation of `shape`."""
         return cls.as_strided(cls.empty(shape, dtype, like), view_shape, view_strides)
 
+    @staticmethod
+    def groups() -> bool:
+        """Whether empty_group allocates a call's outputs together now (otherwise the op
+        allocates each output through its own method, without the detour through specs)."""
+        return False
+
     @classmethod
     def empty_group(cls, specs):
         """The outputs of one call, from Plan's specs, each allocated as its method would (an

@@ -14,8 +14,9 @@ Kinds:
     TENSOR, OPT_TENSOR        an input tensor (OPT_: may be None)
     OUT                       an output, allocated by its `alloc` rule when not given (with a
                               `when` rule: only when that holds; otherwise it may stay None);
-                              an op's outputs all missing are allocated together (the rules
-                              run on _arrays.Plan, the adapter's empty_group allocates)
+                              an op's outputs all missing are allocated together where the
+                              adapter `groups()` (the rules run on _arrays.Plan, the adapter's
+                              empty_group allocates)
     INOUT, OPT_INOUT          a tensor the op writes into that the caller always provides
     SCALE                     a float or a one-element f32 tensor (the torch op gets a twin
                               `<op>_scale_tensor` taking the tensor)
@@ -140,13 +141,13 @@ class Op:
             lines.append(f"        arrays.require({self.name!r}, {flags})")
             indent = "        "
             if len(outputs) > 1:
-                # Every output missing (the usual call): the rules say what they would allocate
-                # and the adapter allocates them together.
+                # Every output missing (the usual call) and an adapter that can: the rules say
+                # what they would allocate and the adapter allocates them together.
                 every_missing = " and ".join(f"({m})" for m in missing.values())
                 names = ", ".join(a.public for a in outputs)
                 specs = "".join(
                     self.rule(a.alloc, "alloc_" + a.name, arrays="_Plan") + ", " for a in outputs)
-                lines.append(f"        if {every_missing}:")
+                lines.append(f"        if {every_missing} and arrays.groups():")
                 lines.append(f"            {names} = arrays.empty_group(({specs}))")
                 lines.append("        else:")
                 indent += "    "

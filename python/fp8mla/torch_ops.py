@@ -258,13 +258,18 @@ class Torch(Arrays):
             return out
         return super().empty_view(shape, dtype, like, view_shape, view_strides)
 
+    @staticmethod
+    def groups() -> bool:
+        # Plain eager mode: traced or under a dispatch mode, torch's own allocations are what the
+        # mode must see.
+        return _TORCH_EMPTY_GROUP is not None and not _IS_COMPILING() and not _DISPATCH_MODES()
+
     @classmethod
     def empty_group(cls, specs):
-        if _TORCH_EMPTY_GROUP is not None and not _IS_COMPILING() and not _DISPATCH_MODES():
-            outputs = _TORCH_EMPTY_GROUP(specs)
-            if outputs is not None:
-                return outputs
-        return tuple(cls.empty_spec(*spec) for spec in specs)
+        outputs = _TORCH_EMPTY_GROUP(specs)
+        if outputs is not None:
+            return outputs
+        return tuple(cls.empty_spec(*spec) for spec in specs)  # what _C did not take
 
     @staticmethod
     def empty_as(like, dtype):
