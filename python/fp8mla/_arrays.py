@@ -112,7 +112,6 @@ class Plan:
         return (like, dtype, shape, view_shape, view_strides)
 
 
-
 class Numpy(Arrays):
     """numpy has no bfloat16 / float8 types of its own: ml_dtypes arrays are passed to _C as
     same-size integer views with the fp8mla dtype named, and outputs are allocated with ml_dtypes

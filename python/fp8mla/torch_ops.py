@@ -269,7 +269,7 @@ class Torch(Arrays):
         outputs = _TORCH_EMPTY_GROUP(specs)
         if outputs is not None:
             return outputs
-        return tuple(cls.empty_spec(*spec) for spec in specs)  # what _C did not take
+        return super().empty_group(specs)  # one by one: what _C did not take
 
     @staticmethod
     def empty_as(like, dtype):
