@@ -57,6 +57,9 @@ _TORCH_EMPTY = _C.torch_empty if _C.torch_allocator() in ("shim", "grouped") els
 # A call's several outputs in one allocation (one caching-allocator call and one free instead of
 # one each); None: one allocation per output.
 _TORCH_EMPTY_GROUP = _C.torch_empty_group if _C.torch_allocator() == "grouped" else None
+# _C runs an op with torch's CUDA tensors on torch's current stream and device itself
+# (python/src/torch_cuda_context.hpp), where this torch has the functions for it.
+_TORCH_CUDA_CONTEXT = _C.torch_cuda_context()
 _IS_COMPILING = torch.compiler.is_compiling
 _DISPATCH_MODES = torch._C._len_torch_dispatch_stack
 
@@ -105,9 +108,12 @@ def _raw_bytes(t: torch.Tensor, raw_dtype: str):
 
 def _call_lines(op) -> list:
     """The body of the op's implementation: _C called on the first tensor's device and stream
-    (0: torch's current stream there)."""
+    (0: torch's current stream there). _C resolves both itself where it found torch's functions
+    for it (_TORCH_CUDA_CONTEXT); an op that fills memory from the host synchronizes here first."""
     values = ", ".join(op.c_values(lambda name, raw: name if raw == "None" else (
         f"({name} if {name}.dtype is not _UINT8 else _raw_bytes({name}, {raw}))")))
+    if _TORCH_CUDA_CONTEXT and not op.host_fill:
+        return [f"    _c_op({values}, stream)"]
     first = op.first_tensor.name
     lines = [f"    if {first}.is_cuda:",
              f"        device = {first}.get_device()",

@@ -327,6 +327,9 @@ NB_MODULE(_C, m) {
   m.def("torch_allocator", &fp8mla_python::torch_allocator,
         "How outputs are allocated for torch: \"grouped\" (torch_empty_group), \"shim\" "
         "(torch_empty) or \"torch\"");
+  m.def("torch_cuda_context", &fp8mla_python::torch_cuda_context,
+        "Whether the ops resolve torch's current CUDA stream and device themselves "
+        "(torch_cuda_context.hpp)");
   m.def("torch_empty_group", &fp8mla_python::torch_empty_group, nb::arg("specs"),
         "A call's outputs in one libtorch allocation, or None (torch_tensors.hpp)");
   m.def("torch_empty", &fp8mla_python::torch_empty, nb::arg("like"), nb::arg("dtype"),

@@ -24,6 +24,7 @@
 #include "fp8mla/quantize.hpp"
 #include "fp8mla/tensor_view.hpp"
 #include "tensor_args.hpp"
+#include "torch_cuda_context.hpp"
 
 namespace fp8mla_python {
 
@@ -162,7 +163,8 @@ constexpr Choice<E> choice(const char* name) {
 // ---- One binding for every op ------------------------------------------------------------------
 
 // Binds _C.<name>(params..., stream=0): converts the arguments in order (a bad one raises
-// fp8mla.Error naming it), then calls fn(values..., stream) without the GIL. `fn` is the C++
+// fp8mla.Error naming it), then calls fn(values..., stream) without the GIL; with torch's CUDA
+// tensors, on torch's current stream (stream 0) and device, as torch's own ops run. `fn` is the C++
 // op itself, or a lambda that puts the values into the op's argument struct.
 template <typename Fn, typename... Params>
 void def_op(nb::module_& m, const char* name, Fn fn, Params... params) {
@@ -172,6 +174,11 @@ void def_op(nb::module_& m, const char* name, Fn fn, Params... params) {
         Args args(name);
         // Braced initialization converts left to right.
         const std::tuple<decltype(params.convert(args, py))...> values{params.convert(args, py)...};
+        // Torch's current stream and device for torch's CUDA tensors (torch_cuda_context.hpp).
+        std::optional<TorchCudaCall> torch_cuda;
+        if (args.torch_cuda_device() >= 0 && torch_cuda_context()) {
+          torch_cuda.emplace(args.torch_cuda_device(), stream);
+        }
         nb::gil_scoped_release release;
         std::apply([&](const auto&... v) { fn(v..., to_stream(stream)); }, values);
       },

@@ -149,6 +149,8 @@ TensorView Args::convert(nb::handle obj, const char* name, bool read_only) {
   }
   std::optional<RawTensor> torch = read_torch(op_, name, array_obj);
   RawTensor raw = torch ? *torch : from_dlpack(array_obj, name, read_only);
+  if (torch && raw.device.is_cuda() && torch_cuda_device_ < 0)
+    torch_cuda_device_ = raw.device.index;
 
   const nb::dlpack::dtype dl = raw.dtype;
   DType dtype;

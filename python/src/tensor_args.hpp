@@ -44,11 +44,15 @@ class Args {
   fp8mla::TensorView input(nb::handle obj, const char* name) { return convert(obj, name, true); }
   fp8mla::TensorView output(nb::handle obj, const char* name) { return convert(obj, name, false); }
 
+  // The CUDA device of the first torch tensor converted that is on one; -1 for none.
+  int torch_cuda_device() const { return torch_cuda_device_; }
+
  private:
   fp8mla::TensorView convert(nb::handle obj, const char* name, bool read_only);
   RawTensor from_dlpack(nb::handle obj, const char* name, bool read_only);
 
   const char* op_;
+  int torch_cuda_device_ = -1;
   std::vector<nb::ndarray<nb::ro>> inputs_;
   std::vector<nb::ndarray<>> outputs_;
 };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "fp8mla/error.hpp"
+#include "torch_cuda_context.hpp"
 
 namespace fp8mla_python {
 namespace {
@@ -677,6 +678,7 @@ std::string torch_allocator() {
 }
 
 void use_torch(nb::handle torch, nb::dict output_dtypes) {
+  load_torch_cuda_context(torch);
   g_torch = Torch{};
   Torch& t = g_torch;
   const nb::object tensor = torch.attr("Tensor");

@@ -146,6 +146,34 @@ def test_gpu_strided_input_and_side_stream():
 
 
 @needs_gpu
+@pytest.mark.parametrize("op", ["quantize_fp8", "prefill_attention"])
+def test_gpu_ordered_on_current_stream(op):
+    # The input is written on a side stream behind a long sleep: an op that ran on any other
+    # stream than torch's current one would read it before it is written.
+    assert fp8mla._C.torch_cuda_context()  # _C resolves the stream (torch_cuda_context.hpp)
+    t, h = 64, 4
+    q = make_input((t, h, 192), torch.bfloat16, seed=8).cuda()
+    k = make_input((t, h, 192), torch.bfloat16, seed=9).cuda()
+    v = make_input((t, h, 128), torch.bfloat16, seed=10).cuda()
+    cu = torch.tensor([0, t], dtype=torch.int32, device="cuda")
+    run = {
+        "quantize_fp8": lambda x: fp8mla.quantize_fp8(x, 2.0),
+        "prefill_attention": lambda x: fp8mla.prefill_attention(
+            x, k, v, cu, cu, t, t, softmax_scale=0.1),
+    }[op]
+    expected = run(q)
+    target = torch.zeros_like(q)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU clock cycles
+        target.copy_(q)
+        out = run(target)
+    side.synchronize()
+    assert_identical(out, expected)
+
+
+@needs_gpu
 def test_gpu_device_mismatch_error():
     x = make_input((4, 128), torch.float32).cuda()
     with pytest.raises(fp8mla.Error, match="`out`: expected a tensor on cuda:0"):
