@@ -166,7 +166,8 @@ class Op:
         """The expression of argument `a` as the torch op and c_args take it."""
         v, first = a.public, self.first_tensor.public
         if a.kind in (FLOAT, INT, BOOL):
-            return f"{a.kind}({v})"
+            # Converted only where not of that type already: each conversion is a call.
+            return f"({v} if {v}.__class__ is {a.kind} else {a.kind}({v}))"
         if a.kind == OPT_INT:
             return f"(None if {v} is None else int({v}))"
         if a.kind == SCALE:
