@@ -99,12 +99,23 @@ void ArgChecker::all_apart(std::span<const Named> outputs, std::span<const Named
   require(inputs.size() <= kMaxInputs, ErrorCategory::kInternal, [&] {
     return concat("all_apart: at most ", kMaxInputs, " inputs, got ", inputs.size());
   });
+  // The views with memory only (most optional ones are empty), then every pair compared inline:
+  // the error path, which formats, is require_apart's.
   ByteRange in_ranges[kMaxInputs];
-  for (std::size_t i = 0; i < inputs.size(); ++i) in_ranges[i] = byte_range(*inputs[i].view);
+  std::size_t in_index[kMaxInputs], n = 0;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const ByteRange r = byte_range(*inputs[i].view);
+    if (r.first == r.second) continue;
+    in_ranges[n] = r;
+    in_index[n++] = i;
+  }
   for (const Named& out : outputs) {
-    const ByteRange out_range = byte_range(*out.view);
-    for (std::size_t i = 0; i < inputs.size(); ++i) {
-      require_apart(out, out_range, inputs[i], in_ranges[i]);
+    const auto [out_begin, out_end] = byte_range(*out.view);
+    if (out_begin == out_end) continue;
+    for (std::size_t j = 0; j < n; ++j) {
+      if (out_end > in_ranges[j].first && in_ranges[j].second > out_begin) {
+        require_apart(out, {out_begin, out_end}, inputs[in_index[j]], in_ranges[j]);
+      }
     }
   }
 }

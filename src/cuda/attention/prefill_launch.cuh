@@ -82,10 +82,10 @@ CUtensorMap k_even_odd_map(const void* base, std::int64_t tokens, std::int64_t h
 
 }  // namespace detail
 
+// The shared-memory attribute is the kernel's on the current device `device`: set once per device
+// (a process driving several GPUs launches on each).
 template <typename Traits>
-void prepare_prefill() {
-  // The shared-memory attribute is the kernel's on the current device: set once per device (a
-  // process driving several GPUs launches on each).
+void prepare_prefill(int device) {
   static std::array<std::once_flag, 64> once;
   const auto set = [] {
     check(cudaFuncSetAttribute(prefill_attention_kernel<Traits>,
@@ -93,7 +93,6 @@ void prepare_prefill() {
                                shared_launch_bytes<Traits>()),
           "cudaFuncSetAttribute(prefill_attention_kernel)");
   };
-  const int device = current_device();
   if (device < int(once.size())) {
     std::call_once(once[std::size_t(device)], set);
   } else {
@@ -102,9 +101,15 @@ void prepare_prefill() {
 }
 
 template <typename Traits>
+void prepare_prefill() {
+  prepare_prefill<Traits>(current_device());
+}
+
+template <typename Traits>
 void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
-  prepare_prefill<Traits>();
-  const int sm_count = current_device_props().sm_count;
+  const int device = current_device();
+  prepare_prefill<Traits>(device);
+  const int sm_count = device_props(device).sm_count;
   const dim3 grid = PrefillScheduler<Traits>::grid(p, sm_count);
   if (p.tq == 0 || p.heads == 0 || p.batch == 0 || grid.x == 0) return;
 

@@ -1,7 +1,7 @@
 #include "cuda/common/runtime.hpp"
 
 #include <algorithm>
-
+#include <array>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -55,7 +55,13 @@ int device_count() {
 }  // namespace
 
 const DeviceProps& device_props(int ordinal) {
-  // One slot per device, filled on first use; entries never move once created.
+  // One slot per device, filled on first use; entries never move once created. A filled slot of
+  // the first 64 devices is read without the lock (every launch asks).
+  static std::array<std::atomic<const DeviceProps*>, 64> filled{};
+  if (ordinal >= 0 && std::size_t(ordinal) < filled.size()) {
+    if (const DeviceProps* p = filled[std::size_t(ordinal)].load(std::memory_order_acquire))
+      return *p;
+  }
   static std::mutex mutex;
   static std::vector<std::unique_ptr<DeviceProps>> cache;
   std::lock_guard lock(mutex);
@@ -66,6 +72,9 @@ const DeviceProps& device_props(int ordinal) {
   }
   auto& slot = cache[std::size_t(ordinal)];
   if (!slot) slot = std::make_unique<DeviceProps>(query_props(ordinal));
+  if (std::size_t(ordinal) < filled.size()) {
+    filled[std::size_t(ordinal)].store(slot.get(), std::memory_order_release);
+  }
   return *slot;
 }
 
