@@ -216,11 +216,10 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream) {
   check_devices(check, args.k_nope.device(), {{&args.k_pe, "k_pe"}, {&args.k_out, "k_out"}});
   check.positive_scale(args.k_scale_inv, "k_scale_inv");
   check.positive_scale(args.v_scale_inv, "v_scale_inv");
-  for (const auto& [t, name] : {std::pair{&args.k_out, "k_out"}, {&args.v_out, "v_out"}}) {
-    check.apart(*t, name, args.k_nope, "k_nope");
-    check.apart(*t, name, args.k_pe, "k_pe");
-    check.apart(*t, name, args.v, "v");
-  }
+  const ArgChecker::Named inputs[] = {
+      {&args.k_nope, "k_nope"}, {&args.k_pe, "k_pe"}, {&args.v, "v"}};
+  const ArgChecker::Named outputs[] = {{&args.k_out, "k_out"}, {&args.v_out, "v_out"}};
+  check.all_apart(outputs, inputs);
   p.k_scale_inv = args.k_scale_inv;
   p.v_scale_inv = args.v_scale_inv;
   if (tokens == 0 || heads == 0) return;
