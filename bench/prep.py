@@ -20,6 +20,9 @@ Ops and anchors (ratio = anchor time / fp8mla time, > 1: fp8mla faster):
                           pairs, written here: torch.compile'd and eager
   kv_pack                 fp8mla.mla_kv_pack_quantize_fp8 vs cat(k_nope, broadcast k_pe), scale,
                           clamp, cast to float8_e4m3fn: torch.compile'd and eager
+  kv_pack_transposed      the same with v_layout="transposed" (V written as FP8 attention reads
+                          it on Hopper, keys contiguous; the layer's and the backends' layout)
+                          vs the same anchors (token-major V, compared element by element)
   kv_cache_write          fp8mla.mla_kv_cache_write vs eager index_copy_ into the cache
   kv_gather               fp8mla.mla_kv_gather vs eager index_select of the cache rows
 Bytes per shape are counted as in `fp8mla bench prep` (bench/README.md): every input read once
@@ -46,7 +49,8 @@ GATHER_SCALE = 1.0 / 16.0
 INDEX_BYTES = 8             # positions and slots are int64
 COS_SIN_ROW = ROPE * 4      # one f32 row of cos_sin
 
-OPS = ["rope_quant_neox", "rope_quant_interleaved", "kv_pack", "kv_cache_write", "kv_gather"]
+OPS = ["rope_quant_neox", "rope_quant_interleaved", "kv_pack", "kv_pack_transposed",
+       "kv_cache_write", "kv_gather"]
 
 
 # ---- Byte counts (the same as tools/cli/bench/prep.cpp) ----------------------------------------
@@ -61,7 +65,7 @@ def count_bytes(op, t, h=HEADS):
         # q_nope + q_pe + k_nope, k_pe once per token, positions, one cos_sin row per token.
         return (t * h * (NOPE + ROPE + NOPE) * 2 + t * ROPE * 2 + t * INDEX_BYTES +
                 t * COS_SIN_ROW, 2 * t * h * QK)
-    if op == "kv_pack":
+    if op.startswith("kv_pack"):
         return t * h * KV_WIDTH * 2 + t * ROPE * 2, t * h * (QK + VD)
     if op == "kv_cache_write":
         return t * LATENT * 2 + t * INDEX_BYTES, t * LATENT
@@ -163,11 +167,15 @@ class Runner(MemoryBench):
                          k_pe=kv_a[:, None, KV_LORA:], pos=self.positions(t, s),
                          q_out=torch.empty((t, h, QK), dtype=fp8, device=self.dev),
                          k_out=torch.empty((t, h, QK), dtype=fp8, device=self.dev))
-            elif op == "kv_pack":
+            elif op.startswith("kv_pack"):
                 kv = self.random_bf16((t, h, KV_WIDTH))
+                v_out = torch.empty((t, h, VD), dtype=fp8, device=self.dev)
+                if op == "kv_pack_transposed":  # [t, h, VD] view of [h, VD, pitch] memory
+                    pitch = (t + 15) // 16 * 16
+                    v_out = torch.empty((h, VD, pitch), dtype=fp8,
+                                        device=self.dev)[:, :, :t].permute(2, 0, 1)
                 d.update(k_nope=kv[..., :NOPE], v=kv[..., NOPE:], k_pe=self.random_bf16((t, ROPE)),
-                         k_out=torch.empty((t, h, QK), dtype=fp8, device=self.dev),
-                         v_out=torch.empty((t, h, VD), dtype=fp8, device=self.dev))
+                         k_out=torch.empty((t, h, QK), dtype=fp8, device=self.dev), v_out=v_out)
             elif op == "kv_cache_write":
                 kv_a = self.random_bf16((t, LATENT))
                 cache = torch.empty((pages_of(t), PAGE_SIZE, LATENT), dtype=fp8, device=self.dev)
@@ -211,12 +219,15 @@ class Runner(MemoryBench):
                                                k_scale_inv=1.0, q_out=x["q_out"],
                                                k_out=x["k_out"])
             return fn, lambda: (xs[0]["q_out"].clone(), xs[0]["k_out"].clone())
-        if op == "kv_pack":
+        if op.startswith("kv_pack"):
+            layout = "transposed" if op == "kv_pack_transposed" else "token_major"
+
             def fn(i):
                 x = xs[i]
                 return f.mla_kv_pack_quantize_fp8(x["k_nope"], x["k_pe"], x["v"],
                                                   k_scale_inv=SCALE_INV, v_scale_inv=SCALE_INV,
-                                                  k_out=x["k_out"], v_out=x["v_out"])
+                                                  k_out=x["k_out"], v_out=x["v_out"],
+                                                  v_layout=layout)
             return fn, lambda: (xs[0]["k_out"].clone(), xs[0]["v_out"].clone())
         if op == "kv_cache_write":
             def fn(i):
@@ -265,7 +276,7 @@ class Runner(MemoryBench):
             return [rope("torch_compile", "bench/prep.py, torch.compile",
                          v["rope_quant_interleaved_compiled"]),
                     rope("torch_eager", "bench/prep.py, eager", v["rope_quant_interleaved_eager"])]
-        if op == "kv_pack":
+        if op.startswith("kv_pack"):
             return [pack("torch_compile", "bench/prep.py, torch.compile", v["kv_pack_compiled"]),
                     pack("torch_eager", "bench/prep.py, eager", v["kv_pack_eager"])]
         if op == "kv_cache_write":
