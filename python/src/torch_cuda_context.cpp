@@ -1,8 +1,6 @@
 #include "torch_cuda_context.hpp"
 
 #include <dlfcn.h>
-#include <nanobind/stl/string.h>
-
 #include <string>
 
 #include "fp8mla/error.hpp"
@@ -36,9 +34,7 @@ void require(Result result, const char* what) {
 
 }  // namespace
 
-void load_torch_cuda_context(nb::handle torch) {
-  const std::string dir = nb::cast<std::string>(
-      nb::module_::import_("os.path").attr("dirname")(torch.attr("__file__")));
+void load_torch_cuda_context(const std::string& dir) {
   // RTLD_NOLOAD: the copies torch loaded, never second ones; a CPU-only torch has no libtorch_cuda.
   void* cpu = dlopen((dir + "/lib/libtorch_cpu.so").c_str(), RTLD_LAZY | RTLD_NOLOAD);
   void* cuda = dlopen((dir + "/lib/libtorch_cuda.so").c_str(), RTLD_LAZY | RTLD_NOLOAD);

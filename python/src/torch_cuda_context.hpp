@@ -6,18 +6,15 @@
 // libtorch_cuda) from def_op (params.hpp).
 #pragma once
 
-#include <nanobind/nanobind.h>
-
 #include <cstdint>
+#include <string>
 
 namespace fp8mla_python {
 
-namespace nb = nanobind;
-
-// Finds the functions in the libtorch_cpu and libtorch_cuda beside module `torch`, already loaded
-// by it (use_torch calls this once). Where one is missing (a torch built without CUDA) nothing is
-// resolved here and torch_ops.py keeps doing it in Python.
-void load_torch_cuda_context(nb::handle torch);
+// Finds the functions in the libtorch_cpu and libtorch_cuda under `dir` (the torch package's
+// folder), already loaded by torch (use_torch calls this once). Where one is missing (a torch
+// built without CUDA) nothing is resolved here and torch_ops.py keeps doing it in Python.
+void load_torch_cuda_context(const std::string& dir);
 
 // Whether load_torch_cuda_context found them: the Python side then leaves stream and device to
 // TorchCudaCall.

@@ -225,10 +225,9 @@ void load_allocator(void* shim_lib, const std::string& dir) {
   }
 }
 
-// The shim's functions in the libtorch already loaded beside `torch` (none: false).
-bool load_shim(nb::handle torch, Shim& s) {
-  const std::string dir = nb::cast<std::string>(
-      nb::module_::import_("os.path").attr("dirname")(torch.attr("__file__")));
+// The shim's functions in the libtorch already loaded under `dir` (the torch package's folder;
+// none: false).
+bool load_shim(const std::string& dir, Shim& s) {
   for (const char* library : {"libtorch_cpu.so", "libtorch.so"}) {
     // RTLD_NOLOAD: a handle of the copy torch loaded, never a second one.
     void* lib = dlopen((dir + "/lib/" + library).c_str(), RTLD_LAZY | RTLD_NOLOAD);
@@ -678,7 +677,10 @@ std::string torch_allocator() {
 }
 
 void use_torch(nb::handle torch, nb::dict output_dtypes) {
-  load_torch_cuda_context(torch);
+  // The folder of the torch package: its lib/ holds the libtorch it loaded.
+  const std::string dir = nb::cast<std::string>(
+      nb::module_::import_("os.path").attr("dirname")(torch.attr("__file__")));
+  load_torch_cuda_context(dir);
   g_torch = Torch{};
   Torch& t = g_torch;
   const nb::object tensor = torch.attr("Tensor");
@@ -698,7 +700,7 @@ void use_torch(nb::handle torch, nb::dict output_dtypes) {
   t.ready = true;  // the attributes reader is complete: the shim's check compares with it
   const char* forced = std::getenv("FP8MLA_TORCH_READER");
   if (forced && std::string_view(forced) == "attributes") return;
-  if (nb::hasattr(tensor, "_cdata") && load_shim(torch, t.shim)) {
+  if (nb::hasattr(tensor, "_cdata") && load_shim(dir, t.shim)) {
     t.cdata = attribute(tensor, "_cdata", false);
     t.use_shim = shim_agrees(torch);
     const char* env = std::getenv("FP8MLA_TORCH_ALLOCATOR");
