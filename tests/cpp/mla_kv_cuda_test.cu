@@ -138,8 +138,12 @@ TEST(MlaKvCuda, PackMatchesCpuLarge) {
       c.seed = std::uint64_t(n + heads);
       expect_cuda_equals_cpu(c);
       if (heads > 16) continue;  // the CPU side of H = 128 takes most of a minute
+      // V transposed: 33 to 2048 tiles of 128 tokens (H = 16 x 16384: the pack and the tiles in
+      // two launches), then an odd pitch (64-token tiles: 4096 of them at H = 16 x 16384).
       c.v_transposed = true;
       c.v_pitch_pad = 16 - n % 16;
+      expect_cuda_equals_cpu(c);
+      c.v_pitch_pad += 1;
       expect_cuda_equals_cpu(c);
     }
   }

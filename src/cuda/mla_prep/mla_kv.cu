@@ -415,8 +415,15 @@ void mla_kv_gather(const MlaKvGatherParams& p, CudaStream stream) {
 }
 
 // Also mla_v_quantize_fp8 (p.v_only): pack units of V only (token-major V), or transposed-V
-// tiles only (transposed V). The tiles ride in the first pack launch (launches split only past
-// 2^31 units).
+// tiles only (transposed V). Below kSplitTiles tiles they ride in the first pack launch
+// (launches split only past 2^31 units); from it on, the tiles are a launch of their own after
+// the pack's.
+//
+// Why both: one kernel takes the registers of its heaviest blocks (the transposing ones: 80,
+// the pack's 64), which made the pack 6-7 % slower at 8k and 64k tokens x 128 heads
+// (bench/RESULTS_prep.md, 2026-12-03); below that size the second launch's host time (about
+// 3 us) is the larger cost.
+constexpr std::int64_t kSplitTiles = 2048;
 void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
   const char* op = p.v_only ? "mla_v_quantize_fp8" : "mla_kv_pack_quantize_fp8";
   const bool v_wide = vectors_ok(p.v) && (p.v_transposed || vectors_ok(p.v_out));
@@ -456,6 +463,16 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
         tiles_left = 0;
       };
       if (units == 0) {
+        launch_blocks(Traversal{0, 0, FastDivmod(1)}, 0);
+        return;
+      }
+      if (kMode != VTranspose::kNone && v_blocks >= kSplitTiles) {
+        // The pack at its own registers, then the tiles alone.
+        for_each_launch(p.v.tokens, units, kPackUnroll, [&](const Traversal& t, dim3 grid) {
+          launch(op, pack_kernel<In, kVec, VTranspose::kNone>,
+                 {grid, dim3(kThreads), 0, stream, true}, p, t, grid.x,
+                 FastDivmod(std::uint32_t(heads)));
+        });
         launch_blocks(Traversal{0, 0, FastDivmod(1)}, 0);
         return;
       }
