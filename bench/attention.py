@@ -9,6 +9,9 @@ Implementations (bench/report_attention.py ATTENTION_RATIOS pairs them):
 - fp8mla_e4m3_lse: the same with an `lse` output;
 - fp8mla_e4m3_vtok: the same with e4m3 V token-major, [Tk, H, 128] contiguous (an error row
   where the build does not take that layout);
+- fp8mla_e4m3_krope: fp8mla_e4m3 with K split as MLA has it: k [Tk, H, 128] (a view of the
+  same k) and its RoPE part once per key, k_rope [Tk, 64] (an error row where the build does not
+  take k_rope);
 - fa3_e4m3: FA3's varlen forward (fa3_fwd_interface._flash_attn_forward) on the same e4m3 q, k
   and the token-major V, with the same per-tensor descales expanded to (batch, heads), so both
   compute the same function;
@@ -26,7 +29,8 @@ prefix; the ragged batch of 3000/17/700/5000/1/2200 new tokens on prefixes of
 4096/0/1000/2048/8191/512 (a one-token sequence on a long prefix, a sequence with none); H = 16
 causal 8k, 32k, 64k. Sequence b has q_len = new[b] queries and k_len = prefix[b] + new[b] keys;
 causal masking is bottom-right aligned in both kernels, so query i sees min(k_len, i + 1 + k_len -
-q_len) keys, and FLOPs = 2 * H * visible (query, key) pairs * (Dqk + Dv). Inputs are randn bf16;
+q_len) keys, and FLOPs = 2 * H * visible (query, key) pairs * (Dqk + Dv). Inputs are randn bf16,
+K's last 64 dims the same in every head (MLA's RoPE part, which fp8mla_e4m3_krope reads once);
 the e4m3 inputs are each tensor divided by its amax / 448 and cast, that scale the descale given
 to both kernels. Softmax scale 1 / sqrt(192) (unit-variance scores).
 
@@ -66,8 +70,8 @@ from common import ClockSampler, graphed, load_anchors, load_fa3, round_up, run_
 from report_attention import ATTENTION_DQK as DQK, ATTENTION_DV as DV, ATTENTION_SHAPES as SHAPES
 
 ROUNDS, LOOP_MS, WARM_S, MIN_CALLS = 5, 30.0, 1.0, 3
-IMPLS = ["fp8mla_e4m3", "fp8mla_e4m3_lse", "fp8mla_e4m3_vtok", "fa3_e4m3", "fp8mla_bf16",
-         "fa3_bf16", "cudnn_bf16"]
+IMPLS = ["fp8mla_e4m3", "fp8mla_e4m3_lse", "fp8mla_e4m3_vtok", "fp8mla_e4m3_krope", "fa3_e4m3",
+         "fp8mla_bf16", "fa3_bf16", "cudnn_bf16"]
 REQUIRED = ("fp8mla_e4m3", "fp8mla_e4m3_lse", "fp8mla_bf16")
 # The accuracy case: new tokens, prefixes, heads, causal.
 ACCURACY = ([300, 77, 513], [200, 0, 1000], 16, True)
@@ -121,11 +125,14 @@ def make_inputs(torch, q_lens, prefix_lens, heads, seed):
     tq, tk = sum(q_lens), sum(x.k_lens)
     for name, tokens, dim in (("q", tq, DQK), ("k", tk, DQK), ("v", tk, DV)):
         t = torch.randn(tokens, heads, dim, device=dev, dtype=torch.bfloat16, generator=gen)
+        if name == "k":  # MLA's K: its RoPE part (the last 64 dims) is the same for every head
+            t[:, 1:, DQK - 64:] = t[:, :1, DQK - 64:]
         t8, descale = e4m3(torch, t)
         setattr(x, name, t)
         setattr(x, name + "8", t8)
         setattr(x, name + "s", descale)
     x.v8t = transposed(torch, x.v8)
+    x.k8_nope, x.k8_rope = x.k8[..., :DQK - 64], x.k8[:, 0, DQK - 64:].contiguous()
     x.cu_q = torch.tensor(offsets(q_lens), dtype=torch.int32, device=dev)
     x.cu_k = torch.tensor(offsets(x.k_lens), dtype=torch.int32, device=dev)
     x.max_q, x.max_k = max(q_lens), max(x.k_lens)
@@ -138,10 +145,12 @@ def implementations(torch, fp8mla, fa3, anchors, x, causal):
     """{impl: a function computing it on x (returning O, token-major but for cuDNN) or the
     reason it cannot run}; cuDNN only where every sequence has one length and no prefix. `fa3`:
     (fa3_fwd_interface or None, its version or why it does not import)."""
-    def ours(q, k, v, fp8=True, lse=None):
+    def ours(q, k, v, fp8=True, lse=None, k_rope=None):
         kw = dict(q_descale=x.qs, k_descale=x.ks, v_descale=x.vs) if fp8 else {}
         if lse is not None:
             kw["lse"] = lse
+        if k_rope is not None:
+            kw["k_rope"] = k_rope
 
         def call():
             out = fp8mla.prefill_attention(q, k, v, x.cu_q, x.cu_k, x.max_q, x.max_k,
@@ -164,6 +173,7 @@ def implementations(torch, fp8mla, fa3, anchors, x, causal):
     impls = {"fp8mla_e4m3": ours(x.q8, x.k8, x.v8t),
              "fp8mla_e4m3_lse": ours(x.q8, x.k8, x.v8t, lse=x.lse),
              "fp8mla_e4m3_vtok": ours(x.q8, x.k8, x.v8),
+             "fp8mla_e4m3_krope": ours(x.q8, x.k8_nope, x.v8t, k_rope=x.k8_rope),
              "fa3_e4m3": theirs(x.q8, x.k8, x.v8, fp8=True),
              "fp8mla_bf16": ours(x.q, x.k, x.v, fp8=False),
              "fa3_bf16": theirs(x.q, x.k, x.v, fp8=False)}

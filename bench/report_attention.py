@@ -36,6 +36,7 @@ ATTENTION_RATIOS = {"e4m3_vs_fa3": ("fa3_e4m3", "fp8mla_e4m3"),
                     "bf16_vs_fa3": ("fa3_bf16", "fp8mla_bf16"),
                     "lse": ("fp8mla_e4m3", "fp8mla_e4m3_lse"),
                     "vtok": ("fp8mla_e4m3", "fp8mla_e4m3_vtok"),
+                    "krope": ("fp8mla_e4m3", "fp8mla_e4m3_krope"),
                     "e4m3_vs_cudnn": ("cudnn_bf16", "fp8mla_e4m3"),
                     "bf16_vs_cudnn": ("cudnn_bf16", "fp8mla_bf16")}
 # Targets: docs/design.md section 9 (FA3 bar and goal, 1,050 TFLOP/s at >= 16k causal H = 128,

@@ -19,7 +19,12 @@ namespace fp8mla {
 // LSE = -inf.
 struct PrefillAttentionArgs {
   TensorView q;  // [Tq, H, Dqk] e4m3 or bf16 (Dqk 192; 128 and 64 for non-MLA use)
-  TensorView k;  // [Tk, H, Dqk], same dtype as q
+  TensorView k;  // [Tk, H, Dqk], same dtype as q; [Tk, H, Dqk - 64] with k_rope
+  // Optional: the last 64 dims of every head's key, given once per key (MLA's RoPE part of K is
+  // the same for all heads): [Tk, 64] or [Tk, 1, 64], same dtype as q, any token stride with a
+  // contiguous last dim. Key j of head h is then [k[j, h] | k_rope[j]], the same values (and
+  // the same output bytes) as a k that holds k_rope in every head, without that per-head copy.
+  TensorView k_rope;
   // [Tk, H, Dv] (Dv 128), same dtype as q, in one of two layouts:
   //  token-major: contiguous last dim (any token/head strides), as engines and FlashAttention
   //  keep V;
@@ -77,9 +82,10 @@ struct PrefillAttentionArgs {
 // The CPU path is the reference (fp32 accumulation, threaded). The CUDA path (Hopper, sm_90a) runs
 // the compiled variants of src/cuda/attention/prefill_variants.def (e4m3 and bf16, causal or not,
 // Dqk 192, Dv 128; another combination is a kUnsupported error listing them) and needs:
-//  - q, k, v 16-byte aligned, with the strides TMA steps by (of dims longer than 1) in multiples
-//    of 16 bytes: token and head strides of q, k and token-major v; head and dim strides of a
-//    transposed e4m3 v. e4m3 V in either layout (transposed is faster), bf16 V token-major;
+//  - q, k, k_rope, v 16-byte aligned, with the strides TMA steps by (of dims longer than 1) in
+//    multiples of 16 bytes: token and head strides of q, k and token-major v; k_rope's token
+//    stride; head and dim strides of a transposed e4m3 v. e4m3 V in either layout (transposed is
+//    faster), bf16 V token-major;
 //  - out with even token and head strides; softmax_scale > 0 (and positive descales);
 //  - max_seqlen_q at least every sequence's query count (it sizes the grid: rows beyond it are not
 //    computed). The device path does not read cu_seqlens on the host; it rejects only bounds

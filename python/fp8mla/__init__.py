@@ -37,7 +37,7 @@ Attention (docs/design.md section 3, ops 8-9; fp8mla/attention.hpp):
     prefill_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                       softmax_scale, causal=True, q_descale=None, k_descale=None,
                       v_descale=None, out=None, lse=None, output_scale=None,
-                      output_block_scale=None, return_lse=False)
+                      output_block_scale=None, k_rope=None, return_lse=False)
         -> out, or (out, lse)
     merge_attention_states(o_a, lse_a, o_b, lse_b, *, out=None, out_lse=None, output_scale=None,
                            output_block_scale=None, num_tokens=None) -> (out, out_lse)

@@ -317,6 +317,11 @@ OPS = (
     (out, lse) when `lse` is given or `return_lse` (f32 [Tq, H], natural log; -inf for rows that
     see no key).
 
+    `k_rope` ([Tk, 64] or [Tk, 1, 64], q's dtype) gives the last 64 dims of every head's key
+    once per key, MLA's RoPE part (the same for all heads): k is then [Tk, H, 128] and key j of
+    head h is [k[j, h] | k_rope[j]], the same result as a k with k_rope in every head, without
+    that per-head copy.
+
     `output_scale` / `output_block_scale` ask for a quantized `out` (the o_proj input), read as
     detect_output_quant_key reads them: float8_e4m3fn [Tq, H, 128] or [Tq, H * 128], or packed
     FP4 bytes (uint8) [Tq, H, 64] or [Tq, H * 64], a token's values contiguous. The op computes
@@ -349,6 +354,7 @@ OPS = (
             (q.shape[0], q.shape[1]), "f32", q), when=lambda return_lse: return_lse),
         Arg("output_scale", OPT_TENSOR, None),
         Arg("output_block_scale", OPT_INOUT, None, dtype=_raw_block_scale),
+        Arg("k_rope", OPT_TENSOR, None),
         Arg("return_lse", PY, False),
     ], result=lambda out, lse: (out, lse) if lse is not None else out),
     Op("merge_attention_states", """(o_a, lse_a) merged with (o_b, lse_b) (natural-log LSE):

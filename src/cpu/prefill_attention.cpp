@@ -52,11 +52,15 @@ void prefill_attention(const PrefillAttentionParams& p) {
         for (int d = 0; d < p.dqk; ++d) q[d] = load(p.q, p.dtype, q_at + d, p.q_descale_value);
         s.resize(std::size_t(visible));
         float m = -std::numeric_limits<float>::infinity();
+        const int k_dims = p.dqk - p.k_rope_dim;  // of k; the rest from k_rope
         for (std::int64_t j = 0; j < visible; ++j) {
           const std::int64_t k_at = (k_start + j) * p.k_token_stride + h * p.k_head_stride;
+          const std::int64_t rope_at = (k_start + j) * p.k_rope_token_stride - k_dims;
           float dot = 0.0f;
-          for (int d = 0; d < p.dqk; ++d)
+          for (int d = 0; d < k_dims; ++d)
             dot += q[d] * load(p.k, p.dtype, k_at + d, p.k_descale_value);
+          for (int d = k_dims; d < p.dqk; ++d)
+            dot += q[d] * load(p.k_rope, p.dtype, rope_at + d, p.k_descale_value);
           s[j] = p.softmax_scale * dot;
           m = std::max(m, s[j]);
         }

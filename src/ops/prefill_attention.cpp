@@ -113,11 +113,39 @@ void check_tma_operand(const ArgChecker& check, const TensorView& t, std::string
   }
 }
 
+// k_rope: the last kRopeDims dims of every head's key, [Tk, 64] or [Tk, 1, 64] (any token stride,
+// contiguous last dim); k then holds the first Dqk - 64.
+constexpr std::int64_t kRopeDims = 64;
+void check_k_rope(const ArgChecker& check, const PrefillAttentionArgs& args, std::int64_t tk,
+                  std::int64_t dqk) {
+  const TensorView& r = args.k_rope;
+  check.require(r.dtype() == args.q.dtype(), ErrorCategory::kInvalidArgument, [&] {
+    return concat("`k_rope` dtype: expected ", dtype_name(args.q.dtype()),
+                  " (the dtype of `q`), got ", dtype_name(r.dtype()));
+  });
+  check.require(dqk > kRopeDims, ErrorCategory::kUnsupported, [&] {
+    return concat(
+        "`k_rope`: expected `q` with a head dim of 128 or 192 (64 of them from k_rope), "
+        "got ",
+        args.q.describe());
+  });
+  check.ndim(r, "k_rope", 2, 3);
+  const bool shape_ok =
+      r.size(0) == tk && r.size(r.ndim() - 1) == kRopeDims && (r.ndim() == 2 || r.size(1) == 1);
+  check.require(shape_ok, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`k_rope`: expected [", tk, ", 64] or [", tk,
+                  ", 1, 64] (Tk of `k`, one row for all heads), got ", r.describe());
+  });
+  check.contiguous_last_dim(r, "k_rope");
+  check.aligned(r, "k_rope", int(dtype_size(r.dtype())));
+}
+
 void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& args,
                         bool v_transposed, bool quantized) {
   const bool fp8 = args.q.dtype() == DType::kE4M3;
   check_tma_operand(check, args.q, "q", {0, 1});
   check_tma_operand(check, args.k, "k", {0, 1});
+  if (args.k_rope.data() != nullptr) check_tma_operand(check, args.k_rope, "k_rope", {0});
   if (fp8) {
     // FP8 wgmma reads V^T (keys contiguous): the transposed layout lands as it reads it; a
     // token-major tile is transposed in shared memory first (the slower path). TMA reads either
@@ -224,6 +252,7 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
 void check_outputs_apart(const ArgChecker& check, const PrefillAttentionArgs& args) {
   const ArgChecker::Named inputs[] = {{&args.q, "q"},
                                       {&args.k, "k"},
+                                      {&args.k_rope, "k_rope"},
                                       {&args.v, "v"},
                                       {&args.cu_seqlens_q, "cu_seqlens_q"},
                                       {&args.cu_seqlens_k, "cu_seqlens_k"},
@@ -284,6 +313,11 @@ void set_tensors(PrefillAttentionParams& p, const PrefillAttentionArgs& args, Ou
   p.q_head_stride = q.stride(1);
   p.k_token_stride = k.stride(0);
   p.k_head_stride = k.stride(1);
+  if (args.k_rope.data() != nullptr) {
+    p.k_rope = args.k_rope.data();
+    p.k_rope_dim = int(kRopeDims);
+    p.k_rope_token_stride = args.k_rope.stride(0);
+  }
   p.v_token_stride = v.stride(0);
   p.v_head_stride = v.stride(1);
   p.v_dim_stride = v.stride(2);
@@ -345,7 +379,14 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   check.require(dqk == 192 || dqk == 128 || dqk == 64, ErrorCategory::kUnsupported, [&] {
     return concat("`q`: expected a head dim of 192, 128 or 64, got ", q.describe());
   });
-  check_shape(check, k, "k", {tk, heads, dqk}, "[Tk, H, Dqk] with H and Dqk of `q`");
+  const bool split_k = args.k_rope.data() != nullptr;
+  if (split_k) {
+    check_k_rope(check, args, tk, dqk);
+    check_shape(check, k, "k", {tk, heads, dqk - kRopeDims},
+                "[Tk, H, Dqk - 64] with H and Dqk of `q`: the rest is `k_rope`");
+  } else {
+    check_shape(check, k, "k", {tk, heads, dqk}, "[Tk, H, Dqk] with H and Dqk of `q`");
+  }
   check.require(dv == 128 || dv == 64, ErrorCategory::kUnsupported, [&] {
     return concat("`v`: expected a head dim of 128 or 64, got ", v.describe());
   });
@@ -381,6 +422,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   const TensorView& lse_or_q = has_lse ? args.lse : q;
   check_devices(check, device,
                 {{&k, "k"},
+                 {split_k ? &args.k_rope : &k, split_k ? "k_rope" : "k"},
                  {&v, "v"},
                  {&out, "out"},
                  {&args.cu_seqlens_q, "cu_seqlens_q"},

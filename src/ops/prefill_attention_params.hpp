@@ -13,9 +13,14 @@ namespace fp8mla {
 struct PrefillAttentionParams {
   DType dtype = DType::kBF16;  // of q, k and v: kE4M3 or kBF16
   const void* q = nullptr;     // [tq, heads, dqk]
-  const void* k = nullptr;     // [tk, heads, dqk]
-  const void* v = nullptr;     // [tk, heads, dv]: token-major (v_dim_stride 1) or transposed
-                               // (v_token_stride 1, fp8mla/attention.hpp)
+  const void* k = nullptr;     // [tk, heads, dqk - k_rope_dim]
+  // k_rope_dim > 0: the last k_rope_dim dims of every head's key, [tk, k_rope_dim], shared by
+  // the heads (fp8mla/attention.hpp); 0: k holds every dim.
+  const void* k_rope = nullptr;
+  int k_rope_dim = 0;
+  std::int64_t k_rope_token_stride = 0;
+  const void* v = nullptr;  // [tk, heads, dv]: token-major (v_dim_stride 1) or transposed
+                            // (v_token_stride 1, fp8mla/attention.hpp)
   std::int64_t q_token_stride = 0, q_head_stride = 0;
   std::int64_t k_token_stride = 0, k_head_stride = 0;
   std::int64_t v_token_stride = 0, v_head_stride = 0, v_dim_stride = 1;

@@ -59,6 +59,7 @@ struct Case {
   int out_pad = 0;
   bool lse_transposed = false;
   bool v_token_major = false;  // e4m3: v token-major, as bf16's, instead of transposed
+  bool shared_rope = false;    // every head's last 64 key dims are head 0's (MLA's K)
 
   std::string describe() const {
     std::string s = std::string(fp8 ? "e4m3" : "bf16") + (causal ? " causal" : " full") +
@@ -68,7 +69,7 @@ struct Case {
     for (int n : (k_lens.empty() ? q_lens : k_lens)) s += std::to_string(n) + " ";
     return s + "]" + (strided ? " strided" : "") +
            (out_pad ? " out_pad=" + std::to_string(out_pad) : "") +
-           (fp8 && v_token_major ? " v token-major" : "");
+           (fp8 && v_token_major ? " v token-major" : "") + (shared_rope ? " shared rope" : "");
   }
 };
 
@@ -78,6 +79,9 @@ struct Problem : test::AttentionInputs {  // the dequantized inputs, for the ref
   // Device storage and views.
   std::vector<DeviceBuffer> buffers;
   TensorView q_view, k_view, v_view, out_view, lse_view, cu_q_view, cu_k_view;
+  TensorView k_rope_view;             // empty unless a test splits K
+  std::vector<std::uint8_t> k_bytes;  // k's host bytes, rows of k_row elements
+  std::int64_t k_row = 0;
   TensorView descale_views[3];
   std::int64_t out_token_stride = 0, out_head_stride = 0;
   std::int64_t out_elems = 0;
@@ -137,15 +141,27 @@ Problem make_problem(const Case& c, std::uint32_t seed) {
 
   // q and k: [T, H, 192], rows of 256 elements when strided (a slice of a wider projection).
   const std::int64_t row = c.strided ? 256 : kDqk;
-  auto make_qk = [&](std::int64_t n, float descale, std::vector<double>& values, TensorView& view) {
+  auto make_qk = [&](std::int64_t n, float descale, std::vector<double>& values, TensorView& view,
+                     bool shared_rope) {
     std::vector<std::uint8_t> bytes(std::size_t(std::max<std::int64_t>(n * H * row, 1) * eb), 0);
     fill(bytes, values, c.fp8, descale, range, false, n, H, kDqk, H * row, row, 1, rng);
+    for (std::int64_t t = 0; shared_rope && t < n; ++t) {
+      for (int h = 1; h < H; ++h) {
+        for (int i = kDqk - 64; i < kDqk; ++i) {
+          const std::size_t from = std::size_t(t * H * row + i), to = from + std::size_t(h * row);
+          std::memcpy(&bytes[to * eb], &bytes[from * eb], std::size_t(eb));
+          values[std::size_t((t * H + h) * kDqk + i)] = values[std::size_t(t * H * kDqk + i)];
+        }
+      }
+    }
     DeviceBuffer& buf = p.add(bytes.size());
     buf.upload(bytes.data());
     view = TensorView(buf.data(), dtype, {n, H, kDqk}, {H * row, row, 1}, Device::cuda(0));
+    return bytes;
   };
-  make_qk(p.tq, dq, p.q, p.q_view);
-  make_qk(p.tk, dk, p.k, p.k_view);
+  make_qk(p.tq, dq, p.q, p.q_view, false);
+  p.k_bytes = make_qk(p.tk, dk, p.k, p.k_view, c.shared_rope);
+  p.k_row = row;
 
   // v: e4m3 transposed [H][128][tk rounded up to 16] (or token-major); bf16 token-major. The
   // values depend on the seed alone, not on the layout.
@@ -197,6 +213,7 @@ PrefillAttentionArgs args_of(const Problem& p) {
   PrefillAttentionArgs a;
   a.q = p.q_view;
   a.k = p.k_view;
+  a.k_rope = p.k_rope_view;
   a.v = p.v_view;
   a.cu_seqlens_q = p.cu_q_view;
   a.cu_seqlens_k = p.cu_k_view;
@@ -276,9 +293,45 @@ void expect_written_in_full(const Problem& p, const Outputs& o, bool with_lse = 
   EXPECT_EQ(touched, 0) << "elements outside the out view were written";
 }
 
-void expect_error_rule(const Case& c, std::uint32_t seed = 7) {
+// K given as its per-head dims [Tk, H, 128] and the shared last 64 once per key (k_rope): the
+// bytes of the full K that holds those 64 in every head. The per-head view's own rows carry
+// noise past dim 128 (a kernel reading them would differ); k_rope is [Tk, 64] with a padded
+// token stride or [Tk, 1, 64].
+void split_k(Problem& p, bool three_dims) {
+  const int H = p.c.heads, eb = p.c.fp8 ? 1 : 2;
+  const DType dtype = p.c.fp8 ? DType::kE4M3 : DType::kBF16;
+  std::vector<std::uint8_t> nope = p.k_bytes;
+  std::mt19937 rng(5);
+  for (std::int64_t t = 0; t < p.tk; ++t) {
+    for (int h = 0; h < H; ++h) {
+      for (int b = (kDqk - 64) * eb; b < kDqk * eb; ++b) {
+        nope[std::size_t((t * H + h) * p.k_row * eb + b)] = std::uint8_t(rng() % 0x70);
+      }
+    }
+  }
+  DeviceBuffer& nope_buf = p.add(nope.size());
+  nope_buf.upload(nope.data());
+  p.k_view = TensorView(nope_buf.data(), dtype, {p.tk, H, kDqk - 64}, {H * p.k_row, p.k_row, 1},
+                        Device::cuda(0));
+  const std::int64_t pitch = three_dims ? 64 : 64 + 32 / eb;  // elements a key
+  std::vector<std::uint8_t> rope(std::size_t(std::max<std::int64_t>(p.tk, 1) * pitch * eb), 0x3C);
+  for (std::int64_t t = 0; t < p.tk; ++t) {
+    std::memcpy(&rope[std::size_t(t * pitch * eb)],
+                &p.k_bytes[std::size_t((t * H * p.k_row + kDqk - 64) * eb)], std::size_t(64 * eb));
+  }
+  DeviceBuffer& rope_buf = p.add(rope.size());
+  rope_buf.upload(rope.data());
+  p.k_rope_view =
+      three_dims
+          ? TensorView(rope_buf.data(), dtype, {p.tk, 1, 64}, {pitch, 64, 1}, Device::cuda(0))
+          : TensorView(rope_buf.data(), dtype, {p.tk, 64}, {pitch, 1}, Device::cuda(0));
+}
+
+// The error rule on case c's rows; with split_rope, K given as k and k_rope (split_k).
+void expect_error_rule(const Case& c, std::uint32_t seed = 7, bool split_rope = false) {
   SCOPED_TRACE(c.describe());
   Problem p = make_problem(c, seed);
+  if (split_rope) split_k(p, false);
   const Outputs o = run(p);
   expect_written_in_full(p, o);
   // e4m3 without an LSE runs a cheaper loop (one Q K^T accumulator): its O meets the rule too.
@@ -507,6 +560,55 @@ TEST(PrefillCudaVLayouts, TokenMajorVGivesTheBytesOfTransposedV) {
     }
     expect_error_rule(tm, seed);
     ++seed;
+  }
+}
+
+TEST(PrefillCudaSplitK, KRopeGivesTheBytesOfKWithRopeInEveryHead) {
+  FP8MLA_REQUIRE_HOPPER();
+  struct Shape {
+    std::vector<int> q_lens, k_lens;
+    int heads;
+    bool causal, strided;
+  };
+  // Key counts that are and are not multiples of 16 (e4m3's tail map), prefixes, empty sequences.
+  const Shape shapes[] = {
+      {{1000}, {}, 16, true, false},
+      {{0, 1, 700, 0, 129, 1, 300}, {}, 16, false, true},
+      {{100, 300, 1, 64}, {612, 1300, 1, 64 + 2000}, 16, true, false},
+      {{333, 77}, {1333, 77}, 128, true, true},
+      {{4096}, {}, 1, true, false},
+  };
+  std::uint32_t seed = 41;
+  for (bool fp8 : {true, false}) {
+    for (const Shape& shape : shapes) {
+      Case c;
+      c.q_lens = shape.q_lens;
+      c.k_lens = shape.k_lens;
+      c.heads = shape.heads;
+      c.fp8 = fp8;
+      c.causal = shape.causal;
+      c.strided = shape.strided;
+      c.shared_rope = true;
+      SCOPED_TRACE(c.describe());
+      Problem whole = make_problem(c, seed);
+      Problem split = make_problem(c, seed);
+      split_k(split, /*three_dims=*/seed % 2 == 0);
+      for (bool with_lse : {true, false}) {
+        const Outputs a = run(whole, with_lse);
+        const Outputs b = run(split, with_lse);
+        expect_written_in_full(split, b, with_lse);
+        EXPECT_EQ(byte_difference(a.out, b.out), "") << "O, with_lse " << with_lse;
+        if (with_lse) EXPECT_EQ(byte_difference(a.lse, b.lse), "") << "LSE";
+      }
+      ++seed;
+    }
+    Case c;  // and the error rule for one ragged batch with prefixes
+    c.q_lens = {100, 300, 1, 64};
+    c.k_lens = {612, 1300, 1, 64 + 2000};
+    c.heads = 8;
+    c.fp8 = fp8;
+    c.shared_rope = true;
+    expect_error_rule(c, seed, /*split_rope=*/true);
   }
 }
 

@@ -416,6 +416,79 @@ TEST(PrefillAttentionCpu, ZeroTokens) {
   run_case(c);
 }
 
+// K as its per-head dims and the shared last 64 once per key (k_rope) gives the bytes of the whole
+// K with those 64 in every head; the per-head view's rows hold noise past its dims.
+void expect_split_k_equals_whole(DType dtype, int dqk, bool causal, bool rope_3d) {
+  SCOPED_TRACE(testing::Message() << dtype_name(dtype) << " dqk " << dqk
+                                  << (causal ? " causal" : "")
+                                  << (rope_3d ? ", k_rope [Tk, 1, 64]" : ", k_rope [Tk, 64]"));
+  const std::vector<int> q_lens = {9, 0, 33, 1}, k_lens = {20, 4, 33, 50};
+  SeqLens cu_q(q_lens), cu_k(k_lens);
+  const std::int64_t tq = cu_q.offsets.back(), tk = cu_k.offsets.back(), H = 3;
+  const std::int64_t eb = std::int64_t(dtype_size(dtype)), nope = dqk - 64;
+  std::mt19937 rng(11);
+  Tensor3 q = make3(dtype, tq, H, dqk, false);
+  Tensor3 k = make3(dtype, tk, H, dqk, false);
+  Tensor3 v = make3(dtype, tk, H, 128, true);
+  fill(q, dtype, 1.0f, 2.0f, rng);
+  fill(k, dtype, 1.0f, 2.0f, rng);
+  fill(v, dtype, 1.0f, 2.0f, rng);
+  HostBuffer rope(std::size_t(tk * 80 * eb));  // [Tk, 64] rows 80 apart
+  for (std::int64_t t = 0; t < tk; ++t) {
+    const std::uint8_t* head0 = k.buf.data() + at3(k.view, t, 0, nope) * eb;
+    for (std::int64_t h = 1; h < H; ++h) {
+      std::memcpy(k.buf.data() + at3(k.view, t, h, nope) * eb, head0, std::size_t(64 * eb));
+    }
+    std::memcpy(rope.data() + t * 80 * eb, head0, std::size_t(64 * eb));
+  }
+  Tensor3 k_nope = make3(dtype, tk, H, dqk, false);  // K's bytes, noise in the shared dims
+  std::memcpy(k_nope.buf.data(), k.buf.data(), k.buf.bytes());
+  for (std::int64_t t = 0; t < tk; ++t) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      std::memset(k_nope.buf.data() + at3(k.view, t, h, nope) * eb, 0x3A, std::size_t(64 * eb));
+    }
+  }
+  float descale = 0.5f;
+  PrefillAttentionArgs a;
+  a.q = q.view;
+  a.k = k.view;
+  a.v = v.view;
+  a.cu_seqlens_q = cu_q.view();
+  a.cu_seqlens_k = cu_k.view();
+  a.max_seqlen_q = 33;
+  a.max_seqlen_k = 50;
+  a.softmax_scale = 0.1f;
+  a.causal = causal;
+  if (dtype == DType::kE4M3) {
+    a.q_descale = a.k_descale = a.v_descale = TensorView(&descale, DType::kF32, {1});
+  }
+  HostBuffer whole_out(std::size_t(tq * H * 128 * 2)), split_out(whole_out.bytes());
+  HostBuffer whole_lse(std::size_t(tq * H * 4)), split_lse(whole_lse.bytes());
+  a.out = TensorView(whole_out.data(), DType::kBF16, {tq, H, 128});
+  a.lse = TensorView(whole_lse.data(), DType::kF32, {tq, H});
+  ASSERT_NO_THROW(prefill_attention(a));
+  a.k = TensorView(k_nope.buf.data(), dtype, {tk, H, nope}, {H * dqk, dqk, 1});
+  a.k_rope = rope_3d ? TensorView(rope.data(), dtype, {tk, 1, 64}, {80, 64, 1})
+                     : TensorView(rope.data(), dtype, {tk, 64}, {80, 1});
+  a.out = TensorView(split_out.data(), DType::kBF16, {tq, H, 128});
+  a.lse = TensorView(split_lse.data(), DType::kF32, {tq, H});
+  ASSERT_NO_THROW(prefill_attention(a));
+  EXPECT_TRUE(std::equal(whole_out.payload().begin(), whole_out.payload().end(),
+                         split_out.payload().begin()));
+  EXPECT_TRUE(std::equal(whole_lse.payload().begin(), whole_lse.payload().end(),
+                         split_lse.payload().begin()));
+  for (HostBuffer* b : {&split_out, &split_lse, &rope, &k_nope.buf}) {
+    EXPECT_TRUE(b->guards_intact());
+  }
+}
+
+TEST(PrefillAttentionCpu, KRopeGivesTheBytesOfKWithRopeInEveryHead) {
+  expect_split_k_equals_whole(DType::kBF16, 192, true, false);
+  expect_split_k_equals_whole(DType::kE4M3, 192, true, true);
+  expect_split_k_equals_whole(DType::kE4M3, 128, false, false);
+  expect_split_k_equals_whole(DType::kBF16, 128, false, true);
+}
+
 // ---- bad arguments -------------------------------------------------------------------------
 
 using test::expect_error;
@@ -488,6 +561,47 @@ TEST(PrefillAttentionArgs, WrongHeadDims) {
                   ErrorCategory::kInvalidArgument, {"`k`: expected [12, 4, 192]"});
   expect_bad_view(&PrefillAttentionArgs::v, fake(DType::kBF16, {12, 4, 192}),
                   ErrorCategory::kUnsupported, {"`v`: expected a head dim of 128 or 64"});
+}
+
+TEST(PrefillAttentionArgs, BadKRope) {
+  // k keeps all 192 dims although k_rope gives the last 64.
+  expect_bad_view(&PrefillAttentionArgs::k_rope, fake(DType::kBF16, {12, 64}),
+                  ErrorCategory::kInvalidArgument,
+                  {"`k`: expected [12, 4, 128]", "the rest is `k_rope`", "got"});
+  const auto with_k_rope = [](const TensorView& k_rope, DType dtype = DType::kBF16) {
+    return [=](BadArgs& b) {
+      b.a.k = fake(dtype, {12, 4, 128});
+      b.a.k_rope = k_rope;
+    };
+  };
+  const auto bad = [](auto mutate, ErrorCategory category, std::initializer_list<std::string> n,
+                      DType dtype = DType::kBF16) {
+    BadArgs b(dtype);
+    mutate(b);
+    expect_error([&] { prefill_attention(b.a); }, category, n);
+  };
+  bad(with_k_rope(fake(DType::kF16, {12, 64})), ErrorCategory::kInvalidArgument,
+      {"`k_rope` dtype: expected bf16 (the dtype of `q`)", "got f16"});
+  bad(with_k_rope(fake(DType::kBF16, {11, 64})), ErrorCategory::kInvalidArgument,
+      {"`k_rope`: expected [12, 64] or [12, 1, 64]", "got"});
+  bad(with_k_rope(fake(DType::kBF16, {12, 4, 64})), ErrorCategory::kInvalidArgument,
+      {"`k_rope`: expected [12, 64] or [12, 1, 64]", "one row for all heads"});
+  bad(with_k_rope(fake(DType::kBF16, {12, 32})), ErrorCategory::kInvalidArgument,
+      {"`k_rope`: expected [12, 64]"});
+  bad(with_k_rope(fake(DType::kBF16, {12})), ErrorCategory::kInvalidArgument, {"`k_rope`"});
+  bad(with_k_rope(TensorView(kFake, DType::kBF16, {12, 64}, {1, 12})),
+      ErrorCategory::kInvalidArgument, {"`k_rope`", "contiguous"});
+  bad(
+      [](BadArgs& b) {
+        b.a.q = fake(DType::kBF16, {10, 4, 64});
+        b.a.k = fake(DType::kBF16, {12, 4, 0});
+        b.a.v = fake(DType::kBF16, {12, 4, 64});
+        b.a.out = fake(DType::kBF16, {10, 4, 64});
+        b.a.k_rope = fake(DType::kBF16, {12, 64});
+      },
+      ErrorCategory::kUnsupported, {"`k_rope`: expected `q` with a head dim of 128 or 192"});
+  bad(with_k_rope(fake(DType::kBF16, {12, 64}, Device::cuda(0))), ErrorCategory::kInvalidArgument,
+      {"`k_rope`", "cuda:0"});
 }
 
 TEST(PrefillAttentionArgs, HeadOrTokenMismatch) {

@@ -48,6 +48,29 @@ def test_numpy_matches_reference(dtype, causal):
     np.testing.assert_allclose(lse, ref_lse, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [BF16, E4M3], ids=["bf16", "e4m3"])
+def test_numpy_k_rope_gives_the_output_of_k_with_rope_in_every_head(dtype):
+    q, k, v, cu_q, cu_k = ragged([5, 0, 40], [9, 3, 40], 3, dtype, 4)
+    k[:, 1:, 128:] = k[:, :1, 128:]  # MLA's K: the RoPE part is the same for every head
+    kwargs = {}
+    if dtype == E4M3:
+        one = np.float32(1.0)
+        kwargs = dict(q_descale=one, k_descale=one, v_descale=one)
+    whole = fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 40, 40, softmax_scale=0.1,
+                                     return_lse=True, **kwargs)
+    k_nope = k.copy()
+    k_nope[:, :, 128:] = 7  # not read: the per-head view below stops at 128
+    for k_rope in (np.ascontiguousarray(k[:, 0, 128:]), k[:, :1, 128:]):
+        split = fp8mla.prefill_attention(q, k_nope[:, :, :128], v, cu_q, cu_k, 40, 40,
+                                         softmax_scale=0.1, return_lse=True, k_rope=k_rope,
+                                         **kwargs)
+        np.testing.assert_array_equal(whole[0].view(np.uint16), split[0].view(np.uint16))
+        np.testing.assert_array_equal(whole[1], split[1])
+    with pytest.raises(ValueError, match="`k`: expected"):
+        fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 40, 40, softmax_scale=0.1,
+                                 k_rope=k[:, 0, 128:], **kwargs)
+
+
 def test_numpy_transposed_v_and_merge():
     q, k, v, cu_q, cu_k = ragged([7, 30], [7, 30], 2, BF16, 2)
     scale = 0.1

@@ -117,3 +117,27 @@ def test_torch_e4m3_token_major_v_gives_the_transposed_bytes():
         out_m, lse_m = attend(v_token_major)
         assert torch.equal(out_m.view(torch.int16), out_t.view(torch.int16))
         assert torch.equal(lse_m.view(torch.int32), lse_t.view(torch.int32))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_torch_k_rope_gives_the_bytes_of_the_packed_k(device):
+    """k as its per-head 128 dims (a view of the packed k, so its rows run on past them) and
+    k_rope [Tk, 64] once per key give the bytes of the packed k, eager and compiled."""
+    q_lens, k_lens = [1, 130, 0, 257, 77], [1, 200, 5, 300, 77]
+    q, kv, k_pe, cu_q, cu_k = torch_inputs(q_lens, k_lens, 16, device, seed=4)
+    q8, k8, v8 = packed_fp8(q, kv, k_pe, device)
+    k_rope = k8[:, 0, 128:].contiguous()
+    d = torch.tensor([0.25], device=device)
+
+    def attend(k, k_rope):
+        return fp8mla.prefill_attention(q8, k, v8, cu_q, cu_k, 257, 300, softmax_scale=0.07,
+                                        q_descale=d, k_descale=d, v_descale=d, k_rope=k_rope,
+                                        return_lse=True)
+
+    out_packed, lse_packed = attend(k8, None)
+    for rope in (k_rope, k_rope[:, None, :]):
+        out, lse = attend(k8[..., :128], rope)
+        assert torch.equal(out.view(torch.int16), out_packed.view(torch.int16))
+        assert torch.equal(lse.view(torch.int32), lse_packed.view(torch.int32))
+    out, lse = torch.compile(attend, fullgraph=True)(k8[..., :128], k_rope)
+    assert torch.equal(out.view(torch.int16), out_packed.view(torch.int16))

@@ -37,7 +37,12 @@ struct PrefillKernelParams {
   // e4m3: [heads][tk][dqk] boxes of 64 elements x 16 keys taken every second one: half a group
   // (its even or its odd keys), for the tile that reaches past the last complete group.
   CUtensorMap k_tail_map;
+  // With k_rope (the op's shared last 64 dims of K): k_map and k_tail_map cover k's own
+  // dqk - 64 dims and K's last chunk comes from these two, the same maps over [1][tk][64].
+  CUtensorMap k_rope_map;
+  CUtensorMap k_rope_tail_map;
   int k_full_groups;  // e4m3: complete 16-key groups in k (tk / 16)
+  bool k_rope_split;  // K's last chunk from the k_rope maps
   // e4m3: v given token-major (then v_map is like k's: the tile lands untransposed and the
   // producer warpgroup transposes it in shared memory) instead of transposed. (Here, in the
   // padding before v_map, so that no other member moves.)

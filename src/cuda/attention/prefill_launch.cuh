@@ -27,20 +27,21 @@ inline std::uint64_t tma_stride(std::int64_t size, std::int64_t stride, int elem
   return size > 1 ? std::uint64_t(stride) * element_bytes : fallback;
 }
 
-// q or k: [heads][tokens][dqk] in boxes of 64 elements x kBlockM (= kBlockN) tokens; with
-// key_step 2, boxes of 16 tokens taken every second one (the e4m3 tail map of k).
+// q, k or k_rope: [heads][tokens][row] (row: elements a token holds, Dqk but for a split K) in
+// boxes of 64 elements x kBlockM (= kBlockN) tokens; with key_step 2, boxes of 16 tokens taken
+// every second one (the e4m3 tail map of k).
 template <typename Traits>
-CUtensorMap qk_map(const void* base, std::int64_t tokens, std::int64_t heads,
+CUtensorMap qk_map(const void* base, std::int64_t row, std::int64_t tokens, std::int64_t heads,
                    std::int64_t token_stride, std::int64_t head_stride, const char* what,
                    std::uint32_t key_step = 1) {
   TensorMapSpec spec;
   spec.base = base;
   spec.element_bytes = Traits::kElementBytes;
-  spec.dims[0] = Traits::kDqk;
+  spec.dims[0] = std::uint64_t(row);
   spec.dims[1] = std::uint64_t(tokens);
   spec.dims[2] = std::uint64_t(heads);
-  const std::uint64_t row = std::uint64_t(Traits::kDqk) * Traits::kElementBytes;
-  spec.strides_bytes[0] = tma_stride(tokens, token_stride, Traits::kElementBytes, row);
+  const std::uint64_t row_bytes = std::uint64_t(row) * Traits::kElementBytes;
+  spec.strides_bytes[0] = tma_stride(tokens, token_stride, Traits::kElementBytes, row_bytes);
   spec.strides_bytes[1] =
       tma_stride(heads, head_stride, Traits::kElementBytes, spec.strides_bytes[0] * tokens);
   spec.box[0] = Traits::kChunkElems;
@@ -51,18 +52,18 @@ CUtensorMap qk_map(const void* base, std::int64_t tokens, std::int64_t heads,
   return make_tensor_map(spec, what);
 }
 
-// e4m3 k over its complete 16-key groups, each walked even keys first: dims (element, r, odd,
-// group, head) with key 16 * group + 2 * r + odd; one box is a kBlockN-key tile.
+// e4m3 k (or k_rope) over its complete 16-key groups, each walked even keys first: dims
+// (element, r, odd, group, head) with key 16 * group + 2 * r + odd; one box is a kBlockN-key tile.
 template <typename Traits>
-CUtensorMap k_even_odd_map(const void* base, std::int64_t tokens, std::int64_t heads,
-                           std::int64_t token_stride, std::int64_t head_stride) {
+CUtensorMap k_even_odd_map(const void* base, std::int64_t row, std::int64_t tokens,
+                           std::int64_t heads, std::int64_t token_stride, std::int64_t head_stride,
+                           const char* what) {
   TensorMapSpec spec;
   spec.base = base;
   spec.element_bytes = 1;
   spec.rank = 5;
-  const std::uint64_t row = Traits::kDqk;
-  const std::uint64_t key = tma_stride(tokens, token_stride, 1, row);
-  spec.dims[0] = Traits::kDqk;
+  const std::uint64_t key = tma_stride(tokens, token_stride, 1, std::uint64_t(row));
+  spec.dims[0] = std::uint64_t(row);
   spec.dims[1] = 8;
   spec.dims[2] = 2;
   spec.dims[3] = std::uint64_t(std::max<std::int64_t>(tokens / 16, 1));  // unused below 16 keys
@@ -77,7 +78,33 @@ CUtensorMap k_even_odd_map(const void* base, std::int64_t tokens, std::int64_t h
   spec.box[3] = Traits::kBlockN / 16;
   spec.box[4] = 1;
   spec.swizzle_bytes = int(Traits::kQkSwizzle);
-  return make_tensor_map(spec, "k");
+  return make_tensor_map(spec, what);
+}
+
+// k's maps (and k_rope's with a split K): k_map, k_tail_map (e4m3), k_full_groups.
+template <typename Traits>
+void set_k_maps(PrefillKernelParams& kp, const PrefillAttentionParams& p) {
+  const std::int64_t row = Traits::kDqk - p.k_rope_dim;
+  kp.k_rope_split = p.k_rope_dim > 0;
+  if constexpr (Traits::kEvenOddKeys) {
+    kp.k_map =
+        k_even_odd_map<Traits>(p.k, row, p.tk, p.heads, p.k_token_stride, p.k_head_stride, "k");
+    kp.k_tail_map = qk_map<Traits>(p.k, row, p.tk, p.heads, p.k_token_stride, p.k_head_stride, "k",
+                                   /*key_step=*/2);
+    kp.k_full_groups = int(p.tk / 16);
+    if (kp.k_rope_split) {
+      kp.k_rope_map = k_even_odd_map<Traits>(p.k_rope, p.k_rope_dim, p.tk, 1, p.k_rope_token_stride,
+                                             0, "k_rope");
+      kp.k_rope_tail_map = qk_map<Traits>(p.k_rope, p.k_rope_dim, p.tk, 1, p.k_rope_token_stride, 0,
+                                          "k_rope", /*key_step=*/2);
+    }
+  } else {
+    kp.k_map = qk_map<Traits>(p.k, row, p.tk, p.heads, p.k_token_stride, p.k_head_stride, "k");
+    if (kp.k_rope_split) {
+      kp.k_rope_map =
+          qk_map<Traits>(p.k_rope, p.k_rope_dim, p.tk, 1, p.k_rope_token_stride, 0, "k_rope");
+    }
+  }
 }
 
 }  // namespace detail
@@ -114,17 +141,10 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   if (p.tq == 0 || p.heads == 0 || p.batch == 0 || grid.x == 0) return;
 
   PrefillKernelParams kp{};
-  kp.q_map = detail::qk_map<Traits>(p.q, p.tq, p.heads, p.q_token_stride, p.q_head_stride, "q");
+  kp.q_map = detail::qk_map<Traits>(p.q, Traits::kDqk, p.tq, p.heads, p.q_token_stride,
+                                    p.q_head_stride, "q");
   if (p.tk > 0) {
-    if constexpr (Traits::kEvenOddKeys) {
-      kp.k_map =
-          detail::k_even_odd_map<Traits>(p.k, p.tk, p.heads, p.k_token_stride, p.k_head_stride);
-      kp.k_tail_map = detail::qk_map<Traits>(p.k, p.tk, p.heads, p.k_token_stride, p.k_head_stride,
-                                             "k", /*key_step=*/2);
-      kp.k_full_groups = int(p.tk / 16);
-    } else {
-      kp.k_map = detail::qk_map<Traits>(p.k, p.tk, p.heads, p.k_token_stride, p.k_head_stride, "k");
-    }
+    detail::set_k_maps<Traits>(kp, p);
     TensorMapSpec v;
     v.base = p.v;
     v.element_bytes = Traits::kElementBytes;

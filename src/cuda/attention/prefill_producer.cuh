@@ -30,6 +30,9 @@ class PrefillProducer {
   __device__ void prefetch_maps() const {
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p_.q_map));
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p_.k_map));
+    if (p_.k_rope_split) {
+      cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p_.k_rope_map));
+    }
     cute::prefetch_tma_descriptor(reinterpret_cast<const cute::TmaDescriptor*>(&p_.v_map));
   }
 
@@ -66,8 +69,8 @@ class PrefillProducer {
   // By warps 1..3 (e4m3 V given token-major; the kernel calls it only then): each V tile of work
   // tile w, once loaded, transposed in place into the stage's V^T (prefill_v_transpose.hpp: each
   // warp swaps its pairs of 16x16-byte blocks, disjoint from the other warps'), then released to
-  // the consumers. The stage is free to write: the load into it waited for its v_empty, and its next
-  // load waits for the consumers, who wait for this v_full. `first_step` (0..2, the warp among
+  // the consumers. The stage is free to write: the load into it waited for its v_empty, and its
+  // next load waits for the consumers, who wait for this v_full. `first_step` (0..2, the warp among
   // the transposing ones) must be warp-uniform to the compiler: the steps' block indices then
   // live in uniform registers, which keeps the loop within the warpgroup's kProducerRegisters
   // (ptxas: 21 used, no spills). The per-lane terms are a few bit operations (see the header).
@@ -109,35 +112,39 @@ class PrefillProducer {
 
  private:
   // The K tile of keys [key, key + kBlockN) of `head` (e4m3: key % 16 == 0, in even-odd order).
+  // Chunk c of the head dim comes from k's maps, or (the last, with k_rope) from k_rope's, whose
+  // one row serves every head.
   __device__ __forceinline__ void load_k_tile(std::uint64_t* full, std::uint8_t* dst, int key,
                                               int head) const {
+    for (int c = 0; c < Traits::kChunks; ++c) {
+      const bool rope = p_.k_rope_split && c == Traits::kChunks - 1;
+      load_k_chunk(rope ? &p_.k_rope_map : &p_.k_map, rope ? &p_.k_rope_tail_map : &p_.k_tail_map,
+                   full, dst + c * Traits::kKChunkBytes, rope ? 0 : c * Traits::kChunkElems, key,
+                   rope ? 0 : head);
+    }
+  }
+
+  // One 64-element chunk of a K tile, at `element` of the maps' rows.
+  __device__ __forceinline__ void load_k_chunk(const CUtensorMap* map, const CUtensorMap* tail_map,
+                                               std::uint64_t* full, std::uint8_t* dst, int element,
+                                               int key, int head) const {
     constexpr int kGroups = Traits::kBlockN / 16;
     if constexpr (Traits::kEvenOddKeys) {
       const int group = key / 16;
       if (group + kGroups <= p_.k_full_groups) {
-        for (int c = 0; c < Traits::kChunks; ++c) {
-          sm90::tma_load_5d(&p_.k_map, full, dst + c * Traits::kKChunkBytes,
-                            c * Traits::kChunkElems, 0, 0, group, head);
-        }
+        sm90::tma_load_5d(map, full, dst, element, 0, 0, group, head);
         return;
       }
       // The tile reaches past the last complete group: each half group from the strided map,
       // which reads keys past the end as zero (they are masked).
-      for (int c = 0; c < Traits::kChunks; ++c) {
-        for (int g = 0; g < kGroups; ++g) {
-          for (int odd = 0; odd < 2; ++odd) {
-            sm90::tma_load_3d(
-                &p_.k_tail_map, full,
-                dst + c * Traits::kKChunkBytes + (2 * g + odd) * 8 * Traits::kChunkRowBytes,
-                c * Traits::kChunkElems, key + 16 * g + odd, head);
-          }
+      for (int g = 0; g < kGroups; ++g) {
+        for (int odd = 0; odd < 2; ++odd) {
+          sm90::tma_load_3d(tail_map, full, dst + (2 * g + odd) * 8 * Traits::kChunkRowBytes,
+                            element, key + 16 * g + odd, head);
         }
       }
     } else {
-      for (int c = 0; c < Traits::kChunks; ++c) {
-        sm90::tma_load_3d(&p_.k_map, full, dst + c * Traits::kKChunkBytes, c * Traits::kChunkElems,
-                          key, head);
-      }
+      sm90::tma_load_3d(map, full, dst, element, key, head);
     }
   }
 

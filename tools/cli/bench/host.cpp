@@ -154,7 +154,14 @@ std::vector<Case> make_cases(Memory& m, std::int64_t t, std::int64_t h) {
       {"mla_v_quantize_fp8", [=] { mla_v_quantize_fp8(v, v8, 1.0f, VLayout::kTransposed); }},
       {"prefill_attention",
        [=] {
-         PrefillAttentionArgs a{q8, k8, v8, cu, cu, max_seqlen, max_seqlen, 0.07f, true};
+         PrefillAttentionArgs a{.q = q8,
+                                .k = k8,
+                                .v = v8,
+                                .cu_seqlens_q = cu,
+                                .cu_seqlens_k = cu,
+                                .max_seqlen_q = max_seqlen,
+                                .max_seqlen_k = max_seqlen,
+                                .softmax_scale = 0.07f};
          a.q_descale = a.k_descale = a.v_descale = one;
          a.out = o;
          a.lse = lse;
