@@ -516,13 +516,25 @@ std::string byte_difference(const std::vector<std::uint8_t>& a,
                     : std::to_string(count) + " bytes differ, first at " + std::to_string(first);
 }
 
+// A batch of the byte-equality tests: sequence lengths, heads, masking, strided q and k.
+struct Shape {
+  std::vector<int> q_lens, k_lens;
+  int heads;
+  bool causal, strided;
+};
+
+Case case_of(const Shape& shape) {
+  Case c;
+  c.q_lens = shape.q_lens;
+  c.k_lens = shape.k_lens;
+  c.heads = shape.heads;
+  c.causal = shape.causal;
+  c.strided = shape.strided;
+  return c;
+}
+
 TEST(PrefillCudaVLayouts, TokenMajorVGivesTheBytesOfTransposedV) {
   FP8MLA_REQUIRE_HOPPER();
-  struct Shape {
-    std::vector<int> q_lens, k_lens;
-    int heads;
-    bool causal, strided;
-  };
   const Shape shapes[] = {
       {{1000}, {}, 16, true, false},
       {{1000}, {}, 16, false, false},
@@ -536,12 +548,7 @@ TEST(PrefillCudaVLayouts, TokenMajorVGivesTheBytesOfTransposedV) {
   };
   std::uint32_t seed = 21;
   for (const Shape& shape : shapes) {
-    Case c;
-    c.q_lens = shape.q_lens;
-    c.k_lens = shape.k_lens;
-    c.heads = shape.heads;
-    c.causal = shape.causal;
-    c.strided = shape.strided;
+    Case c = case_of(shape);
     c.lse_transposed = shape.heads == 128;
     Case tm = c;
     tm.v_token_major = true;
@@ -565,11 +572,6 @@ TEST(PrefillCudaVLayouts, TokenMajorVGivesTheBytesOfTransposedV) {
 
 TEST(PrefillCudaSplitK, KRopeGivesTheBytesOfKWithRopeInEveryHead) {
   FP8MLA_REQUIRE_HOPPER();
-  struct Shape {
-    std::vector<int> q_lens, k_lens;
-    int heads;
-    bool causal, strided;
-  };
   // Key counts that are and are not multiples of 16 (e4m3's tail map), prefixes, empty sequences.
   const Shape shapes[] = {
       {{1000}, {}, 16, true, false},
@@ -581,13 +583,8 @@ TEST(PrefillCudaSplitK, KRopeGivesTheBytesOfKWithRopeInEveryHead) {
   std::uint32_t seed = 41;
   for (bool fp8 : {true, false}) {
     for (const Shape& shape : shapes) {
-      Case c;
-      c.q_lens = shape.q_lens;
-      c.k_lens = shape.k_lens;
-      c.heads = shape.heads;
+      Case c = case_of(shape);
       c.fp8 = fp8;
-      c.causal = shape.causal;
-      c.strided = shape.strided;
       c.shared_rope = true;
       SCOPED_TRACE(c.describe());
       Problem whole = make_problem(c, seed);
