@@ -11,7 +11,7 @@ Implementations (bench/report_attention.py ATTENTION_RATIOS pairs them):
   where the build does not take that layout);
 - fp8mla_e4m3_krope: fp8mla_e4m3 with K split as MLA has it: k [Tk, H, 128] (a view of the
   same k) and its RoPE part once per key, k_rope [Tk, 64] (an error row where the build does not
-  take k_rope);
+  take k_rope); fp8mla_e4m3_lse_krope: the same with an `lse` output;
 - fa3_e4m3: FA3's varlen forward (fa3_fwd_interface._flash_attn_forward) on the same e4m3 q, k
   and the token-major V, with the same per-tensor descales expanded to (batch, heads), so both
   compute the same function;
@@ -70,8 +70,8 @@ from common import ClockSampler, graphed, load_anchors, load_fa3, round_up, run_
 from report_attention import ATTENTION_DQK as DQK, ATTENTION_DV as DV, ATTENTION_SHAPES as SHAPES
 
 ROUNDS, LOOP_MS, WARM_S, MIN_CALLS = 5, 30.0, 1.0, 3
-IMPLS = ["fp8mla_e4m3", "fp8mla_e4m3_lse", "fp8mla_e4m3_vtok", "fp8mla_e4m3_krope", "fa3_e4m3",
-         "fp8mla_bf16", "fa3_bf16", "cudnn_bf16"]
+IMPLS = ["fp8mla_e4m3", "fp8mla_e4m3_lse", "fp8mla_e4m3_vtok", "fp8mla_e4m3_krope",
+         "fp8mla_e4m3_lse_krope", "fa3_e4m3", "fp8mla_bf16", "fa3_bf16", "cudnn_bf16"]
 REQUIRED = ("fp8mla_e4m3", "fp8mla_e4m3_lse", "fp8mla_bf16")
 # The accuracy case: new tokens, prefixes, heads, causal.
 ACCURACY = ([300, 77, 513], [200, 0, 1000], 16, True)
@@ -174,6 +174,7 @@ def implementations(torch, fp8mla, fa3, anchors, x, causal):
              "fp8mla_e4m3_lse": ours(x.q8, x.k8, x.v8t, lse=x.lse),
              "fp8mla_e4m3_vtok": ours(x.q8, x.k8, x.v8),
              "fp8mla_e4m3_krope": ours(x.q8, x.k8_nope, x.v8t, k_rope=x.k8_rope),
+             "fp8mla_e4m3_lse_krope": ours(x.q8, x.k8_nope, x.v8t, lse=x.lse, k_rope=x.k8_rope),
              "fa3_e4m3": theirs(x.q8, x.k8, x.v8, fp8=True),
              "fp8mla_bf16": ours(x.q, x.k, x.v, fp8=False),
              "fa3_bf16": theirs(x.q, x.k, x.v, fp8=False)}
