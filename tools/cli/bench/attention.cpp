@@ -1,7 +1,8 @@
 // `fp8mla bench attention`: times prefill_attention (op 8) on CUDA device 0 through the public
 // C++ API: e4m3 (V transposed, as the FP8 kernel reads it) and bf16, causal and not, H = 128,
 // Dqk = 192, Dv = 128, on single sequences and a ragged batch of 16 x 1k (the shapes of the
-// targets in docs/design.md section 9).
+// targets in docs/design.md section 9). K has MLA's structure: its last 64 dims (the RoPE part)
+// are the same in every head; with --k-rope they are passed once per key as k_rope.
 //
 // Method (bench/README.md): CUDA events around each launch, --warmup untimed launches, then
 // --iters timed ones queued behind a host gate (device time only), median. The kernel is
@@ -63,8 +64,19 @@ void fill_inputs(const RandomBf16Pool& pool, std::byte* dst, std::int64_t count,
   }
 }
 
-Row run_shape(const Shape& shape, bool fp8, bool causal, bool with_lse, int heads, int warmup,
-              int iters) {
+// MLA's K: the RoPE part (the last 64 dims) of head 0 copied into every other head.
+void share_rope_part(std::byte* k, std::int64_t tokens, int heads, int eb) {
+  const std::size_t pitch = std::size_t(heads) * kDqk * eb, rope = std::size_t(kMlaRopeDim) * eb;
+  const std::byte* head0 = k + (kDqk - kMlaRopeDim) * eb;
+  for (int h = 1; h < heads; ++h) {
+    cuda::check(cudaMemcpy2D(k + (std::int64_t(h) * kDqk + kDqk - kMlaRopeDim) * eb, pitch, head0,
+                             pitch, rope, std::size_t(tokens), cudaMemcpyDeviceToDevice),
+                "cudaMemcpy2D");
+  }
+}
+
+Row run_shape(const Shape& shape, bool fp8, bool causal, bool with_lse, bool k_rope, int heads,
+              int warmup, int iters) {
   const std::int64_t tokens = [&] {
     std::int64_t t = 0;
     for (int n : shape.lens) t += n;
@@ -72,12 +84,16 @@ Row run_shape(const Shape& shape, bool fp8, bool causal, bool with_lse, int head
   }();
   const int eb = fp8 ? 1 : 2;
   const RandomBf16Pool pool;
-  DeviceBuffer q(tokens * heads * kDqk * eb), k(tokens * heads * kDqk * eb);
+  // With k_rope: k's [T, H, 128] rows, then k_rope's [T, 64] in the same buffer.
+  const int k_width = k_rope ? kMlaNopeDim : kDqk;
+  const std::int64_t k_elements = tokens * heads * k_width + (k_rope ? tokens * kMlaRopeDim : 0);
+  DeviceBuffer q(tokens * heads * kDqk * eb), k(k_elements * eb);
   DeviceBuffer v(tokens * heads * kDv * eb), out(tokens * heads * kDv * 2);
   DeviceBuffer lse(tokens * heads * 4), cu(std::int64_t(shape.lens.size() + 1) * 4), descale(4);
   fill_inputs(pool, q.data(), tokens * heads * kDqk, fp8, 1);
-  fill_inputs(pool, k.data(), tokens * heads * kDqk, fp8, 2);
+  fill_inputs(pool, k.data(), k_elements, fp8, 2);
   fill_inputs(pool, v.data(), tokens * heads * kDv, fp8, 3);
+  if (!k_rope) share_rope_part(k.data(), tokens, heads, eb);
   std::vector<std::int32_t> offsets{0};
   int max_len = 0;
   for (int n : shape.lens) {
@@ -92,7 +108,11 @@ Row run_shape(const Shape& shape, bool fp8, bool causal, bool with_lse, int head
   const DType dtype = fp8 ? DType::kE4M3 : DType::kBF16;
   PrefillAttentionArgs a;
   a.q = TensorView(q.data(), dtype, {tokens, heads, kDqk}, Device::cuda(0));
-  a.k = TensorView(k.data(), dtype, {tokens, heads, kDqk}, Device::cuda(0));
+  a.k = TensorView(k.data(), dtype, {tokens, heads, k_width}, Device::cuda(0));
+  if (k_rope) {
+    a.k_rope = TensorView(k.data() + tokens * heads * k_width * eb, dtype, {tokens, kMlaRopeDim},
+                          Device::cuda(0));
+  }
   // e4m3: transposed V, [H][128][tokens] memory (tokens is a multiple of 16 for these shapes).
   a.v = fp8 ? TensorView(v.data(), dtype, {tokens, heads, kDv}, {1, kDv * tokens, tokens},
                          Device::cuda(0))
@@ -126,9 +146,12 @@ Row run_shape(const Shape& shape, bool fp8, bool causal, bool with_lse, int head
   return row;
 }
 
-void write_json(const std::string& path, const std::vector<Row>& rows, int heads, bool with_lse) {
+void write_json(const std::string& path, const std::vector<Row>& rows, int heads, bool with_lse,
+                bool k_rope) {
   JsonFields header = document_header("attention", false);
-  header.add("heads", std::int64_t(heads)).add("lse", json_bool(with_lse));
+  header.add("heads", std::int64_t(heads))
+      .add("lse", json_bool(with_lse))
+      .add("k_rope", json_bool(k_rope));
   std::vector<std::string> objects;
   for (const Row& r : rows) {
     objects.push_back(JsonFields()
@@ -153,6 +176,7 @@ void add_bench_attention_command(CLI::App& bench) {
     int iters = 20;
     std::string json;
     bool no_lse = false;
+    bool k_rope = false;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = bench.add_subcommand(
@@ -164,6 +188,9 @@ void add_bench_attention_command(CLI::App& bench) {
   cmd->add_flag("--no-lse", options->no_lse,
                 "Ask for no LSE (as a one-shot prefill does): the e4m3 kernel then skips its row "
                 "sum and accumulates Q K^T in one run instead of three");
+  cmd->add_flag("--k-rope", options->k_rope,
+                "Pass K's RoPE part (the same in every head) once per key as k_rope, k as its "
+                "[T, H, 128] rows");
   cmd->callback([options] {
     const std::vector<Shape> shapes = {{"1k", {1024}},
                                        {"4k", {4096}},
@@ -176,8 +203,8 @@ void add_bench_attention_command(CLI::App& bench) {
     for (const Shape& shape : shapes) {
       for (bool causal : {true, false}) {
         for (bool fp8 : {true, false}) {
-          const Row r = run_shape(shape, fp8, causal, !options->no_lse, options->heads,
-                                  options->warmup, options->iters);
+          const Row r = run_shape(shape, fp8, causal, !options->no_lse, options->k_rope,
+                                  options->heads, options->warmup, options->iters);
           std::printf("%-7s %-5s %-7s %10.3f %10.1f %10.1f%s\n", r.shape.c_str(), r.dtype.c_str(),
                       causal ? "causal" : "full", r.tflop, r.us, r.tflop / r.us * 1e6,
                       r.non_finite ? "  NON-FINITE OUTPUT" : "");
@@ -186,7 +213,8 @@ void add_bench_attention_command(CLI::App& bench) {
         }
       }
     }
-    if (!options->json.empty()) write_json(options->json, rows, options->heads, !options->no_lse);
+    if (!options->json.empty())
+      write_json(options->json, rows, options->heads, !options->no_lse, options->k_rope);
     for (const Row& r : rows) {
       if (r.non_finite) throw Error(ErrorCategory::kInternal, "non-finite attention output");
     }
