@@ -86,11 +86,17 @@ struct MlaRopeQuantizeArgs {
   // Optional: in the same pass, write kv_c (bf16/f16 [T, 512]) and the RoPE'd k_pe to the cache.
   std::optional<LatentCacheWrite> cache_write;
   TensorView kv_c;  // needed with cache_write
+  // Optional: K split as prefill_attention's k_rope takes it. k_out is then e4m3 [T, H, 128]
+  // (k_nope alone) and the RoPE'd k_pe goes here once per token, e4m3 [T, 64] or [T, 1, 64]
+  // (any token stride, contiguous last dim): the same bytes as every head's k_out[..., 128:].
+  TensorView k_rope_out;
 };
 
 // For each token t (p = positions[t]) and head h:
 //   q_out[t, h] = [e4m3(q_nope[t, h] * q_scale_inv) | e4m3(rope(q_pe[t, h], p) * q_scale_inv)]
 //   k_out[t, h] = [e4m3(k_nope[t, h] * k_scale_inv) | e4m3(rope(k_pe[t], p) * k_scale_inv)]
+//   (with k_rope_out: k_out[t, h] = e4m3(k_nope[t, h] * k_scale_inv) and
+//    k_rope_out[t] = e4m3(rope(k_pe[t], p) * k_scale_inv))
 // and with cache_write the latent row of slot_mapping[t]:
 //   [e4m3(kv_c[t] * scale_inv) | e4m3(rope(k_pe[t], p) * scale_inv)]
 // All inputs share one dtype (bf16 or f16). A position outside [0, max_pos) is an error: the CPU
@@ -130,9 +136,13 @@ struct MlaKvPackArgs {
   TensorView v;       // [n, H, 128], strided
   float k_scale_inv = 1.0f;
   float v_scale_inv = 1.0f;
-  TensorView k_out;  // e4m3 [n, H, 192] = [k_nope | k_pe]
+  TensorView k_out;  // e4m3 [n, H, 192] = [k_nope | k_pe]; [n, H, 128] with k_rope_out
   TensorView v_out;  // e4m3, laid out as v_layout says
   VLayout v_layout = VLayout::kTokenMajor;
+  // Optional: K split as prefill_attention's k_rope takes it. k_out then holds k_nope alone and
+  // k_pe goes here once per token, e4m3 [n, 64] or [n, 1, 64] (any token stride, contiguous last
+  // dim): the same bytes as every head's k_out[..., 128:] without it.
+  TensorView k_rope_out;
 };
 
 void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream = nullptr);

@@ -126,9 +126,14 @@ _QK_OUT = {
     "q_nope": lambda arrays, q_nope: arrays.empty(
         out_shape(tuple(q_nope.shape), MLA["qk"]), "e4m3", q_nope),
     "q": lambda arrays, q: arrays.empty(out_shape(tuple(q.shape), MLA["qk"]), "e4m3", q),
-    "k_nope": lambda arrays, k_nope: arrays.empty(
-        out_shape(tuple(k_nope.shape), MLA["qk"]), "e4m3", k_nope),
 }
+
+
+def _k_out(arrays, k_nope, k_rope_out):
+    """k_out: [.., 192], or k_nope's [.., 128] alone when K's RoPE part goes to k_rope_out."""
+    dim = MLA["qk"] if k_rope_out is None else MLA["nope"]
+    return arrays.empty(out_shape(tuple(k_nope.shape), dim), "e4m3", k_nope)
+
 
 
 def _rope_quantize_args(query: str, latent: str) -> list:
@@ -145,13 +150,14 @@ def _rope_quantize_args(query: str, latent: str) -> list:
         Arg("q_scale_inv", FLOAT, 1.0),
         Arg("k_scale_inv", FLOAT, 1.0),
         Arg("q_out", OUT, dtype="e4m3", alloc=_QK_OUT[query]),
-        Arg("k_out", OUT, dtype="e4m3", alloc=_QK_OUT["k_nope"]),
+        Arg("k_out", OUT, dtype="e4m3", alloc=_k_out),
         # LatentCacheWrite: the cache, its slots, scale and error flag; then the latent.
         Arg("cache", OPT_INOUT, None, dtype="e4m3"),
         Arg("slot_mapping", OPT_TENSOR, None),
         Arg("cache_scale_inv", FLOAT, 1.0),
         Arg("error_flag", OPT_INOUT, None),
         Arg(latent, OPT_TENSOR, None),
+        Arg("k_rope_out", OPT_INOUT, None, dtype="e4m3"),
     ]
 
 
@@ -164,8 +170,9 @@ def _kv_pack_args(v_out_alloc) -> list:
         Arg("v", TENSOR),
         Arg("k_scale_inv", FLOAT, 1.0),
         Arg("v_scale_inv", FLOAT, 1.0),
-        Arg("k_out", OUT, dtype="e4m3", alloc=_QK_OUT["k_nope"]),
+        Arg("k_out", OUT, dtype="e4m3", alloc=_k_out),
         Arg("v_out", OUT, dtype="e4m3", alloc=v_out_alloc),
+        Arg("k_rope_out", OPT_INOUT, None, dtype="e4m3"),
     ]
 
 
@@ -248,7 +255,10 @@ OPS = (
     (pairs i, i+32). Writes
         q_out[t, h] = [e4m3(q_nope * q_scale_inv) | e4m3(rope(q_pe, pos) * q_scale_inv)]
         k_out[t, h] = [e4m3(k_nope * k_scale_inv) | e4m3(rope(k_pe, pos) * k_scale_inv)]
-    (e4m3 [T, H, 192], allocated when not given) and returns (q_out, k_out).
+    (e4m3 [T, H, 192], allocated when not given) and returns (q_out, k_out). With `k_rope_out`
+    (e4m3 [T, 64] or [T, 1, 64], given by the caller) K is split as prefill_attention's k_rope
+    takes it: k_out [T, H, 128] holds e4m3(k_nope * k_scale_inv) and k_rope_out[t] the RoPE part
+    once per token, the same bytes as every head's k_out[t, h, 128:] without the split.
 
     With `cache` (e4m3 [num_pages, page_size, 576]) it also writes, for slot_mapping[t] (i32/i64
     [T]; -1 skips the token), the row [e4m3(kv_c[t] * cache_scale_inv) |
@@ -293,7 +303,9 @@ OPS = (
     [n, H, 128] and v [n, H, 128] bf16/f16 may be strided (slices of kv_b_proj's output).
     v_layout "transposed" writes v_out as a [n, H, 128] view of [H, 128, pitch] memory (tokens
     contiguous, pitch a multiple of 16 when allocated here), what FP8 prefill_attention reads on
-    Hopper. Returns (k_out, v_out).""", [
+    Hopper. With `k_rope_out` (e4m3 [n, 64] or [n, 1, 64], given by the caller) K is split as
+    prefill_attention's k_rope takes it: k_out [n, H, 128] holds k_nope's part and k_rope_out[t]
+    e4m3(k_pe[t] * k_scale_inv) once per token. Returns (k_out, v_out).""", [
         *_kv_pack_args(_v_out),
         Arg("v_layout", STR, "token_major"),
     ], result=lambda k_out, v_out: (k_out, v_out)),
@@ -412,8 +424,10 @@ BACKEND_OPS = (
     positions i32/i64 [T]; cos_sin from make_cos_sin_cache. With `cache` (e4m3 [num_pages,
     page_size, 576]) the latent rows [e4m3(kv_a * cache_scale_inv) | e4m3(rope(k_pe) *
     cache_scale_inv)] are written at slot_mapping (-1 skips a token); kv_a [T, 512] is the
-    normalized latent. Arithmetic, checks and errors as for mla_rope_quantize_fp8 and
-    mla_v_quantize_fp8. A backend without the hook raises fp8mla.UnsupportedError.""", [
+    normalized latent. `k_rope_out` splits K as mla_rope_quantize_fp8 does (k_out [T, H, 128],
+    the RoPE part once per token), the form prefill_attention's k_rope reads. Arithmetic, checks
+    and errors as for mla_rope_quantize_fp8 and mla_v_quantize_fp8. A backend without the hook
+    raises fp8mla.UnsupportedError.""", [
         Arg("backend", STR),
         *_rope_quantize_args(query="q", latent="kv_a"),
         Arg("v", TENSOR, keyword=False),

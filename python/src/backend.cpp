@@ -91,13 +91,14 @@ void def_prepare_prefill_qkv(nb::module_& m) {
          const TensorView& cos_sin, fp8mla::RopeStyle style, float q_scale_inv, float k_scale_inv,
          const TensorView& q_out, const TensorView& k_out, const TensorView& cache,
          const TensorView& slot_mapping, float cache_scale_inv, const TensorView& error_flag,
-         const TensorView& kv_a, const TensorView& v, float v_scale_inv, const TensorView& v_out,
-         CudaStream stream) {
+         const TensorView& kv_a, const TensorView& k_rope_out, const TensorView& v,
+         float v_scale_inv, const TensorView& v_out, CudaStream stream) {
         fp8mla::PrepareQkvArgs args;
         args.qk = rope_quantize_args("prepare_prefill_qkv", "kv_a",
                                      {q, q_pe, k_nope, k_pe, positions, cos_sin, style, q_scale_inv,
                                       k_scale_inv, q_out, k_out},
                                      cache, slot_mapping, cache_scale_inv, error_flag, kv_a);
+        args.qk.k_rope_out = k_rope_out;
         args.v = v;
         args.v_scale_inv = v_scale_inv;
         args.v_out = v_out;
@@ -107,7 +108,8 @@ void def_prepare_prefill_qkv(nb::module_& m) {
       in("cos_sin"), choice<fp8mla::RopeStyle>("style"), value<float>("q_scale_inv"),
       value<float>("k_scale_inv"), out("q_out"), out("k_out"), optional_out("cache"),
       optional_in("slot_mapping"), value<float>("cache_scale_inv"), optional_out("error_flag"),
-      optional_in("kv_a"), in("v"), value<float>("v_scale_inv"), out("v_out"));
+      optional_in("kv_a"), optional_out("k_rope_out"), in("v"), value<float>("v_scale_inv"),
+      out("v_out"));
 }
 
 // The pack: MlaKvPackArgs in order, V in the backend's layout (the only one it packs).
@@ -116,13 +118,13 @@ void def_pack_prefix_chunk_kv(nb::module_& m) {
       m, "backend_pack_prefix_chunk_kv",
       [](const AttentionBackend* backend, const TensorView& k_nope, const TensorView& k_pe,
          const TensorView& v, float k_scale_inv, float v_scale_inv, const TensorView& k_out,
-         const TensorView& v_out, CudaStream stream) {
+         const TensorView& v_out, const TensorView& k_rope_out, CudaStream stream) {
         backend->pack_prefix_chunk_kv({k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out, v_out,
-                                       backend->capabilities().v_layout},
+                                       backend->capabilities().v_layout, k_rope_out},
                                       stream);
       },
       BackendName{"backend"}, in("k_nope"), in("k_pe"), in("v"), value<float>("k_scale_inv"),
-      value<float>("v_scale_inv"), out("k_out"), out("v_out"));
+      value<float>("v_scale_inv"), out("k_out"), out("v_out"), optional_out("k_rope_out"));
 }
 
 }  // namespace

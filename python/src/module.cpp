@@ -160,18 +160,20 @@ void def_prep_ops(nb::module_& m) {
          fp8mla::RopeStyle style, float q_scale_inv, float k_scale_inv, const TensorView& q_out,
          const TensorView& k_out, const TensorView& cache, const TensorView& slot_mapping,
          float cache_scale_inv, const TensorView& error_flag, const TensorView& kv_c,
-         CudaStream stream) {
-        fp8mla::mla_rope_quantize_fp8(
+         const TensorView& k_rope_out, CudaStream stream) {
+        fp8mla::MlaRopeQuantizeArgs args =
             rope_quantize_args("mla_rope_quantize_fp8", "kv_c",
                                {q_nope, q_pe, k_nope, k_pe, positions, cos_sin, style, q_scale_inv,
                                 k_scale_inv, q_out, k_out},
-                               cache, slot_mapping, cache_scale_inv, error_flag, kv_c),
-            stream);
+                               cache, slot_mapping, cache_scale_inv, error_flag, kv_c);
+        args.k_rope_out = k_rope_out;
+        fp8mla::mla_rope_quantize_fp8(args, stream);
       },
       in("q_nope"), in("q_pe"), in("k_nope"), in("k_pe"), in("positions"), in("cos_sin"),
       choice<fp8mla::RopeStyle>("style"), value<float>("q_scale_inv"), value<float>("k_scale_inv"),
       out("q_out"), out("k_out"), optional_out("cache"), optional_in("slot_mapping"),
-      value<float>("cache_scale_inv"), optional_out("error_flag"), optional_in("kv_c"));
+      value<float>("cache_scale_inv"), optional_out("error_flag"), optional_in("kv_c"),
+      optional_out("k_rope_out"));
   def_op(
       m, "mla_kv_cache_write",
       [](const TensorView& kv_c, const TensorView& k_pe, const TensorView& cache,
@@ -188,12 +190,13 @@ void def_prep_ops(nb::module_& m) {
       m, "mla_kv_pack_quantize_fp8",
       [](const TensorView& k_nope, const TensorView& k_pe, const TensorView& v, float k_scale_inv,
          float v_scale_inv, const TensorView& k_out, const TensorView& v_out,
-         fp8mla::VLayout v_layout, CudaStream stream) {
+         const TensorView& k_rope_out, fp8mla::VLayout v_layout, CudaStream stream) {
         fp8mla::mla_kv_pack_quantize_fp8(
-            {k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out, v_out, v_layout}, stream);
+            {k_nope, k_pe, v, k_scale_inv, v_scale_inv, k_out, v_out, v_layout, k_rope_out},
+            stream);
       },
       in("k_nope"), in("k_pe"), in("v"), value<float>("k_scale_inv"), value<float>("v_scale_inv"),
-      out("k_out"), out("v_out"), choice<fp8mla::VLayout>("v_layout"));
+      out("k_out"), out("v_out"), optional_out("k_rope_out"), choice<fp8mla::VLayout>("v_layout"));
   def_op(m, "mla_v_quantize_fp8", fp8mla::mla_v_quantize_fp8, in("v"), out("v_out"),
          value<float>("v_scale_inv"), choice<fp8mla::VLayout>("v_layout"));
 }

@@ -88,12 +88,15 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p) {
     for (std::int64_t t = begin; t < end; ++t) {
       if (!p.v_only) {
         quantize_row(row_of(p.k_pe, t, 0), p.k_pe.dtype, rope, p.k_scale_inv, k_pe);  // once
+        if (p.k_split) {
+          std::memcpy(row_of_mut(p.k_rope_out, t, 0), k_pe, std::size_t(rope));
+        }
       }
       for (std::int64_t h = 0; h < heads; ++h) {
         if (!p.v_only) {
           auto* k = reinterpret_cast<std::uint8_t*>(row_of_mut(p.k_out, t, h));
           quantize_row(row_of(p.k_nope, t, h), p.k_nope.dtype, nope, p.k_scale_inv, k);
-          std::memcpy(k + nope, k_pe, std::size_t(rope));
+          if (!p.k_split) std::memcpy(k + nope, k_pe, std::size_t(rope));
         }
         auto* v_out = reinterpret_cast<std::uint8_t*>(row_of_mut(p.v_out, t, h));
         if (!p.v_transposed) {

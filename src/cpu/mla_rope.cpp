@@ -84,7 +84,10 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeParams& p) {
         quantize_values(q_rope, kMlaRopeDim, p.q_scale_inv, q + kMlaNopeDim);
         std::uint8_t* k = out_row(p.k_out, t, h);
         quantize_row(row_of(p.k_nope, t, h), p.k_nope.dtype, kMlaNopeDim, p.k_scale_inv, k);
-        quantize_values(k_rope, kMlaRopeDim, p.k_scale_inv, k + kMlaNopeDim);
+        if (!p.k_split) quantize_values(k_rope, kMlaRopeDim, p.k_scale_inv, k + kMlaNopeDim);
+      }
+      if (p.k_split) {
+        quantize_values(k_rope, kMlaRopeDim, p.k_scale_inv, out_row(p.k_rope_out, t, 0));
       }
       if (!p.cache_write) continue;
       std::uint8_t* row = latent_row(p.cache, load_slot(p.cache, t));

@@ -207,18 +207,29 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream) {
   check.dtype(args.k_out, "k_out", {DType::kE4M3});
   p.k_nope = per_head(check, args.k_nope, "k_nope", kMlaNopeDim);
   p.k_pe = shared_rows(check, args.k_pe, "k_pe", kMlaRopeDim);
-  p.k_out = per_head(check, args.k_out, "k_out", kMlaQkDim);
+  p.k_split = args.k_rope_out.data() != nullptr;
+  p.k_out = per_head(check, args.k_out, "k_out", p.k_split ? kMlaNopeDim : kMlaQkDim);
   v_params(check, args.v, args.v_out, args.v_layout, &args.k_nope, "k_nope", p);
   const std::int64_t tokens = p.k_nope.tokens, heads = p.k_nope.heads;
   same_count(check, p.k_pe.tokens, tokens, "tokens", "k_pe", "k_nope", args.k_pe);
   same_count(check, p.k_out.tokens, tokens, "tokens", "k_out", "k_nope", args.k_out);
   same_count(check, p.k_out.heads, heads, "heads", "k_out", "k_nope", args.k_out);
-  check_devices(check, args.k_nope.device(), {{&args.k_pe, "k_pe"}, {&args.k_out, "k_out"}});
+  if (p.k_split) {
+    check.dtype(args.k_rope_out, "k_rope_out", {DType::kE4M3});
+    p.k_rope_out = shared_rows(check, args.k_rope_out, "k_rope_out", kMlaRopeDim);
+    same_count(check, p.k_rope_out.tokens, tokens, "tokens", "k_rope_out", "k_nope",
+               args.k_rope_out);
+  }
+  check_devices(check, args.k_nope.device(),
+                {{&args.k_pe, "k_pe"},
+                 {&args.k_out, "k_out"},
+                 {p.k_split ? &args.k_rope_out : &args.k_out, p.k_split ? "k_rope_out" : "k_out"}});
   check.positive_scale(args.k_scale_inv, "k_scale_inv");
   check.positive_scale(args.v_scale_inv, "v_scale_inv");
   const ArgChecker::Named inputs[] = {
       {&args.k_nope, "k_nope"}, {&args.k_pe, "k_pe"}, {&args.v, "v"}};
-  const ArgChecker::Named outputs[] = {{&args.k_out, "k_out"}, {&args.v_out, "v_out"}};
+  const ArgChecker::Named outputs[] = {
+      {&args.k_out, "k_out"}, {&args.v_out, "v_out"}, {&args.k_rope_out, "k_rope_out"}};
   check.all_apart(outputs, inputs);
   p.k_scale_inv = args.k_scale_inv;
   p.v_scale_inv = args.v_scale_inv;

@@ -35,7 +35,9 @@ struct MlaKvPackParams {
   TokenHeads v;       // [n, H, 128], same dtype
   float k_scale_inv = 1.0f;
   float v_scale_inv = 1.0f;
-  TokenHeads k_out;  // e4m3 [n, H, 192]
+  TokenHeads k_out;  // e4m3 [n, H, 192], or [n, H, 128] with k_split
+  bool k_split = false;
+  TokenHeads k_rope_out;  // with k_split: e4m3 [n, 1, 64]
   TokenHeads v_out;  // e4m3 [n, H, 128]; transposed: token_stride 1, dims v_out_dim_stride apart
   bool v_transposed = false;
   std::int64_t v_out_dim_stride = 1;

@@ -31,13 +31,14 @@ struct LatentCacheParams {
   std::int64_t row_stride = 0;   // bytes between rows of a page
   const void* slots = nullptr;   // i32 or i64 [T]
   DType slot_dtype = DType::kI64;
-  float scale_inv = 1.0f;                // write: q = e4m3(x * scale_inv)
-  std::int32_t* error_flag = nullptr;    // CUDA path: set to 1 on a bad slot (may be null)
+  float scale_inv = 1.0f;              // write: q = e4m3(x * scale_inv)
+  std::int32_t* error_flag = nullptr;  // CUDA path: set to 1 on a bad slot (may be null)
 };
 
 FP8MLA_HOST_DEVICE std::int64_t load_slot(const LatentCacheParams& c, std::int64_t token) {
-  return c.slot_dtype == DType::kI32 ? std::int64_t(static_cast<const std::int32_t*>(c.slots)[token])
-                                     : static_cast<const std::int64_t*>(c.slots)[token];
+  return c.slot_dtype == DType::kI32
+             ? std::int64_t(static_cast<const std::int32_t*>(c.slots)[token])
+             : static_cast<const std::int64_t*>(c.slots)[token];
 }
 
 // The cache row of `slot`, or nullptr when the slot is outside [0, num_pages * page_size).

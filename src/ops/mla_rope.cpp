@@ -144,6 +144,7 @@ void check_scales_and_overlaps(const ArgChecker& check, const MlaRopeQuantizeArg
   const ArgChecker::Named outputs[] = {
       {&args.q_out, "q_out"},
       {&args.k_out, "k_out"},
+      {&args.k_rope_out, "k_rope_out"},
       {args.cache_write ? &args.cache_write->cache : &no_cache, "cache"}};
   check.all_apart(outputs, inputs);
 }
@@ -210,7 +211,13 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
   p.k_nope = token_heads(check, args.k_nope, "k_nope", in, tokens, heads, kMlaNopeDim, false);
   p.k_pe = token_heads(check, args.k_pe, "k_pe", in, tokens, 1, kMlaRopeDim, true);
   p.q_out = token_heads(check, args.q_out, "q_out", DType::kE4M3, tokens, heads, kMlaQkDim, false);
-  p.k_out = token_heads(check, args.k_out, "k_out", DType::kE4M3, tokens, heads, kMlaQkDim, false);
+  p.k_split = args.k_rope_out.data() != nullptr;
+  p.k_out = token_heads(check, args.k_out, "k_out", DType::kE4M3, tokens, heads,
+                        p.k_split ? kMlaNopeDim : kMlaQkDim, false);
+  if (p.k_split) {
+    p.k_rope_out = token_heads(check, args.k_rope_out, "k_rope_out", DType::kE4M3, tokens, 1,
+                               kMlaRopeDim, true);
+  }
 
   p.positions = index_vector(check, args.positions, "positions", tokens);
   p.position_dtype = args.positions.dtype();
@@ -234,7 +241,8 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
                  {&args.positions, "positions"},
                  {&args.cos_sin, "cos_sin"},
                  {&args.q_out, "q_out"},
-                 {&args.k_out, "k_out"}});
+                 {&args.k_out, "k_out"},
+                 {p.k_split ? &args.k_rope_out : &args.k_out, p.k_split ? "k_rope_out" : "k_out"}});
 
   if (args.cache_write) {
     const LatentCacheWrite& w = *args.cache_write;

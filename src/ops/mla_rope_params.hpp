@@ -30,7 +30,9 @@ struct MlaRopeQuantizeParams {
   float q_scale_inv = 1.0f;
   float k_scale_inv = 1.0f;
   TokenHeads q_out;  // e4m3 [T, H, 192]
-  TokenHeads k_out;  // e4m3 [T, H, 192]
+  TokenHeads k_out;  // e4m3 [T, H, 192], or [T, H, 128] with k_split
+  bool k_split = false;
+  TokenHeads k_rope_out;  // with k_split: e4m3 [T, 1, 64] (heads == 1)
   bool cache_write = false;
   TokenHeads kv_c;          // [T, 1, 512] (heads == 1), same dtype as q_nope; with cache_write
   LatentCacheParams cache;  // with cache_write

@@ -119,6 +119,7 @@ TEST(MlaKvCuda, PackMatchesCpuForEveryTokenCount) {
       c.k_pe_3d = n % 4 == 1;
       c.out_pad = n % 5 == 0 ? 16 : n % 5 == 1 ? 1 : 0;
       c.k_scale_inv = 0.5f;
+      c.split_k = n % 3 == 1;
       expect_cuda_equals_cpu(c);
       c.v_transposed = true;  // the layout FP8 attention reads; odd pitches take the byte stores
       c.v_pitch_pad = n % 3 == 0 ? 16 - n % 16 : n % 3;

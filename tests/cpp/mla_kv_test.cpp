@@ -68,7 +68,7 @@ void expect_gather(const KvGatherCase& c) {
 }
 
 void expect_pack(const KvPackCase& c) {
-  expect_reference(c, {{3, "k_out"}, {4, "v_out"}});
+  expect_reference(c, {{3, "k_out"}, {4, "v_out"}, {5, "k_rope_out"}});
 }
 
 // ---- mla_kv_cache_write -------------------------------------------------------------------
@@ -198,6 +198,7 @@ TEST(MlaKvPack, EveryTokenCountUpTo64) {
       c.k_pe_3d = n % 4 == 1;
       c.out_pad = n % 5 == 0 ? 16 : 0;
       c.k_scale_inv = 0.5f;
+      c.split_k = n % 3 == 1;
       expect_pack(c);
     }
   }
@@ -225,6 +226,37 @@ TEST(MlaKvPack, HeadsAndLayouts) {
       }
     }
   }
+}
+
+TEST(MlaKvPack, SplitKErrors) {
+  KvPackCase c{.tokens = 5, .heads = 2, .split_k = true};
+  std::vector<HostBuffer> b = test::host_buffers(c);
+  const std::vector<void*> bases = test::host_bases(b);
+  const auto args = [&] {
+    MlaKvPackArgs a;
+    const std::vector<test::Spec> s = c.specs();
+    a.k_nope = c.k_nope_spec().view(bases[0], Device::cpu());
+    a.k_pe = s[1].view(bases[1], Device::cpu());
+    a.v = c.v_spec().view(bases[0], Device::cpu());
+    a.k_out = c.k_out_spec().view(bases[3], Device::cpu());
+    a.v_out = s[4].view(bases[4], Device::cpu());
+    a.k_rope_out = s[5].view(bases[5], Device::cpu());
+    return a;
+  };
+  MlaKvPackArgs a = args();
+  a.k_out = c.specs()[3].view(bases[3], Device::cpu());  // 192 wide with k_rope_out given
+  test::expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+                     {"`k_out`: expected [tokens, heads, 128]"});
+  a = args();
+  a.k_rope_out = TensorView(bases[5], DType::kBF16, {5, 64});
+  test::expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+                     {"`k_rope_out` dtype", "e4m3"});
+  a.k_rope_out = TensorView(bases[5], DType::kE4M3, {5, 2, 64});
+  test::expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+                     {"`k_rope_out`: expected [tokens, 64] or [tokens, 1, 64]"});
+  a.k_rope_out = TensorView(bases[5], DType::kE4M3, {4, 64});
+  test::expect_error([&] { mla_kv_pack_quantize_fp8(a); }, ErrorCategory::kInvalidArgument,
+                     {"`k_rope_out`: expected 5 tokens like `k_nope`"});
 }
 
 // V into the transposed layout prefill_attention's FP8 path reads: [H][128][n + pad] bytes.

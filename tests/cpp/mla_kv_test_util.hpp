@@ -266,8 +266,12 @@ struct KvPackCase {
   Data data = Data::kRandom;
   std::uint64_t seed = 1;
   bool v_only = false;  // run mla_v_quantize_fp8 instead
+  // K split (k_rope_out): k_out [n, H, 128] in the same rows (their bytes 128.. untouched) and
+  // k_rope_out like k_pe's shape, rows 64 + out_pad apart.
+  bool split_k = false;
 
-  // Allocations: kv (or k_nope), k_pe, v (empty when fused), k_out, v_out.
+  // Allocations: kv (or k_nope), k_pe, v (empty when fused), k_out, v_out, k_rope_out (empty
+  // unless split_k).
   std::vector<Spec> specs() const {
     const std::int64_t n = tokens, h = heads;
     return {
@@ -276,7 +280,16 @@ struct KvPackCase {
                 : padded(dtype, {n, kMlaRopeDim}, k_pe_pad),
         fused ? dense(dtype, {0}) : padded(dtype, {n, h, kMlaVDim}, in_pad),
         padded(DType::kE4M3, {n, h, kMlaQkDim}, out_pad),
-        v_transposed ? transposed_v_spec() : padded(DType::kE4M3, {n, h, kMlaVDim}, out_pad)};
+        v_transposed ? transposed_v_spec() : padded(DType::kE4M3, {n, h, kMlaVDim}, out_pad),
+        !split_k  ? dense(DType::kE4M3, {0})
+        : k_pe_3d ? padded(DType::kE4M3, {n, 1, kMlaRopeDim}, out_pad)
+                  : padded(DType::kE4M3, {n, kMlaRopeDim}, out_pad)};
+  }
+  // The k_out view's spec: its allocation, 128 wide for a split K.
+  Spec k_out_spec() const {
+    Spec s = specs()[3];
+    if (split_k) s.shape.back() = kMlaNopeDim;
+    return s;
   }
   Spec transposed_v_spec() const {
     const std::int64_t pitch = tokens + v_pitch_pad;
@@ -317,9 +330,10 @@ struct KvPackCase {
     a.v = v_spec().view(fused ? bases[0] : bases[2], device);
     a.k_scale_inv = k_scale_inv;
     a.v_scale_inv = v_scale_inv;
-    a.k_out = s[3].view(bases[3], device);
+    a.k_out = k_out_spec().view(bases[3], device);
     a.v_out = s[4].view(bases[4], device);
     a.v_layout = layout;
+    if (split_k) a.k_rope_out = s[5].view(bases[5], device);
     mla_kv_pack_quantize_fp8(a, stream);
   }
   std::vector<std::vector<std::uint8_t>> expected_outputs(
@@ -328,7 +342,9 @@ struct KvPackCase {
     const Spec kn = k_nope_spec(), vs = v_spec();
     const void* v_base = before[fused ? 0 : 2].data();
     std::vector<std::vector<std::uint8_t>> out;
-    for (int k : {3, 4}) out.emplace_back(before[k].payload().begin(), before[k].payload().end());
+    for (int k : {3, 4, 5}) {
+      out.emplace_back(before[k].payload().begin(), before[k].payload().end());
+    }
     for (std::int64_t t = 0; t < tokens; ++t) {
       for (std::int64_t h = 0; h < heads; ++h) {
         for (int i = 0; i < kMlaVDim; ++i) {
@@ -340,21 +356,27 @@ struct KvPackCase {
           out[0][element_at(s[3], t, h, i)] =
               encode_e4m3(load_f32(before[0].data(), dtype, element_at(kn, t, h, i)) * k_scale_inv);
         }
-        for (int i = 0; i < kMlaRopeDim; ++i) {
-          out[0][element_at(s[3], t, h, kMlaNopeDim + i)] = encode_e4m3(
+        for (int i = 0; i < kMlaRopeDim; ++i) {  // every head's row, or once in k_rope_out
+          const std::uint8_t code = encode_e4m3(
               load_f32(before[1].data(), dtype, element_at(s[1], t, 0, i)) * k_scale_inv);
+          if (split_k) {
+            out[2][element_at(s[5], t, 0, i)] = code;
+          } else {
+            out[0][element_at(s[3], t, h, kMlaNopeDim + i)] = code;
+          }
         }
       }
     }
     return out;
   }
   std::string describe() const {
-    return concat(
-        v_only ? "mla_v_quantize_fp8 " : "mla_kv_pack_quantize_fp8 ", dtype_name(dtype),
-        " n=", tokens, " H=", heads, fused ? " fused kv" : " separate", " (in pad ", in_pad,
-        "), k_pe ", k_pe_3d ? "3-d" : "2-d", " pad ", k_pe_pad, ", out pad ", out_pad,
-        v_transposed ? concat(", v transposed (pitch pad ", v_pitch_pad, ")") : "",
-        ", scale_inv k ", k_scale_inv, " v ", v_scale_inv, ", ", data_name(data), " seed ", seed);
+    return concat(v_only ? "mla_v_quantize_fp8 " : "mla_kv_pack_quantize_fp8 ", dtype_name(dtype),
+                  " n=", tokens, " H=", heads, fused ? " fused kv" : " separate", " (in pad ",
+                  in_pad, "), k_pe ", k_pe_3d ? "3-d" : "2-d", " pad ", k_pe_pad, ", out pad ",
+                  out_pad,
+                  v_transposed ? concat(", v transposed (pitch pad ", v_pitch_pad, ")") : "",
+                  split_k ? ", k_rope_out" : "", ", scale_inv k ", k_scale_inv, " v ", v_scale_inv,
+                  ", ", data_name(data), " seed ", seed);
   }
 };
 

@@ -121,6 +121,7 @@ TEST(MlaRopeCuda, BadPositionAndSlot) {
       c.page_size = 16;
       c.misaligned = misaligned;
       c.position_dtype = what % 2 ? DType::kI32 : DType::kI64;
+      c.split_k = what % 2 == 1;  // 40 heads: two head groups, the first writes k_rope_out
       SCOPED_TRACE(c.describe() + concat(", bad kind ", what));
       std::vector<HostBuffer> host = initial_buffers(c);
       const std::int64_t t = 6;  // t % 5 != 4: has a slot

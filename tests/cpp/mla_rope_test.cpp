@@ -183,6 +183,7 @@ TEST(MlaRopeQuantize, EveryTokenCount) {
     c.strided = n % 2 == 1;
     c.style = n % 3 == 0 ? RopeStyle::kNeox : RopeStyle::kInterleaved;
     c.page_size = 16;
+    c.split_k = n % 4 == 1;
     c.seed = std::uint64_t(n) + 100;
     expect_matches_reference(c);
   }
@@ -366,6 +367,21 @@ TEST_F(MlaRopeBadInput, CosSinShapeAndDtype) {
   a = args();
   a.cos_sin = TensorView(bases_[test::kCosSin], DType::kBF16, {100, 64});
   expect_rejected(a, ErrorCategory::kInvalidArgument, {"`cos_sin` dtype", "f32", "bf16"});
+}
+
+TEST_F(MlaRopeBadInput, SplitK) {
+  MlaRopeQuantizeArgs a = args();  // k_out keeps its 192 dims though k_rope_out takes 64
+  a.k_rope_out = TensorView(bases_[test::kKRopeOut], DType::kE4M3, {5, 64});
+  expect_rejected(a, ErrorCategory::kInvalidArgument, {"`k_out`", "[5, 2, 128]", "[5, 2, 192]"});
+  a.k_out = TensorView(bases_[test::kKOut], DType::kE4M3, {5, 2, 128}, {2 * 192, 192, 1});
+  a.k_rope_out = TensorView(bases_[test::kKRopeOut], DType::kBF16, {5, 64});
+  expect_rejected(a, ErrorCategory::kInvalidArgument, {"`k_rope_out` dtype", "e4m3", "bf16"});
+  a.k_rope_out = TensorView(bases_[test::kKRopeOut], DType::kE4M3, {5, 2, 64});
+  expect_rejected(a, ErrorCategory::kInvalidArgument, {"`k_rope_out`", "[T, 64] or [T, 1, 64]"});
+  a.k_rope_out = TensorView(bases_[test::kKRopeOut], DType::kE4M3, {4, 64});
+  expect_rejected(a, ErrorCategory::kInvalidArgument, {"`k_rope_out`", "T = 5"});
+  a.k_rope_out = TensorView(bases_[test::kKRopeOut], DType::kE4M3, {5, 64});
+  EXPECT_NO_THROW(mla_rope_quantize_fp8(a));
 }
 
 TEST_F(MlaRopeBadInput, OutputDtypeAndShape) {

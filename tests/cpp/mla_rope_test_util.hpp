@@ -55,6 +55,7 @@ enum RopeBuffer : int {
   kCache,
   kSlots,
   kErrorFlag,
+  kKRopeOut,  // with split_k: K's RoPE part, [T, 64] rows 80 apart (or [T, 1, 64])
   kNumRopeBuffers,
 };
 
@@ -68,6 +69,8 @@ struct RopeCase {
   bool k_pe_3d = false;     // k_pe as [T, 1, 64]
   bool misaligned = false;  // views one element past 16-byte boundaries: the scalar CUDA path
   std::int64_t out_head_pad = 0;  // q_out/k_out heads 192 + pad bytes apart
+  // K split (k_rope_out): k_out [T, H, 128] in the same rows (bytes 128.. of a head untouched).
+  bool split_k = false;
   std::int64_t max_pos = 4096;
   std::int64_t cos_sin_pad = 0;  // cos_sin rows 64 + pad floats apart
   bool yarn = true;
@@ -112,7 +115,9 @@ struct RopeCase {
     v[kCosSin] = {kCosSin, DType::kF32, {max_pos, 64}, {cw, 1}, 0};
     const std::int64_t hw = kMlaQkDim + out_head_pad, tw = H * hw + 16;
     v[kQOut] = {kQOut, DType::kE4M3, {T, H, 192}, {tw, hw, 1}, mis};
-    v[kKOut] = {kKOut, DType::kE4M3, {T, H, 192}, {tw, hw, 1}, mis};
+    v[kKOut] = {kKOut, DType::kE4M3, {T, H, split_k ? 128 : 192}, {tw, hw, 1}, mis};
+    v[kKRopeOut] = k_pe_3d ? ViewSpec{kKRopeOut, DType::kE4M3, {T, 1, 64}, {80, 64, 1}, mis}
+                           : ViewSpec{kKRopeOut, DType::kE4M3, {T, 64}, {80, 1}, mis};
     const std::int64_t rw = kMlaLatentDim + cache_row_pad,
                        ps = std::max<std::int64_t>(page_size, 1);
     v[kCache] = {kCache, DType::kE4M3, {num_pages(), ps, 576}, {ps * rw + 32, rw, 1}, mis};
@@ -206,6 +211,7 @@ struct RopeCase {
     a.k_scale_inv = k_scale_inv;
     a.q_out = v[kQOut].view(bases, device);
     a.k_out = v[kKOut].view(bases, device);
+    if (split_k) a.k_rope_out = v[kKRopeOut].view(bases, device);
     if (page_size > 0) {
       LatentCacheWrite w;
       w.cache = v[kCache].view(bases, device);
@@ -227,11 +233,11 @@ struct RopeCase {
                   style == RopeStyle::kNeox ? " neox" : " interleaved", " positions ",
                   dtype_name(position_dtype), strided ? " strided" : " contiguous",
                   k_pe_3d ? " k_pe[T,1,64]" : " k_pe[T,64]", misaligned ? " misaligned" : "",
-                  " out_head_pad ", out_head_pad, " max_pos ", max_pos, " cos_sin_pad ",
-                  cos_sin_pad, yarn ? " yarn" : " plain", " scales ", q_scale_inv, "/", k_scale_inv,
-                  " page_size ", page_size, " (row pad ", cache_row_pad, ", slots ",
-                  dtype_name(slot_dtype), ", scale_inv ", cache_scale_inv, ") ", data_name(data),
-                  " seed ", seed);
+                  split_k ? " k_rope_out" : "", " out_head_pad ", out_head_pad, " max_pos ",
+                  max_pos, " cos_sin_pad ", cos_sin_pad, yarn ? " yarn" : " plain", " scales ",
+                  q_scale_inv, "/", k_scale_inv, " page_size ", page_size, " (row pad ",
+                  cache_row_pad, ", slots ", dtype_name(slot_dtype), ", scale_inv ",
+                  cache_scale_inv, ") ", data_name(data), " seed ", seed);
   }
 };
 
@@ -266,12 +272,17 @@ inline void reference_outputs(const RopeCase& c, std::vector<HostBuffer>& b,
     const float* cs = bad ? nullptr : cs_base + pos * v[kCosSin].strides[0];
     for (int i = 0; i < 64; ++i) k_x[i] = k3 ? in(v[kKPe], t, 0, i) : elem(v[kKPe], t, i);
     if (!bad) reference_rope(k_x, cs, c.style, k_y);
+    // K's RoPE part: in every head's k_out row, or once in k_rope_out's.
+    std::uint8_t* k_rope_row = c.split_k ? b[kKRopeOut].data() + v[kKRopeOut].byte_at(t) : nullptr;
+    if (k_rope_row != nullptr) {
+      for (int i = 0; i < 64; ++i) k_rope_row[i] = bad ? 0 : encode_e4m3(k_y[i] * c.k_scale_inv);
+    }
     for (std::int64_t h = 0; h < c.heads; ++h) {
       std::uint8_t* q = b[kQOut].data() + v[kQOut].byte_at(t, h);
       std::uint8_t* k = b[kKOut].data() + v[kKOut].byte_at(t, h);
       if (bad) {
         std::memset(q, 0, 192);
-        std::memset(k, 0, 192);
+        std::memset(k, 0, c.split_k ? 128 : 192);
         continue;
       }
       float q_x[64], q_y[64];
@@ -283,7 +294,7 @@ inline void reference_outputs(const RopeCase& c, std::vector<HostBuffer>& b,
       }
       for (int i = 0; i < 64; ++i) {
         q[128 + i] = encode_e4m3(q_y[i] * c.q_scale_inv);
-        k[128 + i] = encode_e4m3(k_y[i] * c.k_scale_inv);
+        if (!c.split_k) k[128 + i] = encode_e4m3(k_y[i] * c.k_scale_inv);
       }
     }
     if (c.page_size == 0 || bad) continue;
@@ -319,6 +330,7 @@ inline std::vector<RopeCase> rope_matrix(Data data) {
         c.position_dtype = (k / 3) % 2 ? DType::kI32 : DType::kI64;
         c.strided = k % 3 != 0;
         c.k_pe_3d = (k / 5) % 2 == 1;
+        c.split_k = k % 3 == 2;
         c.misaligned = k % 4 == 3;
         c.out_head_pad = k % 3 == 1 ? 16 : k % 3 == 2 ? 5 : 0;
         c.page_size = std::array<std::int64_t, 5>{0, 1, 16, 64, 128}[k % 5];

@@ -81,9 +81,18 @@ def test_custom_ops_opcheck():
     for cache_args in ((None, None, 1.0, None, None), (cache, slots, 2.0, flag, inp["kv_a"])):
         torch.library.opcheck(torch.ops.fp8mla.backend_prepare_prefill_qkv.default, (
             "cpu", *hook_args(inp, cos_sin)[:6], "interleaved", 1.0, 1.0, q_out, k_out,
-            *cache_args, inp["v"], 1.0, v_out, 0), test_utils=tests)
+            *cache_args, None, inp["v"], 1.0, v_out, 0), test_utils=tests)
     torch.library.opcheck(torch.ops.fp8mla.backend_pack_prefix_chunk_kv.default, (
-        "cpu", inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 1.0, k_out, v_out, 0), test_utils=tests)
+        "cpu", inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 1.0, k_out, v_out, None, 0),
+        test_utils=tests)
+    k_split = torch.empty(3, 2, 128, dtype=torch.uint8)
+    k_rope = torch.empty(3, 64, dtype=torch.uint8)
+    torch.library.opcheck(torch.ops.fp8mla.backend_prepare_prefill_qkv.default, (
+        "cpu", *hook_args(inp, cos_sin)[:6], "interleaved", 1.0, 1.0, q_out, k_split,
+        None, None, 1.0, None, None, k_rope, inp["v"], 1.0, v_out, 0), test_utils=tests)
+    torch.library.opcheck(torch.ops.fp8mla.backend_pack_prefix_chunk_kv.default, (
+        "cpu", inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 1.0, k_split, v_out, k_rope, 0),
+        test_utils=tests)
 
 
 def test_prepare_prefill_qkv_compiles():

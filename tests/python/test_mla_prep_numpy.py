@@ -414,6 +414,25 @@ def test_kv_cache_errors():
         fp8mla.mla_kv_gather(cache, np.arange(2), 1.0, error_flag=np.zeros(2, np.int32))
 
 
+def test_rope_quantize_split_k_gives_the_bytes_of_every_head():
+    """k_rope_out: k_out holds k_nope's 128 dims, k_rope_out the RoPE part once per token, the
+    bytes every head's k_out[..., 128:] holds without it."""
+    cos_sin = fp8mla.make_cos_sin_cache(64, yarn=DEEPSEEK_V3_ROPE_SCALING)
+    inp = rope_inputs(37, 16, BF16, seed=5)
+    args = (inp["q_nope"], inp["q_pe"], inp["k_nope"], inp["k_pe"], inp["positions"], cos_sin)
+    q_whole, k_whole = fp8mla.mla_rope_quantize_fp8(*args, k_scale_inv=0.25)
+    for k_rope_out in (np.zeros((37, 64), E4M3), np.zeros((37, 1, 80), E4M3)[..., :64]):
+        q_out, k_out = fp8mla.mla_rope_quantize_fp8(*args, k_scale_inv=0.25,
+                                                    k_rope_out=k_rope_out)
+        assert k_out.shape == (37, 16, 128)
+        np.testing.assert_array_equal(u8(q_out), u8(q_whole))
+        np.testing.assert_array_equal(u8(k_out), u8(k_whole[..., :128]))
+        np.testing.assert_array_equal(u8(k_rope_out).reshape(37, 64), u8(k_whole[:, 0, 128:]))
+    with pytest.raises(fp8mla.InvalidArgumentError, match="`k_out`"):
+        fp8mla.mla_rope_quantize_fp8(*args, k_out=np.zeros((37, 16, 192), E4M3),
+                                     k_rope_out=np.zeros((37, 64), E4M3))
+
+
 # ---- mla_kv_pack_quantize_fp8 ------------------------------------------------------------------
 
 
@@ -430,6 +449,20 @@ def test_kv_pack(dtype, n, heads):
     k_exp, v_exp = ref.pack(k_nope, k_pe, v, 0.5, 3.0)
     np.testing.assert_array_equal(u8(k_out), k_exp)
     np.testing.assert_array_equal(u8(v_out), v_exp)
+
+
+def test_kv_pack_split_k_gives_the_bytes_of_every_head():
+    kv = rand((33, 16, 256), BF16, seed=3, scale=100.0)
+    k_pe = rand((33, ref.LATENT), BF16, seed=4)[:, 512:]
+    k_whole, v_whole = fp8mla.mla_kv_pack_quantize_fp8(kv[..., :128], k_pe, kv[..., 128:],
+                                                       k_scale_inv=0.5)
+    k_rope_out = np.zeros((33, 64), E4M3)
+    k_out, v_out = fp8mla.mla_kv_pack_quantize_fp8(kv[..., :128], k_pe, kv[..., 128:],
+                                                   k_scale_inv=0.5, k_rope_out=k_rope_out)
+    assert k_out.shape == (33, 16, 128)
+    np.testing.assert_array_equal(u8(k_out), u8(k_whole[..., :128]))
+    np.testing.assert_array_equal(u8(v_out), u8(v_whole))
+    np.testing.assert_array_equal(u8(k_rope_out), u8(k_whole[:, 0, 128:]))
 
 
 def test_kv_pack_caller_outputs_and_errors():

@@ -61,10 +61,10 @@ def test_custom_ops_registered_with_mutations():
         assert hasattr(torch.ops.fp8mla, name)
     mutated = {
         "make_cos_sin_cache": {"cos_sin"},
-        "mla_rope_quantize_fp8": {"q_out", "k_out", "cache", "error_flag"},
+        "mla_rope_quantize_fp8": {"q_out", "k_out", "cache", "error_flag", "k_rope_out"},
         "mla_kv_cache_write": {"cache", "error_flag"},
         "mla_kv_gather": {"kv_c_out", "k_pe_out", "error_flag"},
-        "mla_kv_pack_quantize_fp8": {"k_out", "v_out"},
+        "mla_kv_pack_quantize_fp8": {"k_out", "v_out", "k_rope_out"},
         "mla_v_quantize_fp8": {"v_out"},
     }
     for name, expected in mutated.items():
@@ -92,10 +92,15 @@ def test_opcheck_all_ops():
     flag = torch.zeros(1, dtype=torch.int32)
     opcheck(torch.ops.fp8mla.mla_rope_quantize_fp8.default,
             (*rope_args(inp, cos_sin), "interleaved", 1.0, 1.0, q_out, k_out, None, None, 1.0,
-             None, None, 0))
+             None, None, None, 0))
     opcheck(torch.ops.fp8mla.mla_rope_quantize_fp8.default,
             (*rope_args(inp, cos_sin), "neox", 2.0, 0.5, q_out, k_out, cache, slots, 0.5, flag,
-             inp["kv_c"], 0))
+             inp["kv_c"], None, 0))
+    k_split = torch.empty(5, 2, 128, dtype=torch.uint8)
+    k_rope = torch.empty(5, 64, dtype=torch.uint8)
+    opcheck(torch.ops.fp8mla.mla_rope_quantize_fp8.default,
+            (*rope_args(inp, cos_sin), "interleaved", 1.0, 1.0, q_out, k_split, None, None, 1.0,
+             None, None, k_rope, 0))
     opcheck(torch.ops.fp8mla.mla_kv_cache_write.default,
             (inp["kv_c"], inp["k_pe"], cache, slots, 1.0, flag, 0))
     opcheck(torch.ops.fp8mla.mla_kv_cache_write.default,
@@ -107,7 +112,9 @@ def test_opcheck_all_ops():
     pk = torch.empty(5, 2, 192, dtype=torch.uint8)
     pv = torch.empty(5, 2, 128, dtype=torch.uint8)
     opcheck(torch.ops.fp8mla.mla_kv_pack_quantize_fp8.default,
-            (inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 2.0, pk, pv, "token_major", 0))
+            (inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 2.0, pk, pv, None, "token_major", 0))
+    opcheck(torch.ops.fp8mla.mla_kv_pack_quantize_fp8.default,
+            (inp["k_nope"], inp["k_pe"], inp["v"], 1.0, 2.0, k_split, pv, k_rope, "token_major", 0))
     opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], pv, 2.0, "token_major", 0))
     pv_t = torch.empty(2, 128, 16, dtype=torch.uint8)[:, :, :5].permute(2, 0, 1)
     opcheck(torch.ops.fp8mla.mla_v_quantize_fp8.default, (inp["v"], pv_t, 2.0, "transposed", 0))
@@ -413,3 +420,37 @@ def test_cuda_graph_capture_and_replay_rope():
         assert_same(k_out.cpu(), kc)
         assert_same(cache.cpu(), expected_cache)
         assert flag.item() == 0
+
+
+@needs_gpu
+def test_gpu_split_k_matches_cpu_and_attention_reads_it():
+    """The rope op's and the pack's k_rope_out on CUDA give the CPU's bytes, and attention over
+    (k_out, k_rope_out) the bytes of attention over the whole K."""
+    cos_sin = fp8mla.make_cos_sin_cache(4096, yarn=YARN, device="cpu")
+    inp = rope_inputs(300, 16, torch.bfloat16, seed=8, max_pos=4096)
+    gpu = {k: v.cuda() for k, v in inp.items()}
+    rope_g = torch.empty(300, 64, dtype=torch.float8_e4m3fn, device="cuda")
+    rope_c = torch.empty(300, 64, dtype=torch.float8_e4m3fn)
+    qg, kg = fp8mla.mla_rope_quantize_fp8(*rope_args(gpu, cos_sin.cuda()), k_scale_inv=2.0,
+                                          k_rope_out=rope_g)
+    qc, kc = fp8mla.mla_rope_quantize_fp8(*rope_args(inp, cos_sin), k_scale_inv=2.0,
+                                          k_rope_out=rope_c)
+    _, k_whole = fp8mla.mla_rope_quantize_fp8(*rope_args(gpu, cos_sin.cuda()), k_scale_inv=2.0)
+    torch.cuda.synchronize()
+    assert_same(kg, kc)
+    assert_same(rope_g, rope_c)
+    assert_same(kg, k_whole[..., :128])
+    assert_same(rope_g, k_whole[:, 0, 128:])
+    kv = gpu["q_nope"].new_empty(300, 16, 256).normal_()
+    pack_rope = torch.empty(300, 1, 64, dtype=torch.float8_e4m3fn, device="cuda")
+    k_pack, v_pack = fp8mla.mla_kv_pack_quantize_fp8(kv[..., :128], gpu["k_pe"], kv[..., 128:],
+                                                     k_rope_out=pack_rope, v_layout="transposed")
+    k_pack_whole, _ = fp8mla.mla_kv_pack_quantize_fp8(kv[..., :128], gpu["k_pe"], kv[..., 128:])
+    assert_same(k_pack, k_pack_whole[..., :128])
+    assert_same(pack_rope[:, 0], k_pack_whole[:, 0, 128:])
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32, device="cuda")
+    one = torch.ones(1, device="cuda")
+    attend = lambda k, k_rope: fp8mla.prefill_attention(  # noqa: E731
+        qg, k, v_pack, cu, cu, 200, 200, softmax_scale=0.07, q_descale=one, k_descale=one,
+        v_descale=one, k_rope=k_rope)
+    assert_same(attend(k_pack, pack_rope), attend(k_pack_whole, None))

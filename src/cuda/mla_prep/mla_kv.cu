@@ -9,7 +9,8 @@
 //   gather: 36 units per row, each one 16-byte load and two 16-byte stores of bf16.
 //   pack:   per token, 16 units per head (8 of k_nope, 8 of v), then 4 units of k_pe per group of
 //           kPeHeads heads: the 16 k_pe bytes are converted once and stored to each head of the
-//           group. V alone (mla_v_quantize_fp8, p.v_only): 8 units per head, all of v.
+//           group (a split K: 4 units into the token's k_rope_out row). V alone
+//           (mla_v_quantize_fp8, p.v_only): 8 units per head, all of v.
 // A bad slot (not -1 for the write; any for the gather) cannot throw here: the write skips the
 // token, the gather writes zeros, and both set *error_flag = 1 when a flag is given.
 #include <algorithm>
@@ -262,8 +263,13 @@ __device__ __forceinline__ void pack_units(const MlaKvPackParams& p, const Trave
         const int chunk = int(pe % kPeUnits);
         const std::int64_t first_head = std::int64_t(pe / kPeUnits) * kPeHeads;
         src = at<const S>(p.k_pe, tok, 0, chunk * kVec);
-        dst[u] = at<std::uint8_t>(p.k_out, tok, first_head, kMlaNopeDim + chunk * kVec);
-        copies[u] = int(std::min<std::int64_t>(kPeHeads, heads - first_head));
+        if (p.k_split) {  // one group: the token's k_rope_out row
+          dst[u] = at<std::uint8_t>(p.k_rope_out, tok, 0, chunk * kVec);
+          copies[u] = 1;
+        } else {
+          dst[u] = at<std::uint8_t>(p.k_out, tok, first_head, kMlaNopeDim + chunk * kVec);
+          copies[u] = int(std::min<std::int64_t>(kPeHeads, heads - first_head));
+        }
       }
       load_f32<In, kVec>(src, x[u]);
     }
@@ -428,9 +434,11 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackParams& p, CudaStream stream) {
   const char* op = p.v_only ? "mla_v_quantize_fp8" : "mla_kv_pack_quantize_fp8";
   const bool v_wide = vectors_ok(p.v) && (p.v_transposed || vectors_ok(p.v_out));
   const bool wide =
-      v_wide && (p.v_only || (vectors_ok(p.k_nope) && vectors_ok(p.k_pe) && vectors_ok(p.k_out)));
+      v_wide && (p.v_only || (vectors_ok(p.k_nope) && vectors_ok(p.k_pe) && vectors_ok(p.k_out) &&
+                              (!p.k_split || vectors_ok(p.k_rope_out))));
   const std::int64_t heads = p.v.heads;
-  const std::int64_t groups = p.v_only ? 0 : (heads + kPeHeads - 1) / kPeHeads;
+  // k_pe units: one set per group of kPeHeads heads, or one set for a split K's k_rope_out.
+  const std::int64_t groups = p.v_only ? 0 : p.k_split ? 1 : (heads + kPeHeads - 1) / kPeHeads;
   if (heads > (std::int64_t(1) << 20)) {
     throw Error(ErrorCategory::kUnsupported, concat(op, ": more than 2^20 heads, got ", heads));
   }

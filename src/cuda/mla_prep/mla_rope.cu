@@ -10,7 +10,8 @@
 //            stored as two 8-byte halves); the first head group of a token also quantizes kv_c
 //            into the cache row (32 items).
 //   phase 2: the RoPE'd k_pe, computed once per block by 4 threads into shared memory while the
-//            others run phase 1, quantized into every head's k_out[..., 128:] (and the cache row).
+//            others run phase 1, quantized into every head's k_out[..., 128:] (a split K:
+//            k_rope_out's row, by the first head group) and the cache row.
 // cos/sin values are read as float4 from the token's row. Views whose pointers or strides do not
 // allow 16-byte accesses take the scalar variant (same items, element accesses).
 // A position outside [0, max_pos) makes the block write its q_out/k_out rows as zeros, skip the
@@ -151,12 +152,17 @@ __global__ void __launch_bounds__(kThreads)
   pdl_wait();
   const std::int64_t pos = load_position(p, t);
   if (pos < 0 || pos >= p.max_pos) {  // uniform over the block
-    for (int k = threadIdx.x; k < nh * 2 * kRowChunks; k += kThreads) {
-      const std::int64_t h = h0 + k / (2 * kRowChunks);
-      const int r = k % (2 * kRowChunks);
+    // Per head the q row's chunks, then the k row's (k_nope's alone for a split K).
+    const int head_chunks = kRowChunks + (p.k_split ? kNopeItems : kRowChunks);
+    for (int k = threadIdx.x; k < nh * head_chunks; k += kThreads) {
+      const std::int64_t h = h0 + k / head_chunks;
+      const int r = k % head_chunks;
       std::uint8_t* row = r < kRowChunks ? out_row(p.q_out, t, h) + 16 * r
                                          : out_row(p.k_out, t, h) + 16 * (r - kRowChunks);
       store_zero16<kVec>(row);
+    }
+    if (p.k_split && first_group && threadIdx.x < kRopeItems) {
+      store_zero16<kVec>(out_row(p.k_rope_out, t, 0) + 16 * threadIdx.x);
     }
     if (threadIdx.x == 0 && first_group && p.cache.error_flag != nullptr) *p.cache.error_flag = 1;
     pdl_launch_dependents();
@@ -220,15 +226,18 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   __syncthreads();
-  const int copies = nh * kRopeItems + (cache_row != nullptr ? kRopeItems : 0);
+  // K's RoPE part into every head's row, or once into k_rope_out's (split K).
+  const int k_rows = p.k_split ? (first_group ? 1 : 0) : nh;
+  const int copies = (k_rows + (cache_row != nullptr ? 1 : 0)) * kRopeItems;
   for (int k = threadIdx.x; k < copies; k += kThreads) {
     const int j = k % kRopeItems;
     float y[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) y[i] = k_rope[j][i];
-    if (k < nh * kRopeItems) {
-      store_rope_item<kVec>(out_row(p.k_out, t, h0 + k / kRopeItems) + kMlaNopeDim, neox, j, y,
-                            p.k_scale_inv);
+    if (k < k_rows * kRopeItems) {
+      std::uint8_t* row = p.k_split ? out_row(p.k_rope_out, t, 0)
+                                    : out_row(p.k_out, t, h0 + k / kRopeItems) + kMlaNopeDim;
+      store_rope_item<kVec>(row, neox, j, y, p.k_scale_inv);
     } else {
       store_rope_item<kVec>(cache_row + kMlaKvLoraRank, neox, j, y, p.cache.scale_inv);
     }
@@ -250,7 +259,8 @@ bool vector_ok(const TokenHeads& t) {
 bool vector_ok(const MlaRopeQuantizeParams& p) {
   bool ok = vector_ok(p.q_nope) && vector_ok(p.q_pe) && vector_ok(p.k_nope) && vector_ok(p.k_pe) &&
             vector_ok(p.q_out) && vector_ok(p.k_out) && aligned16(p.cos_sin) &&
-            (p.max_pos <= 1 || p.cos_sin_row_stride % 4 == 0);
+            (p.max_pos <= 1 || p.cos_sin_row_stride % 4 == 0) &&
+            (!p.k_split || vector_ok(p.k_rope_out));
   if (p.cache_write) {
     ok = ok && vector_ok(p.kv_c) && aligned16(p.cache.cache) &&
          (p.cache.num_pages <= 1 || p.cache.page_stride % 16 == 0) &&
