@@ -122,6 +122,7 @@ struct MlaAttendStep {
 // layout the executor's o_proj reads; a default view: none) o_proj's e4m3 input [T, H * 128].
 struct MlaAttentionTensors {
   TensorView q, k, v;
+  TensorView k_rope;  // a split K's RoPE part (prefill_attention's k_rope), or none
   const std::int32_t *cu_q, *cu_k;
   const float* descales;
   void* out;

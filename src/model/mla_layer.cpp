@@ -118,6 +118,7 @@ PrefillAttentionArgs mla_attention_args(const MlaConfig& config, const MlaBatchP
   PrefillAttentionArgs a;
   a.q = t.q;
   a.k = t.k;
+  a.k_rope = t.k_rope;
   a.v = t.v;
   a.cu_seqlens_q = TensorView(const_cast<std::int32_t*>(t.cu_q), DType::kI32, {B + 1}, d);
   a.cu_seqlens_k = TensorView(const_cast<std::int32_t*>(t.cu_k), DType::kI32, {B + 1}, d);

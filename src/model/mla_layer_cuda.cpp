@@ -82,9 +82,12 @@ struct Projection {
 };
 
 // Keys and values of one attention call, as the kernel reads them.
+// FP8: K split as prefill_attention's k_rope reads it, k [n, H, 128] with k_rope [n, 64] after it
+// in the same buffer (K's RoPE part once per key, not once per head: 64 of 192 bytes a head).
 struct KeysValues {
   TensorView k, v;
   std::int64_t v_pitch = 0;  // FP8: bytes between the dims of the transposed V
+  TensorView k_rope;         // FP8 only
 };
 
 class CudaMlaExecutor final : public MlaExecutor {
@@ -189,6 +192,13 @@ class CudaMlaExecutor final : public MlaExecutor {
   }
   TensorView rows_of(void* data, DType dtype, std::int64_t n, std::int64_t width) const {
     return TensorView(data, dtype, {n, c_.heads, width}, device_);
+  }
+  // The FP8 path's split K in a buffer of n keys: k_nope's rows, then the k_rope rows.
+  TensorView k8_nope_of(std::uint8_t* k, std::int64_t n) const {
+    return rows_of(k, DType::kE4M3, n, kMlaNopeDim);
+  }
+  TensorView k8_rope_of(std::uint8_t* k, std::int64_t n) const {
+    return TensorView(k + n * c_.heads * kMlaNopeDim, DType::kE4M3, {n, kMlaRopeDim}, device_);
   }
 
   // The BF16 path's K = [k_nope | k_pe] per head, from a [n, H, 256] kv_b output and k_pe rows
@@ -338,7 +348,7 @@ void CudaMlaExecutor::prep() {
   const TensorView kv_c(b_.kv_c, DType::kBF16, {T, c_.kv_lora_rank}, device_);
   if (call_->path.fp8) {
     prep_fp8(write, kv_c);
-    extend_ = {rows_of(b_.k8, adt, T, kMlaQkDim), v8_of(b_.v8, T, v_pitch(T)), v_pitch(T)};
+    extend_ = {k8_nope_of(b_.k8, T), v8_of(b_.v8, T, v_pitch(T)), v_pitch(T), k8_rope_of(b_.k8, T)};
   } else {
     prep_bf16(write, kv_c);
     extend_ = {rows_of(b_.k16, adt, T, kMlaQkDim), v_of(b_.kv, T), 0};
@@ -362,7 +372,8 @@ void CudaMlaExecutor::prep_fp8(const LatentCacheWrite& write, const TensorView& 
   a.q_scale_inv = scales.q_scale_inv;
   a.k_scale_inv = scales.k_scale_inv;
   a.q_out = rows_of(b_.q8, DType::kE4M3, T, kMlaQkDim);
-  a.k_out = rows_of(b_.k8, DType::kE4M3, T, kMlaQkDim);
+  a.k_out = k8_nope_of(b_.k8, T);
+  a.k_rope_out = k8_rope_of(b_.k8, T);
   a.cache_write = write;
   a.kv_c = kv_c;
   hook.v = v_of(b_.kv, T);
@@ -463,11 +474,12 @@ void CudaMlaExecutor::prefix_keys(std::int64_t first_row, std::int64_t n) {
     a.v = v_of(b_.prefix_kv, n);
     a.k_scale_inv = call_->options.fp8.k_scale_inv;
     a.v_scale_inv = call_->options.fp8.v_scale_inv;
-    a.k_out = rows_of(b_.prefix_k8, adt, n, kMlaQkDim);
+    a.k_out = k8_nope_of(b_.prefix_k8, n);
     a.v_out = v8_of(b_.prefix_v8, n, v_pitch(n));
     a.v_layout = VLayout::kTransposed;
+    a.k_rope_out = k8_rope_of(b_.prefix_k8, n);
     call_->backend->pack_prefix_chunk_kv(a, call_->stream);
-    prefix_ = {a.k_out, a.v_out, v_pitch(n)};
+    prefix_ = {a.k_out, a.v_out, v_pitch(n), a.k_rope_out};
     return;
   }
   cuda::model::rope_assemble_bf16(
@@ -482,7 +494,8 @@ void CudaMlaExecutor::assemble_one_shot() {
   const DType adt = call_->path.attention_dtype;
   const std::int64_t T = plan.tokens, H = c_.heads, P = std::int64_t(plan.prefix_rows.size());
   const std::int64_t n = P + T, pitch = v_pitch(n), eb = fp8 ? 1 : 2;
-  const std::int64_t k_row = H * kMlaQkDim * eb;
+  const std::int64_t k_row = H * (fp8 ? kMlaNopeDim : kMlaQkDim) * eb;  // FP8: and its k_rope row
+  std::uint8_t* one_shot_rope = fp8 ? b_.one_shot_k + n * k_row : nullptr;
   const auto copy_rows = [&](const KeysValues& from, std::int64_t from_row, std::int64_t to_row,
                              std::int64_t rows) {
     if (rows == 0) return;
@@ -490,6 +503,13 @@ void CudaMlaExecutor::assemble_one_shot() {
                           static_cast<const std::uint8_t*>(from.k.data()) + from_row * k_row,
                           std::size_t(rows * k_row), cudaMemcpyDeviceToDevice, stream_),
           "cudaMemcpyAsync(one-shot K)");
+    if (fp8) {
+      check(cudaMemcpyAsync(
+                one_shot_rope + to_row * kMlaRopeDim,
+                static_cast<const std::uint8_t*>(from.k_rope.data()) + from_row * kMlaRopeDim,
+                std::size_t(rows * kMlaRopeDim), cudaMemcpyDeviceToDevice, stream_),
+            "cudaMemcpyAsync(one-shot K's RoPE part)");
+    }
     const auto* v = static_cast<const std::uint8_t*>(from.v.data());
     if (fp8) {  // [H * 128][pitch] bytes: a column range of every row
       check(cudaMemcpy2DAsync(b_.one_shot_v + to_row, std::size_t(pitch), v + from_row,
@@ -513,8 +533,8 @@ void CudaMlaExecutor::assemble_one_shot() {
     copy_rows(extend_, q0, k0 + p, e);
     prefix_at += p;
   }
-  one_shot_ = fp8 ? KeysValues{rows_of(b_.one_shot_k, adt, n, kMlaQkDim),
-                               v8_of(b_.one_shot_v, n, pitch), pitch}
+  one_shot_ = fp8 ? KeysValues{k8_nope_of(b_.one_shot_k, n), v8_of(b_.one_shot_v, n, pitch), pitch,
+                               k8_rope_of(b_.one_shot_k, n)}
                   : KeysValues{rows_of(b_.one_shot_k, adt, n, kMlaQkDim),
                                rows_of(b_.one_shot_v, adt, n, kMlaVDim), 0};
 }
@@ -528,6 +548,7 @@ void CudaMlaExecutor::attend(const MlaAttendStep& step) {
   MlaAttentionTensors t;
   t.q = call_->path.fp8 ? rows_of(b_.q8, adt, T, kMlaQkDim) : rows_of(b_.q, adt, T, kMlaQkDim);
   t.k = kv.k;
+  t.k_rope = kv.k_rope;
   t.v = kv.v;
   t.cu_q = b_.cu_q;
   t.cu_k = step.keys == MlaKeys::kExtend ? b_.cu_q

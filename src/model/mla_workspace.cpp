@@ -59,9 +59,11 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
   b.kv_c = w.take<std::uint16_t>(T * c.kv_lora_rank);
   b.q = w.take<std::uint16_t>(T * c.q_width());
   b.kv = w.take<std::uint16_t>(T * c.kv_b_width());
+  // The FP8 path's K is split: k_nope's [n, H, 128] then the RoPE part's [n, 64].
+  const auto split_k = [&](std::int64_t n) { return n * (H * kMlaNopeDim + kMlaRopeDim); };
   if (s.fp8) {
     b.q8 = w.take<std::uint8_t>(T * H * kMlaQkDim);
-    b.k8 = w.take<std::uint8_t>(T * H * kMlaQkDim);
+    b.k8 = w.take<std::uint8_t>(split_k(T));
     b.v8 = w.take<std::uint8_t>(H * kMlaVDim * v_pitch(T));
   } else {
     b.k16 = w.take<std::uint16_t>(T * H * kMlaQkDim);
@@ -71,9 +73,9 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
   b.prefix_pe = w.take<std::uint16_t>(P * kMlaRopeDim);
   b.prefix_kv = w.take<std::uint16_t>(P * c.kv_b_width());
   if (s.fp8) {
-    b.prefix_k8 = w.take<std::uint8_t>(P * H * kMlaQkDim);
+    b.prefix_k8 = w.take<std::uint8_t>(split_k(P));
     b.prefix_v8 = w.take<std::uint8_t>(P > 0 ? H * kMlaVDim * v_pitch(P) : 0);
-    b.one_shot_k = w.take<std::uint8_t>(one_shot * H * kMlaQkDim);
+    b.one_shot_k = w.take<std::uint8_t>(split_k(one_shot));
     b.one_shot_v = w.take<std::uint8_t>(one_shot > 0 ? H * kMlaVDim * v_pitch(one_shot) : 0);
   } else {
     b.prefix_k16 = w.take<std::uint16_t>(P * H * kMlaQkDim);

@@ -50,9 +50,9 @@ struct MlaBuffers {
   std::uint8_t* gemm_x;
   float* gemm_x_scales;
   std::uint16_t *q_a, *q_a_norm, *kv_a, *kv_c, *q, *kv;  // projections of the extend tokens
-  std::uint8_t *q8, *k8, *v8;                            // FP8 path: Q, K, V transposed
-  std::uint16_t *k16, *k_pe16;                           // BF16 path: K, the RoPE'd k_pe
-  std::uint16_t *prefix_c, *prefix_pe, *prefix_kv;       // prefix keys: latent rows, kv_b
+  std::uint8_t *q8, *k8, *v8;   // FP8 path: Q, K split (k_nope rows, then k_rope rows), V^T
+  std::uint16_t *k16, *k_pe16;  // BF16 path: K, the RoPE'd k_pe
+  std::uint16_t *prefix_c, *prefix_pe, *prefix_kv;  // prefix keys: latent rows, kv_b
   std::uint8_t *prefix_k8, *prefix_v8;
   std::uint16_t* prefix_k16;
   std::uint8_t *one_shot_k, *one_shot_v;  // each sequence's prefix then extend keys
