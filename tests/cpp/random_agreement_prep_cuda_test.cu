@@ -46,6 +46,7 @@ RopeCase draw_rope(Draw& d) {
   c.with_error_flag = d.chance(0.5);
   c.data = d.data();
   c.seed = d.bits();
+  c.split_k = d.chance(0.5);
   return c;
 }
 
@@ -110,6 +111,7 @@ KvPackCase draw_pack(Draw& d) {
   c.data = d.data();
   c.seed = d.bits() >> 8;
   c.v_only = d.chance(0.3);
+  c.split_k = !c.v_only && d.chance(0.5);
   return c;
 }
 
