@@ -77,6 +77,26 @@ std::vector<BadInput> prefill_shape_bad_inputs() {
        }),
        kInvalid,
        {"`k` dtype: expected bf16 (the dtype of `q`)", "got e4m3fn"}},
+      {"prefill_attention: f32 k_rope",
+       prefill_call([](Arena& a, auto& p) {
+         p.k = a.input(DType::kBF16, {kT, kH, 128});
+         p.k_rope = a.input(DType::kF32, {kT, 64});
+       }),
+       kInvalid,
+       {"`k_rope` dtype: expected bf16 (the dtype of `q`)", "got f32"}},
+      {"prefill_attention: k_rope of 3 keys for 4",
+       prefill_call([](Arena& a, auto& p) {
+         p.k = a.input(DType::kBF16, {kT, kH, 128});
+         p.k_rope = a.input(DType::kBF16, {3, 64});
+       }),
+       kInvalid,
+       {"`k_rope`: expected [4, 64] or [4, 1, 64]", "got bf16[3, 64]"}},
+      {"prefill_attention: k_rope with a 192-wide k",
+       prefill_call([](Arena& a, auto& p) {
+         p.k_rope = a.input(DType::kBF16, {kT, 64});
+       }),
+       kInvalid,
+       {"`k`: expected [4, 2, 128]", "the rest is `k_rope`", "got bf16[4, 2, 192]"}},
       {"prefill_attention: q of 2 dims",
        prefill_call([](Arena& a, auto& p) {
          p.q = a.input(DType::kBF16, {kT, 192});

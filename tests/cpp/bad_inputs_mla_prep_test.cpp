@@ -35,6 +35,14 @@ std::vector<BadInput> rope_bad_inputs() {
                  }),
        kInvalid,
        {"`q_nope`: expected [T, H, 128]", "got bf16[2, 2, 96]"}},
+      {"mla_rope_quantize_fp8: bf16 k_rope_out",
+       rope_call(false,
+                 [](Arena& a, auto& r) {
+                   r.k_out = a.output(DType::kE4M3, {kT, kH, 128});
+                   r.k_rope_out = a.output(DType::kBF16, {kT, 64});
+                 }),
+       kInvalid,
+       {"`k_rope_out` dtype: expected e4m3fn", "got bf16"}},
       {"mla_rope_quantize_fp8: f16 q_pe with bf16 q_nope",
        rope_call(false,
                  [](Arena& a, auto& r) {
@@ -320,6 +328,13 @@ std::vector<BadInput> pack_bad_inputs() {
        }),
        kInvalid,
        {"`k_out`: expected [tokens, heads, 192]", "got e4m3fn[2, 2, 128]"}},
+      {"mla_kv_pack_quantize_fp8: k_rope_out of 3 tokens",
+       pack_call([](Arena& a, auto& p) {
+         p.k_out = a.output(DType::kE4M3, {kT, kH, 128});
+         p.k_rope_out = a.output(DType::kE4M3, {3, 64});
+       }),
+       kInvalid,
+       {"`k_rope_out`: expected 2 tokens like `k_nope`", "got e4m3fn[3, 64]"}},
       {"mla_kv_pack_quantize_fp8: v of 3 heads",
        pack_call([](Arena& a, auto& p) {
          p.v = a.input(DType::kBF16, {kT, 3, 128});

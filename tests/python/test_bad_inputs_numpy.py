@@ -231,6 +231,13 @@ def pack(b, k_nope=None, **kwargs):
         b.input((T, H, 128)), **kwargs)
 
 
+def split_k(b, **kwargs):
+    """K's outputs split (k_out [T, H, 128], k_rope_out [T, 64]), some replaced."""
+    kwargs.setdefault("k_out", b.output((T, H, 128), E4M3))
+    kwargs.setdefault("k_rope_out", b.output((T, 64), E4M3))
+    return kwargs
+
+
 def q_out_over_q_nope(b):
     q_nope = b.input((T, H, 128))
     return rope(b, q_nope=q_nope, q_out=q_nope.view(np.uint8)[..., :192].view(E4M3))
@@ -304,6 +311,21 @@ def prep_entries():
         Bad("mla_v_quantize_fp8 negative scale", lambda b: fp8mla.mla_v_quantize_fp8(
             b.input((T, H, 128)), v_out=b.output((T, H, 128), E4M3), v_scale_inv=-0.5), INVALID,
             ("`v_scale_inv`: expected a finite scale > 0", "got -0.5")),
+        Bad("mla_rope_quantize_fp8 bf16 k_rope_out",
+            lambda b: rope(b, **split_k(b, k_rope_out=b.output((T, 64)))), INVALID,
+            ("`k_rope_out` dtype: expected e4m3fn", "got bf16")),
+        Bad("mla_rope_quantize_fp8 k_rope_out 32 wide",
+            lambda b: rope(b, **split_k(b, k_rope_out=b.output((T, 32), E4M3))), INVALID,
+            ("`k_rope_out`: expected [T, 64] or [T, 1, 64] with T = 2", "e4m3fn[2, 32]")),
+        Bad("mla_rope_quantize_fp8 k_rope_out with a 192-wide k_out",
+            lambda b: rope(b, **split_k(b, k_out=b.output((T, H, 192), E4M3))), INVALID,
+            ("`k_out`: expected [T, H, 128] = [2, 2, 128]", "e4m3fn[2, 2, 192]")),
+        Bad("mla_kv_pack_quantize_fp8 k_rope_out of 3 tokens",
+            lambda b: pack(b, **split_k(b, k_rope_out=b.output((3, 64), E4M3))), INVALID,
+            ("`k_rope_out`: expected 2 tokens like `k_nope`", "e4m3fn[3, 64]")),
+        Bad("mla_kv_pack_quantize_fp8 bf16 k_rope_out",
+            lambda b: pack(b, **split_k(b, k_rope_out=b.output((T, 64)))), INVALID,
+            ("`k_rope_out` dtype: expected e4m3fn", "got bf16")),
         Bad("make_cos_sin_cache theta 1", lambda b: fp8mla.make_cos_sin_cache(
             MAX_POS, out=b.output((MAX_POS, 64), np.float32), theta=1.0), INVALID,
             ("expected a finite theta > 1", "got 1")),
@@ -331,6 +353,14 @@ def attention(b, dtype=BF16, dqk=192, dv=128, cu_q=None, cu_k=None, max_q=TQ, ma
                                     max_q, max_k, **kwargs)
 
 
+def attention_split_k(b, k_dqk=128, k_rope_shape=(TQ, 64), k_rope_dtype=BF16):
+    """prefill_attention with K split: k [Tk, H, 128] and k_rope, the RoPE part once per key."""
+    q, k, v = b.input((TQ, H, 192)), b.input((TQ, H, k_dqk)), b.input((TQ, H, 128))
+    return fp8mla.prefill_attention(q, k, v, b.ints([0, TQ]), b.ints([0, TQ]), TQ, TQ,
+                                    out=b.output((TQ, H, 128)), softmax_scale=0.1,
+                                    k_rope=b.input(k_rope_shape, k_rope_dtype))
+
+
 def merge(b, **replace):
     args = dict(o_a=b.input((TQ, H, 128)), lse_a=b.input((TQ, H), np.float32),
                 o_b=b.input((TQ, H, 128)), lse_b=b.input((TQ, H), np.float32),
@@ -342,6 +372,18 @@ def merge(b, **replace):
 
 def attention_entries():
     return [
+        Bad("prefill_attention f32 k_rope",
+            lambda b: attention_split_k(b, k_rope_dtype=np.float32), INVALID,
+            ("`k_rope` dtype: expected bf16 (the dtype of `q`)", "got f32")),
+        Bad("prefill_attention k_rope 32 wide",
+            lambda b: attention_split_k(b, k_rope_shape=(TQ, 32)), INVALID,
+            ("`k_rope`: expected [4, 64] or [4, 1, 64]", "bf16[4, 32]")),
+        Bad("prefill_attention k_rope of 3 keys",
+            lambda b: attention_split_k(b, k_rope_shape=(3, 64)), INVALID,
+            ("`k_rope`: expected [4, 64] or [4, 1, 64]", "bf16[3, 64]")),
+        Bad("prefill_attention k_rope with a 192-wide k",
+            lambda b: attention_split_k(b, k_dqk=192), INVALID,
+            ("`k`: expected [4, 2, 128]", "the rest is `k_rope`", "bf16[4, 2, 192]")),
         Bad("prefill_attention f16 q", lambda b: attention(b, np.float16), INVALID,
             ("`q` dtype: expected one of {e4m3fn, bf16}", "got f16")),
         Bad("prefill_attention Dqk 96", lambda b: attention(b, dqk=96), UNSUPPORTED,
@@ -541,6 +583,9 @@ VALID = [
     ("mla_rope_quantize_fp8", lambda b: rope(b, with_cache=True)),
     ("mla_kv_gather", gather),
     ("mla_kv_pack_quantize_fp8", pack),
+    ("mla_rope_quantize_fp8 split K", lambda b: rope(b, **split_k(b))),
+    ("mla_kv_pack_quantize_fp8 split K", lambda b: pack(b, **split_k(b))),
+    ("prefill_attention split K", attention_split_k),
     ("prefill_attention bf16", attention),
     ("prefill_attention e4m3", lambda b: attention(b, E4M3)),
     ("merge_attention_states", merge),
