@@ -135,7 +135,6 @@ def _k_out(arrays, k_nope, k_rope_out):
     return arrays.empty(out_shape(tuple(k_nope.shape), dim), "e4m3", k_nope)
 
 
-
 def _rope_quantize_args(query: str, latent: str) -> list:
     """mla_rope_quantize_fp8's arguments, which the backends' prepare hook takes too, with the
     query's no-RoPE part named `query` and the latent written to the cache `latent`."""
