@@ -247,7 +247,9 @@ class MlaLayer {
   // the device, 256-byte aligned, for a batch within the limits it was sized for; nothing in it
   // is read before it is written. The CUDA path runs on `stream`,
   // allocates nothing and synchronizes nothing, except that it copies the batch's metadata from
-  // the host and, when `times` is given, waits for its events to read them.
+  // the layer's pinned host buffer (first waiting for this layer's previous copy from it to have
+  // run) and, when `times` is given, waits for its events to read them. For that copy a host
+  // batch cannot be captured in a CUDA graph (an error; capture the MlaDeviceBatch form).
   // A backend lacking what the path needs is an error (check_backend). One prefill at a time per
   // layer.
   void prefill(const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,

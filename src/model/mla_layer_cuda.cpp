@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "cuda/common/device_buffer.hpp"
+#include "cuda/common/host_staging.hpp"
 #include "cuda/common/runtime.hpp"
 #include "cuda/common/stage_timer.hpp"
 #include "cuda/model/cublas_linear.hpp"
@@ -229,7 +230,7 @@ class CudaMlaExecutor final : public MlaExecutor {
   std::optional<Projection> q_a_, q_b_, kv_a_, kv_b_, o_;
   DeviceBuffer q_a_norm_, kv_a_norm_, cos_sin_;
   std::vector<std::string> notes_;
-  std::vector<std::byte> staging_;  // host image of the batch metadata
+  cuda::HostStaging staging_;  // pinned host image of the batch metadata
   // Calibration's own memory: its workspace and the amax cells of Q, K, V and the latent rows.
   static constexpr int kAmaxCells = 4;
   DeviceBuffer calibration_workspace_, amax_cells_;
@@ -298,13 +299,13 @@ void CudaMlaExecutor::begin(const MlaPrefillCall& call) {
     return;
   }
 
-  // The batch's metadata: one copy from the host. Every piece is written below; the alignment
-  // gaps between them are never read.
-  staging_.resize(std::size_t(b_.meta_end - b_.meta_begin));
+  // The batch's metadata: one copy from pinned host memory, queued without waiting for the
+  // stream. Every piece is written below; the alignment gaps between them are never read.
+  const std::size_t meta_bytes = std::size_t(b_.meta_end - b_.meta_begin);
+  std::byte* image = staging_.acquire(meta_bytes, stream_, "MlaLayer::prefill");
   const auto stage = [&](void* device_at, const void* host, std::size_t bytes) {
     if (bytes > 0)
-      std::memcpy(staging_.data() + (static_cast<std::byte*>(device_at) - b_.meta_begin), host,
-                  bytes);
+      std::memcpy(image + (static_cast<std::byte*>(device_at) - b_.meta_begin), host, bytes);
   };
   stage(b_.positions, plan.positions.data(), plan.positions.size() * 8);
   stage(b_.slots, plan.slots.data(), plan.slots.size() * 8);
@@ -318,9 +319,7 @@ void CudaMlaExecutor::begin(const MlaPrefillCall& call) {
   stage(b_.descales, descales, sizeof(descales));
   stage(b_.pack_rows, plan.pack_rows.data(), plan.pack_rows.size() * 8);
   stage(b_.unpack_rows, plan.unpack_rows.data(), plan.unpack_rows.size() * 8);
-  check(cudaMemcpyAsync(b_.meta_begin, staging_.data(), staging_.size(), cudaMemcpyHostToDevice,
-                        stream_),
-        "cudaMemcpyAsync(MlaLayer batch metadata)");
+  staging_.copy_to(b_.meta_begin, meta_bytes, stream_, "cudaMemcpyAsync(MlaLayer batch metadata)");
 }
 
 void CudaMlaExecutor::project() {

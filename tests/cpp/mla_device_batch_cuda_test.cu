@@ -176,6 +176,41 @@ TEST_P(MlaDeviceBatchCuda, EqualsTheHostBatchEagerAndReplayedForAnotherBatch) {
   EXPECT_TRUE(real_rows(d.out.get(), a) == a_out);
 }
 
+// A host batch cannot be captured: its metadata is copied from host memory that the next call
+// overwrites. The refusal names the fix and comes before anything is queued.
+TEST(MlaDeviceBatchCudaCapture, HostBatchUnderCaptureIsRefused) {
+  FP8MLA_REQUIRE_HOPPER();
+  Fixture a({{0, 37}, {0, 50}, {0, 1}, {0, 9}}, 41);
+  const MlaWeights w = generate_mla_weights(a.config, WeightFormat::kFp8Block, 9);
+  const std::unique_ptr<AttentionBackend> backend = make_attention_backend("fp8-hopper");
+  MlaLayer layer(a.config, w, Device::cuda(0));
+  DeviceRun d(a.config, layer.workspace_bytes({kTokens, kSequences, 0}, {}, *backend), false);
+  const auto [ref_out, ref_cache] = d.host_prefill(layer, *backend, a);
+  d.load(pad_batch(a, kTokens, kMaxSeqlenQ, 1, 0, 0), a.cache);
+  const std::vector<std::uint16_t> out_before = d.out.get();
+  const test::TestStream stream;
+  try {
+    const test::CapturedGraph graph(stream.get(), [&] {
+      const std::int64_t H = a.config.hidden;
+      layer.prefill(d.view(d.hidden.p, DType::kBF16, {a.tokens, H}), a.batch,
+                    d.view(d.cache.p, DType::kE4M3, {kPages, kPageSize, kMlaLatentDim}), *backend,
+                    {}, d.view(d.out.p, DType::kBF16, {a.tokens, H}),
+                    d.view(d.workspace.p, DType::kE4M3, {std::int64_t(d.workspace_bytes)}), nullptr,
+                    stream.get());
+    });
+    ADD_FAILURE() << "a host batch was captured";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("capturing"), std::string::npos) << e.what();
+  }
+  // The refused call wrote nothing, and the layer still runs the host batch eagerly.
+  EXPECT_TRUE(d.out.get() == out_before);
+  EXPECT_TRUE(d.cache.get() == a.cache);
+  const auto [out, cache] = d.host_prefill(layer, *backend, a);
+  EXPECT_TRUE(out == ref_out);
+  EXPECT_TRUE(cache == ref_cache);
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, MlaDeviceBatchCuda,
                          testing::Values(Case{WeightFormat::kFp8Block, "fp8-hopper", false},
                                          Case{WeightFormat::kFp8Block, "bf16-hopper", false},

@@ -1,0 +1,110 @@
+// cuda::HostStaging: the pinned image of a per-call host-to-device copy. It must never be
+// overwritten while a queued copy still has to read it, must grow on demand, and must refuse a
+// stream under capture.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cuda/common/host_staging.hpp"
+#include "cuda_test_util.hpp"
+#include "fp8mla/error.hpp"
+
+namespace fp8mla {
+namespace {
+
+// Keeps the stream busy for about `ns` nanoseconds, so a copy queued behind it runs late.
+__global__ void spin_kernel(std::uint64_t ns) {
+  const std::uint64_t start = clock64();
+  const std::uint64_t cycles = ns * 2;  // >= 1 cycle per ns at any Hopper clock
+  while (clock64() - start < cycles) {
+  }
+}
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream"); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+std::vector<std::uint8_t> pattern(std::size_t n, std::uint8_t seed) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::uint8_t(i * 31 + seed);
+  return v;
+}
+
+TEST(HostStagingCuda, CopiesAndGrows) {
+  FP8MLA_REQUIRE_HOPPER();
+  Stream stream;
+  cuda::HostStaging staging;
+  for (std::size_t bytes : {std::size_t(100), std::size_t(40), std::size_t(300000)}) {
+    const test::DeviceBuffer device(bytes);
+    const std::vector<std::uint8_t> want = pattern(bytes, std::uint8_t(bytes));
+    std::byte* image = staging.acquire(bytes, stream.s, "test");
+    ASSERT_GE(staging.capacity(), bytes);
+    std::memcpy(image, want.data(), bytes);
+    staging.copy_to(device.data(), bytes, stream.s, "test copy");
+    cuda::check(cudaStreamSynchronize(stream.s), "sync");
+    EXPECT_EQ(device.download(), want) << bytes << " bytes";
+    EXPECT_TRUE(device.guards_intact());
+  }
+  EXPECT_EQ(staging.capacity(), 300000u);  // grown once to the largest, never shrunk
+}
+
+// The second acquire must wait until the first copy, queued behind ~50 ms of work, has read the
+// buffer; without the wait the first destination would receive the second image.
+TEST(HostStagingCuda, NextAcquireWaitsForTheQueuedCopy) {
+  FP8MLA_REQUIRE_HOPPER();
+  Stream stream;
+  cuda::HostStaging staging;
+  constexpr std::size_t kBytes = 1 << 20;
+  const test::DeviceBuffer first(kBytes), second(kBytes);
+  const std::vector<std::uint8_t> a = pattern(kBytes, 1), b = pattern(kBytes, 2);
+  spin_kernel<<<1, 1, 0, stream.s>>>(50'000'000);
+  cuda::check_launch("spin_kernel");
+  std::memcpy(staging.acquire(kBytes, stream.s, "test"), a.data(), kBytes);
+  staging.copy_to(first.data(), kBytes, stream.s, "first copy");
+  std::memcpy(staging.acquire(kBytes, stream.s, "test"), b.data(), kBytes);
+  staging.copy_to(second.data(), kBytes, stream.s, "second copy");
+  cuda::check(cudaStreamSynchronize(stream.s), "sync");
+  EXPECT_EQ(first.download(), a);
+  EXPECT_EQ(second.download(), b);
+}
+
+TEST(HostStagingCuda, RefusesACapturingStream) {
+  FP8MLA_REQUIRE_HOPPER();
+  Stream stream;
+  cuda::HostStaging staging;
+  cuda::check(cudaStreamBeginCapture(stream.s, cudaStreamCaptureModeThreadLocal), "capture");
+  try {
+    staging.acquire(64, stream.s, "MlaLayer::prefill");
+    ADD_FAILURE() << "acquire on a capturing stream did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("capturing"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("MlaLayer::prefill"), std::string::npos) << e.what();
+  }
+  cudaGraph_t graph = nullptr;
+  cuda::check(cudaStreamEndCapture(stream.s, &graph), "end capture");
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  EXPECT_EQ(staging.capacity(), 0u);  // nothing allocated for a refused call
+}
+
+TEST(HostStagingCuda, CopyPastTheBufferIsAnInternalError) {
+  FP8MLA_REQUIRE_HOPPER();
+  Stream stream;
+  cuda::HostStaging staging;
+  staging.acquire(16, stream.s, "test");
+  const test::DeviceBuffer device(64);
+  try {
+    staging.copy_to(device.data(), 64, stream.s, "test copy");
+    ADD_FAILURE() << "copy past the buffer did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::kInternal);
+  }
+  EXPECT_TRUE(device.guards_intact());
+}
+
+}  // namespace
+}  // namespace fp8mla
