@@ -1,18 +1,29 @@
 #!/usr/bin/env python3
-"""The MLA layer's anchor: an eager PyTorch BF16 DeepSeek-V3 attention layer, written from
-docs/design.md section 5 the way an engine would write it without fp8mla, timed on the shapes
-`fp8mla bench layer` runs (a single sequence of T new tokens, T = 2k, 8k, 32k, with no prefix
-or a cached prefix of T tokens); bench/report.py --kind layer puts both side by side.
+"""The MLA layer from Python, against what an engine runs without fp8mla: the Python twin of
+`fp8mla bench layer`, every row timed in this one process on the same shapes (a single sequence
+of T new tokens, T = 2k, 8k, 32k, with no prefix or a cached prefix of T tokens), in interleaved
+rounds (each round times every row once, in turn; a row's figure is the median of its rounds).
+bench/report.py --kind layer puts it beside the C++ run.
 
-The eager layer: q_a -> RMSNorm -> q_b; kv_a_with_mqa -> RMSNorm on kv_c -> kv_b; interleaved
-RoPE on q_pe and k_pe; the FP8 latent cache write of the new tokens (e4m3 of [kv_c | k_pe] scattered
-to their slots); the prefix keys gathered from the cache, dequantized and sent through kv_b; cuDNN
-SDPA (anchors.cudnn_sdpa_bf16's backend) over [prefix | new] keys, bottom-right causal; o_proj.
-Weights bf16 (random, U(-1, 1) / sqrt(in)). Timed with bench/common.py's timer (CUDA events,
-warm-up, median, host-paced) in this process.
+Rows (DeepSeek-V3 dims, random weights):
+- fp8: `fp8mla.MlaLayer` with FP8 block-scaled weights and the "fp8-hopper" backend (the FP8
+  path), through `prefill` on a host batch (prefixes up to 8192 keys one-shot, as the C++ bench);
+- bf16: the same layer object's weights with "bf16-hopper" (the BF16 path, the same FP8 GEMMs);
+- engine: what an engine on Hopper runs today for this layer (the layer issue's "engine" row):
+  the same FP8 block-scaled GEMMs (cuBLASLt through torch's scaled_mm, activations quantized per
+  1 x 128 group by torch.compile'd code, weights per 128 x 128 block), RMSNorm and RoPE
+  torch.compile'd, the concatenation of K and the e4m3 latent cache write in torch, the prefix
+  rows gathered and dequantized for kv_b_proj, and FlashAttention-3's bf16 varlen forward (the
+  `fa3-fwd` wheel; bottom-right causal over [prefix | new] keys);
+- eager: the same layer in eager PyTorch, bf16 weights and GEMMs, cuDNN SDPA.
+YaRN as DeepSeek-V3 configures it only changes the RoPE tables and the softmax scale; the torch
+rows use plain tables, which cost the same.
 
-    python3 bench/layer.py --json out/layer_py.json
+    python3 bench/layer.py --json out/layer_py.json [--tokens 2048 8192] [--rounds 3]
     python3 bench/report.py --kind layer --cli out/layer_cli.json --py out/layer_py.json
+
+Timer: bench/common.py's time_ms, queued (the calls of a row run back to back behind a sleep
+kernel, so host time enters only where the host falls behind the device).
 """
 from __future__ import annotations
 
@@ -20,12 +31,28 @@ import argparse
 import datetime
 import json
 import math
+import statistics
 
-from common import time_ms
+from common import load_anchors, load_fa3, time_ms
 
 HIDDEN, HEADS, Q_LORA, KV_LORA, ROPE, NOPE, DV = 7168, 128, 1536, 512, 64, 128, 128
 TOKENS = [2048, 8192, 32768]
-TIMER = "CUDA events around each call, median (bench/common.py time_ms, host-paced)"
+PAGE = 64
+TIMER = "CUDA events around each call, median of iters, queued (bench/common.py time_ms); " \
+        "median over interleaved rounds"
+
+
+def rope_interleaved(torch, x, cos, sin):
+    """RoPE on interleaved pairs (2i, 2i + 1); cos, sin: [T, 32], broadcast over heads."""
+    while cos.dim() < x.dim():
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    x0, x1 = x.float()[..., 0::2], x.float()[..., 1::2]
+    return torch.stack((x0 * cos - x1 * sin, x1 * cos + x0 * sin), dim=-1).flatten(-2).to(x.dtype)
+
+
+def rms_norm(torch, x, w, eps=1e-6):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
 class EagerMlaLayer:
@@ -46,33 +73,28 @@ class EagerMlaLayer:
         self.o = linear(HIDDEN, HEADS * DV)
         self.q_norm = torch.ones(Q_LORA, device=device, dtype=torch.bfloat16)
         self.kv_norm = torch.ones(KV_LORA, device=device, dtype=torch.bfloat16)
-        # YaRN as DeepSeek-V3 configures it only changes the tables and the softmax scale; plain
-        # tables cost the same.
         pos = torch.arange(65536, device=device, dtype=torch.float32)
         inv = 1.0 / (10000.0 ** (torch.arange(0, ROPE, 2, device=device, dtype=torch.float32) / ROPE))
         freqs = torch.outer(pos, inv)
         self.cos, self.sin = freqs.cos(), freqs.sin()
         self.scale = 1.0 / math.sqrt(NOPE + ROPE)
 
-    def rms_norm(self, x, w, eps=1e-6):
-        xf = x.float()
-        return (xf * self.torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+    def linear(self, x, name):
+        return x @ getattr(self, name).t()
 
-    def rope(self, x, positions):  # interleaved pairs (2i, 2i + 1)
-        torch = self.torch
-        c, s = self.cos[positions], self.sin[positions]
-        while c.dim() < x.dim():
-            c, s = c.unsqueeze(-2), s.unsqueeze(-2)
-        x0, x1 = x.float()[..., 0::2], x.float()[..., 1::2]
-        return torch.stack((x0 * c - x1 * s, x1 * c + x0 * s), dim=-1).flatten(-2).to(x.dtype)
+    def norm(self, x, w):
+        return rms_norm(self.torch, x, w)
+
+    def rope(self, x, positions):
+        return rope_interleaved(self.torch, x, self.cos[positions], self.sin[positions])
 
     def forward(self, hidden, cache, prefix_slots, slots, positions):
         torch = self.torch
         T = hidden.shape[0]
-        q = (self.rms_norm(hidden @ self.q_a.t(), self.q_norm) @ self.q_b.t()).view(T, HEADS, -1)
+        q = self.linear(self.norm(self.linear(hidden, "q_a"), self.q_norm), "q_b").view(T, HEADS, -1)
         q_nope, q_pe = q.split([NOPE, ROPE], dim=-1)
-        latent = hidden @ self.kv_a.t()
-        kv_c = self.rms_norm(latent[:, :KV_LORA], self.kv_norm)
+        latent = self.linear(hidden, "kv_a")
+        kv_c = self.norm(latent[:, :KV_LORA], self.kv_norm)
         k_pe = self.rope(latent[:, KV_LORA:], positions)
         q = torch.cat((q_nope, self.rope(q_pe, positions)), dim=-1)
         flat = cache.view(torch.uint8).view(-1, KV_LORA + ROPE)  # fp8 bytes: index_put on u8
@@ -82,11 +104,11 @@ class EagerMlaLayer:
             kv_c = torch.cat((old[:, :KV_LORA], kv_c))
             k_pe = torch.cat((old[:, KV_LORA:], k_pe))
         n = kv_c.shape[0]
-        kv = (kv_c @ self.kv_b.t()).view(n, HEADS, NOPE + DV)
+        kv = self.linear(kv_c, "kv_b").view(n, HEADS, NOPE + DV)
         k_nope, v = kv.split([NOPE, DV], dim=-1)
         k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(n, HEADS, ROPE)), dim=-1)
         o = self.attention(q, k, v)
-        return o.reshape(T, HEADS * DV) @ self.o.t()
+        return self.linear(o.reshape(T, HEADS * DV), "o")
 
     def attention(self, q, k, v):
         torch = self.torch
@@ -115,37 +137,184 @@ class EagerMlaLayer:
         return o.squeeze(0).transpose(0, 1)
 
 
+class EngineFp8Layer(EagerMlaLayer):
+    """The layer as an engine on Hopper runs it without fp8mla: FP8 block-scaled GEMMs (e4m3
+    weights with a scale per 128 x 128 block, activations quantized per 1 x 128 group), fused
+    RMSNorm / RoPE (torch.compile), K concatenated in torch, FA3's bf16 attention."""
+
+    def __init__(self, torch, device, anchors, fa3):
+        super().__init__(torch, device)
+        self.fa3 = fa3
+        compile_ = lambda f: torch.compile(f, dynamic=True)  # noqa: E731 - one graph per op
+        self.group_quant = compile_(anchors._group_quant)
+        self.norm_compiled = compile_(lambda x, w: rms_norm(torch, x, w))
+        self.rope_compiled = compile_(lambda x, c, s: rope_interleaved(torch, x, c, s))
+        for name in ("q_a", "q_b", "kv_a", "kv_b", "o"):
+            setattr(self, name, self.quantize_weight(getattr(self, name)))
+        self.scaled_mm = self.pick_scaled_mm()
+        self.cu_seqlens = {}
+
+    def quantize_weight(self, w):
+        """(e4m3 [N, K], f32 [N / 128, K / 128]): one scale per 128 x 128 block, amax / 448."""
+        torch = self.torch
+        N, K = w.shape
+        blocks = w.float().view(N // 128, 128, K // 128, 128)
+        s = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / 448.0
+        q = (blocks / s[:, None, :, None]).to(torch.float8_e4m3fn).view(N, K)
+        return q, s.contiguous()
+
+    def pick_scaled_mm(self):
+        """torch's blockwise FP8 GEMM (cuBLASLt): the scaled_mm API where torch has it, else
+        _scaled_mm, which infers the block scaling from the scales' shapes."""
+        torch = self.torch
+        F = torch.nn.functional
+        if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
+            def mm(a, a_s, w, w_s):
+                return F.scaled_mm(a, w.t(), a_s, F.ScalingType.BlockWise1x128, w_s.t(),
+                                   F.ScalingType.BlockWise128x128, output_dtype=torch.bfloat16)
+            return mm
+
+        def mm_v1(a, a_s, w, w_s):
+            return torch._scaled_mm(a, w.t(), scale_a=a_s, scale_b=w_s.t(),
+                                    out_dtype=torch.bfloat16)
+        return mm_v1
+
+    def linear(self, x, name):
+        torch = self.torch
+        w, w_s = getattr(self, name)
+        M = x.shape[0]
+        if M % 4:  # cuBLASLt's 1 x 128 scales want the row count a multiple of 4
+            x = torch.nn.functional.pad(x, (0, 0, 0, 4 - M % 4))
+        a, a_s = self.group_quant(x)
+        a_s = a_s.t().contiguous().t()  # 1 x 128 scales: outer-dim-major
+        return self.scaled_mm(a, a_s, w, w_s)[:M]
+
+    def check_gemm(self):
+        """The blockwise GEMM computes the dequantized product (cosine >= 0.999), or raise."""
+        torch = self.torch
+        x = torch.randn(256, KV_LORA, device=self.cos.device, dtype=torch.bfloat16)
+        w, w_s = self.kv_b
+        ref = x.float() @ (w.float().view(w.shape[0] // 128, 128, -1, 128) *
+                           w_s[:, None, :, None]).view(w.shape).t()
+        got = self.linear(x, "kv_b").float()
+        cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item()
+        if not cos >= 0.999:
+            raise RuntimeError(f"engine row: blockwise scaled_mm disagrees with its reference "
+                               f"(cosine {cos:.5f})")
+        return cos
+
+    def norm(self, x, w):
+        return self.norm_compiled(x, w)
+
+    def rope(self, x, positions):
+        return self.rope_compiled(x, self.cos[positions], self.sin[positions])
+
+    def attention(self, q, k, v):
+        torch = self.torch
+        Tq, Tk = q.shape[0], k.shape[0]
+        if (Tq, Tk) not in self.cu_seqlens:  # an engine keeps its batch metadata on the device
+            self.cu_seqlens[Tq, Tk] = tuple(torch.tensor([0, n], device=q.device, dtype=torch.int32)
+                                            for n in (Tq, Tk))
+        cu_q, cu_k = self.cu_seqlens[Tq, Tk]
+        out, *_ = self.fa3._flash_attn_forward(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                               max_seqlen_q=Tq, max_seqlen_k=Tk,
+                                               softmax_scale=self.scale, causal=True)
+        self.attention_backend = "fa3 bf16"
+        return out
+
+
+class Fp8mlaLayerRow:
+    """fp8mla.MlaLayer's prefill of one sequence on a host batch, its workspace and out given."""
+
+    def __init__(self, fp8mla, torch, layer, hidden, cache, prefix, T):
+        self.layer, self.hidden, self.cache = layer, hidden, cache
+        self.batch = [fp8mla.MlaSequence(prefix, T, list(range(prefix + T)))]
+        self.out = torch.empty(T, HIDDEN, device=hidden.device, dtype=torch.bfloat16)
+        nbytes = layer.workspace_bytes(T, 1, prefix)
+        self.workspace = torch.empty(nbytes, device=hidden.device, dtype=torch.uint8)
+
+    def __call__(self):
+        self.layer.prefill(self.hidden, self.batch, self.cache, out=self.out,
+                           workspace=self.workspace)
+
+
+def rows_for_shape(torch, fp8mla, layers, T, prefix):
+    """{row: callable} for one shape; each row writes its own copy of the cache."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(7)
+    hidden = torch.randn(T, HIDDEN, device=dev, dtype=torch.bfloat16, generator=g)
+    pages = (prefix + T + PAGE - 1) // PAGE
+    cache = torch.randn(pages, PAGE, KV_LORA + ROPE, device=dev, generator=g)
+    cache = cache.to(torch.float8_e4m3fn)
+    prefix_slots = torch.arange(prefix, device=dev)
+    slots = torch.arange(prefix, prefix + T, device=dev)
+    positions = slots.clone()
+    rows = {}
+    for name, layer in layers.items():
+        own = cache.clone()
+        if isinstance(layer, EagerMlaLayer):
+            rows[name] = (lambda lay=layer, c=own: lay.forward(hidden, c, prefix_slots, slots,
+                                                               positions))
+        else:
+            rows[name] = Fp8mlaLayerRow(fp8mla, torch, layer, hidden, own, prefix, T)
+    return rows
+
+
 def run(args):
     import torch
 
+    import fp8mla
+
     dev = torch.device("cuda")
-    layer = EagerMlaLayer(torch, dev)
+    anchors, _ = load_anchors(args.anchors, "layer.py")
+    fa3, fa3_note = load_fa3()
+    weights = fp8mla.generate_mla_weights("deepseek-v3", "fp8", 3)
+    layers = {"fp8": fp8mla.MlaLayer(None, weights, "cuda", backend="fp8-hopper"),
+              "bf16": fp8mla.MlaLayer(None, weights, "cuda", backend="bf16-hopper")}
+    notes = {"fa3": fa3_note}
+    if fa3 is not None:
+        layers["engine"] = EngineFp8Layer(torch, dev, anchors, fa3)
+        notes["engine_gemm_cosine"] = layers["engine"].check_gemm()
+    layers["eager"] = EagerMlaLayer(torch, dev)
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} fp8mla "
+          f"{fp8mla.__version__}; {notes}", flush=True)
     rows = []
     for T in args.tokens:
         for prefix in (0, T):
-            g = torch.Generator(device=dev).manual_seed(7)
-            hidden = torch.randn(T, HIDDEN, device=dev, dtype=torch.bfloat16, generator=g)
-            pages = (prefix + T + 63) // 64
-            cache = torch.randn(pages, 64, KV_LORA + ROPE, device=dev, generator=g)
-            cache = cache.to(torch.float8_e4m3fn)
-            prefix_slots = torch.arange(prefix, device=dev)
-            slots = torch.arange(prefix, prefix + T, device=dev)
-            positions = slots.clone()
-            row = {"path": "eager", "tokens": T, "prefix": prefix}
             try:
-                row["ms"] = time_ms(
-                    torch, lambda: layer.forward(hidden, cache, prefix_slots, slots, positions),
-                    args.iters, args.warmup, queued=False)
-                row["attention_backend"] = layer.attention_backend
-            except (RuntimeError, torch.OutOfMemoryError) as e:  # report, do not hide
-                row["error"] = str(e).splitlines()[0][:200]
-            print(f"eager T={T:6d} prefix={prefix:6d} " +
-                  (f"{row['ms']:9.3f} ms" if "ms" in row else "error: " + row["error"]), flush=True)
-            rows.append(row)
-            del hidden, cache
+                calls = rows_for_shape(torch, fp8mla, layers, T, prefix)
+            except torch.OutOfMemoryError as e:
+                rows.append({"path": "all", "tokens": T, "prefix": prefix,
+                             "error": str(e).splitlines()[0][:200]})
+                continue
+            times = {name: [] for name in calls}
+            errors = {}
+            for _ in range(args.rounds):
+                for name, fn in calls.items():
+                    if name in errors:
+                        continue
+                    try:
+                        times[name].append(time_ms(torch, fn, args.iters, args.warmup))
+                    except (RuntimeError, torch.OutOfMemoryError) as e:  # report, do not hide
+                        errors[name] = str(e).splitlines()[0][:200]
+            for name in calls:
+                row = {"path": name, "tokens": T, "prefix": prefix}
+                if name in errors:
+                    row["error"] = errors[name]
+                else:
+                    row["ms"] = statistics.median(times[name])
+                    row["rounds_ms"] = times[name]
+                if isinstance(layers[name], EagerMlaLayer):
+                    row["attention_backend"] = getattr(layers[name], "attention_backend", None)
+                rows.append(row)
+            line = "  ".join(f"{r['path']} {r['ms']:8.3f}" if "ms" in r else
+                             f"{r['path']} error" for r in rows[-len(calls):])
+            print(f"T={T:6d} prefix={prefix:6d}  {line} ms", flush=True)
+            del calls
             torch.cuda.empty_cache()
     doc = {"bench": "layer", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": datetime.date.today().isoformat(), "timer": TIMER, "rows": rows}
+           "date": datetime.date.today().isoformat(), "timer": TIMER, "rounds": args.rounds,
+           "notes": notes, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
@@ -156,7 +325,9 @@ def main():
     p.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--json", help="write the eager timings here")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
+    p.add_argument("--anchors", help="anchors.py or its folder (default: ../shared/anchors, ...)")
+    p.add_argument("--json", help="write the timings here")
     run(p.parse_args())
 
 

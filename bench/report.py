@@ -446,7 +446,7 @@ LAYER_TARGET_VS_BF16, LAYER_TARGET_VS_EAGER = 1.5, 2.0
 
 def layer_markdown(cli, py, markdown_path, analysis=None):
     """RESULTS_layer.md of one run: the fp8 path against bf16, bf16w and eager, then stages."""
-    eager = {(r["tokens"], r["prefix"]): r for r in py["rows"]}
+    eager = {(r["tokens"], r["prefix"]): r for r in py["rows"] if r.get("path", "eager") == "eager"}
     ours = {(r["path"], r["tokens"], r["prefix"]): r for r in cli["rows"]}
     timer = "bench/common.py, host-paced" if "timer" in py else "anchors.bench"
     lines = [
@@ -495,16 +495,40 @@ def layer_markdown(cli, py, markdown_path, analysis=None):
         lines.append(f"| {path} | {T} | {prefix} | {r['projections_ms']:.2f} | {r['prep_ms']:.2f} | "
                      f"{r['prefix_ms']:.2f} | {r['attention_ms']:.2f} | {r['merge_ms']:.2f} | "
                      f"{r['output_ms']:.2f} |")
-    used = sorted({r.get("attention_backend", "") for r in py["rows"] if "ms" in r})
+    lines += python_twin_table(py)
+    used = sorted({r.get("attention_backend", "") for r in eager.values() if "ms" in r})
     lines += ["", f"Eager attention ran on: {', '.join(used)} (cuDNN where it takes the mask)."]
     if analysis:
         link = os.path.relpath(analysis, os.path.dirname(markdown_path))
         lines += ["", f"Analysis of this run: [{link}]({link})."]
     errors = [r for r in py["rows"] if "error" in r]
     if errors:
-        lines += ["", "Eager PyTorch failures (reported, not hidden):", ""]
-        lines += [f"- T={r['tokens']} prefix={r['prefix']}: {r['error']}" for r in errors]
+        lines += ["", "Python rows that failed (reported, not hidden):", ""]
+        lines += [f"- {r.get('path', 'eager')} T={r['tokens']} prefix={r['prefix']}: {r['error']}"
+                  for r in errors]
     return "\n".join(lines) + "\n"
+
+
+def python_twin_table(py):
+    """bench/layer.py's rows, all timed in its one process: fp8mla's two paths from Python, the
+    engine row (FP8 GEMMs + FA3 bf16) and eager PyTorch, and the FP8 path against each."""
+    rows = {(r["path"], r["tokens"], r["prefix"]): r for r in py["rows"] if "path" in r}
+    if not any(p == "engine" or p == "fp8" for p, _, _ in rows):
+        return []
+    names = ["fp8", "bf16", "engine", "eager"]
+    lines = ["", f"From Python, one process, {py.get('rounds', 1)} interleaved rounds (bench/layer.py; "
+             "engine = FP8 block-scaled GEMMs through torch's scaled_mm, torch.compile'd RMSNorm, RoPE "
+             "and activation quantization, FA3 bf16 attention), ms:", "",
+             "| T | prefix | " + " | ".join(names) + " | fp8 vs bf16 | fp8 vs engine | fp8 vs eager |",
+             "|---|---|" + "---:|" * (len(names) + 3)]
+    shapes = sorted({(T, prefix) for _, T, prefix in rows})
+    for T, prefix in shapes:
+        ms = {n: rows.get((n, T, prefix), {}).get("ms") for n in names}
+        cells = [f"{ms[n]:.3f}" if ms[n] else "—" for n in names]
+        ratios = [f"{ms[n] / ms['fp8']:.2f}x" if ms[n] and ms["fp8"] else "—"
+                  for n in ("bf16", "engine", "eager")]
+        lines.append(f"| {T} | {prefix} | " + " | ".join(cells + ratios) + " |")
+    return lines
 
 
 # ---- Plots ------------------------------------------------------------------------------------
