@@ -9,12 +9,14 @@ Rows (DeepSeek-V3 dims, random weights):
 - fp8: `fp8mla.MlaLayer` with FP8 block-scaled weights and the "fp8-hopper" backend (the FP8
   path), through `prefill` on a host batch (prefixes up to 8192 keys one-shot, as the C++ bench);
 - bf16: the same layer object's weights with "bf16-hopper" (the BF16 path, the same FP8 GEMMs);
-- engine: what an engine on Hopper runs today for this layer (the layer issue's "engine" row):
-  the same FP8 block-scaled GEMMs (cuBLASLt through torch's scaled_mm, activations quantized per
-  1 x 128 group by torch.compile'd code, weights per 128 x 128 block), RMSNorm and RoPE
-  torch.compile'd, the concatenation of K and the e4m3 latent cache write in torch, the prefix
-  rows gathered and dequantized for kv_b_proj, and FlashAttention-3's bf16 varlen forward (the
-  `fa3-fwd` wheel; bottom-right causal over [prefix | new] keys);
+- engine: what an engine on Hopper runs today for this layer (the layer issue's "engine" row,
+  SGLang's DeepSeek prefill in its MHA form): the same FP8 block-scaled GEMMs (cuBLASLt through
+  torch's scaled_mm; q_a_proj and kv_a_proj as one GEMM), activations quantized per 1 x 128 group
+  by fp8mla's quantize_fp8_per_token_group (a bandwidth-bound kernel, so this row is not slowed by
+  a weaker stand-in), RMSNorm and RoPE torch.compile'd, RoPE written into q in place, K assembled
+  by slice copies, the e4m3 latent cache write in torch, the prefix rows gathered and dequantized
+  for kv_b_proj, and FlashAttention-3's bf16 varlen forward (the `fa3-fwd` wheel; bottom-right
+  causal over [prefix | new] keys);
 - eager: the same layer in eager PyTorch, bf16 weights and GEMMs, cuDNN SDPA.
 YaRN as DeepSeek-V3 configures it only changes the RoPE tables and the softmax scale; the torch
 rows use plain tables, which cost the same.
@@ -33,7 +35,7 @@ import json
 import math
 import statistics
 
-from common import load_anchors, load_fa3, time_ms
+from common import load_fa3, time_ms
 
 HIDDEN, HEADS, Q_LORA, KV_LORA, ROPE, NOPE, DV = 7168, 128, 1536, 512, 64, 128, 128
 TOKENS = [2048, 8192, 32768]
@@ -138,34 +140,39 @@ class EagerMlaLayer:
 
 
 class EngineFp8Layer(EagerMlaLayer):
-    """The layer as an engine on Hopper runs it without fp8mla: FP8 block-scaled GEMMs (e4m3
-    weights with a scale per 128 x 128 block, activations quantized per 1 x 128 group), fused
-    RMSNorm / RoPE (torch.compile), K concatenated in torch, FA3's bf16 attention."""
+    """The layer as an engine on Hopper runs it without fp8mla (SGLang's DeepSeek prefill, MHA
+    form): q_a_proj and kv_a_proj as one GEMM, every projection an FP8 block-scaled GEMM (e4m3
+    weights with a scale per 128 x 128 block, activations quantized per 1 x 128 group), RMSNorm
+    and RoPE torch.compile'd, RoPE written into q in place, K assembled from its two parts by
+    slice copies, FA3's bf16 attention. The activation quantization is fp8mla's own
+    quantize_fp8_per_token_group (a bandwidth-bound kernel, as engines ship one), so that this
+    row is not slowed by a weaker stand-in."""
 
-    def __init__(self, torch, device, anchors, fa3):
+    def __init__(self, torch, device, fp8mla, fa3):
         super().__init__(torch, device)
-        self.fa3 = fa3
+        self.fa3, self.fp8mla = fa3, fp8mla
         compile_ = lambda f: torch.compile(f, dynamic=True)  # noqa: E731 - one graph per op
-        self.group_quant = compile_(anchors._group_quant)
         self.norm_compiled = compile_(lambda x, w: rms_norm(torch, x, w))
         self.rope_compiled = compile_(lambda x, c, s: rope_interleaved(torch, x, c, s))
-        for name in ("q_a", "q_b", "kv_a", "kv_b", "o"):
-            setattr(self, name, self.quantize_weight(getattr(self, name)))
+        self.qkv_a = torch.cat((self.q_a, self.kv_a))  # [1536 + 576, hidden]
+        self.weights = {name: self.quantize_weight(getattr(self, name))
+                        for name in ("qkv_a", "q_b", "kv_b", "o")}
         self.scaled_mm = self.pick_scaled_mm()
         self.cu_seqlens = {}
         self.notes = {}
 
-    def quantize_weight(self, w):
-        """(e4m3 [N, K], f32 [ceil(N / 128), K / 128]): one scale per 128 x 128 block (the
-        last row block partial where N is not a multiple of 128: kv_a_proj's 576), amax / 448."""
+    def quantize_weight(self, w, rows=None):
+        """(e4m3 [rows, K], f32 [rows / 128, K / 128], N): one scale per 128 x 128 block, amax /
+        448, the weight's N rows padded with zeros to `rows` (default: N rounded up to whole
+        blocks, the last block partial)."""
         torch = self.torch
         N, K = w.shape
         Np = -(-N // 128) * 128
         blocks = torch.nn.functional.pad(w.float(), (0, 0, 0, Np - N)).view(Np // 128, 128,
                                                                             K // 128, 128)
         s = blocks.abs().amax(dim=(1, 3)).clamp_min(1e-12) / 448.0
-        q = (blocks / s[:, None, :, None]).to(torch.float8_e4m3fn).view(Np, K)[:N]
-        return q.contiguous(), s.contiguous()
+        q = (blocks / s[:, None, :, None]).to(torch.float8_e4m3fn).view(Np, K)
+        return q[:rows or N].contiguous(), s.contiguous(), N
 
     def pick_scaled_mm(self):
         """torch's blockwise FP8 GEMM (cuBLASLt): the scaled_mm API where torch has it, else
@@ -185,30 +192,30 @@ class EngineFp8Layer(EagerMlaLayer):
 
     def linear(self, x, name):
         torch = self.torch
-        w, w_s = getattr(self, name)
+        w, w_s, n = self.weights[name]
         M = x.shape[0]
         if M % 4:  # cuBLASLt's 1 x 128 scales want the row count a multiple of 4
             x = torch.nn.functional.pad(x, (0, 0, 0, 4 - M % 4))
-        a, a_s = self.group_quant(x)
-        a_s = a_s.t().contiguous().t()  # 1 x 128 scales: outer-dim-major
-        y = self.scaled_mm(a, a_s, w, w_s)[:M]
-        return y if name != "kv_a" else y[:, :KV_LORA + ROPE]
+        # Scales column-major (strides (1, M)): the outer-dim-major layout cuBLASLt reads.
+        a, a_s = self.fp8mla.quantize_fp8_per_token_group(x, scale_layout="column_major")
+        y = self.scaled_mm(a, a_s, w, w_s)
+        return y[:M] if y.shape[1] == n else y[:M, :n]
 
     def check_gemm(self):
-        """The blockwise GEMM computes the dequantized product (cosine >= 0.999), or raise."""
+        """The blockwise GEMM computes the dequantized product (cosine >= 0.999), or raise;
+        qkv_a's N = 2112, a partial last weight block, runs or is padded to whole blocks."""
         torch = self.torch
         x = torch.randn(256, KV_LORA, device=self.cos.device, dtype=torch.bfloat16)
-        w, w_s = self.kv_b
+        w, w_s, _ = self.weights["kv_b"]
         ref = x.float() @ (w.float().view(w.shape[0] // 128, 128, -1, 128) *
                            w_s[:, None, :, None]).view(w.shape).t()
         got = self.linear(x, "kv_b").float()
-        try:  # kv_a_proj's N = 576 is not a multiple of the 128-row weight block
-            self.linear(torch.randn(8, HIDDEN, device=x.device, dtype=x.dtype), "kv_a")
+        try:
+            self.linear(torch.randn(8, HIDDEN, device=x.device, dtype=x.dtype), "qkv_a")
         except RuntimeError as e:
-            w, w_s = self.kv_a
-            self.kv_a = (torch.nn.functional.pad(w.view(torch.uint8), (0, 0, 0, 64))
-                         .view(torch.float8_e4m3fn), w_s)
-            self.notes["kv_a"] = f"weight padded to 640 rows ({str(e).splitlines()[0][:120]})"
+            n = self.qkv_a.shape[0]
+            self.weights["qkv_a"] = self.quantize_weight(self.qkv_a, -(-n // 128) * 128)[:2] + (n,)
+            self.notes["qkv_a"] = f"weight padded to whole blocks ({str(e).splitlines()[0][:120]})"
         cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0).item()
         if not cos >= 0.999:
             raise RuntimeError(f"engine row: blockwise scaled_mm disagrees with its reference "
@@ -220,6 +227,28 @@ class EngineFp8Layer(EagerMlaLayer):
 
     def rope(self, x, positions):
         return self.rope_compiled(x, self.cos[positions], self.sin[positions])
+
+    def forward(self, hidden, cache, prefix_slots, slots, positions):
+        torch = self.torch
+        T = hidden.shape[0]
+        qkv_a = self.linear(hidden, "qkv_a")
+        q = self.linear(self.norm(qkv_a[:, :Q_LORA], self.q_norm), "q_b").view(T, HEADS, -1)
+        q[..., NOPE:] = self.rope(q[..., NOPE:], positions)
+        kv_c = self.norm(qkv_a[:, Q_LORA:Q_LORA + KV_LORA], self.kv_norm)
+        k_pe = self.rope(qkv_a[:, Q_LORA + KV_LORA:], positions)
+        flat = cache.view(torch.uint8).view(-1, KV_LORA + ROPE)
+        flat[slots] = torch.cat((kv_c, k_pe), dim=-1).to(torch.float8_e4m3fn).view(torch.uint8)
+        if prefix_slots.numel() > 0:
+            old = flat[prefix_slots].view(torch.float8_e4m3fn).to(torch.bfloat16)
+            kv_c = torch.cat((old[:, :KV_LORA], kv_c))
+            k_pe = torch.cat((old[:, KV_LORA:], k_pe))
+        n = kv_c.shape[0]
+        kv = self.linear(kv_c, "kv_b").view(n, HEADS, NOPE + DV)
+        k = torch.empty(n, HEADS, NOPE + ROPE, device=kv.device, dtype=kv.dtype)
+        k[..., :NOPE] = kv[..., :NOPE]
+        k[..., NOPE:] = k_pe.unsqueeze(1)
+        o = self.attention(q, k, kv[..., NOPE:])
+        return self.linear(o.reshape(T, HEADS * DV), "o")
 
     def attention(self, q, k, v):
         torch = self.torch
@@ -278,7 +307,6 @@ def run(args):
     import fp8mla
 
     dev = torch.device("cuda")
-    anchors, _ = load_anchors(args.anchors, "layer.py")
     fa3, fa3_note = load_fa3()
     weights = fp8mla.generate_mla_weights("deepseek-v3", "fp8", 3)
     layers = {"fp8": fp8mla.MlaLayer(None, weights, "cuda", backend="fp8-hopper"),
@@ -286,7 +314,7 @@ def run(args):
     notes = {"fa3": fa3_note}
     if fa3 is not None:
         try:
-            engine = EngineFp8Layer(torch, dev, anchors, fa3)
+            engine = EngineFp8Layer(torch, dev, fp8mla, fa3)
             notes["engine_gemm_cosine"] = engine.check_gemm()
             notes.update(engine.notes)
             layers["engine"] = engine
@@ -343,7 +371,6 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
-    p.add_argument("--anchors", help="anchors.py or its folder (default: ../shared/anchors, ...)")
     p.add_argument("--json", help="write the timings here")
     run(p.parse_args())
 
