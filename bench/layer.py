@@ -8,7 +8,8 @@ bench/report.py --kind layer puts it beside the C++ run.
 Rows (DeepSeek-V3 dims, random weights):
 - fp8: `fp8mla.MlaLayer` with FP8 block-scaled weights and the "fp8-hopper" backend (the FP8
   path), through `prefill` on a host batch (prefixes up to 8192 keys one-shot, as the C++ bench);
-- bf16: a second MlaLayer of the same weights with "bf16-hopper" (the BF16 path, the same FP8 GEMMs);
+- bf16: a second MlaLayer of the same weights with "bf16-hopper" (the BF16 path, the same FP8
+  GEMMs);
 - engine: what an engine on Hopper runs today for this layer (the layer issue's "engine" row,
   SGLang's DeepSeek prefill in its MHA form): the same FP8 block-scaled GEMMs (cuBLASLt through
   torch's scaled_mm; q_a_proj and kv_a_proj as one GEMM), activations quantized per 1 x 128 group
