@@ -100,18 +100,24 @@ class EagerMlaLayer:
         kv_c = self.norm(latent[:, :KV_LORA], self.kv_norm)
         k_pe = self.rope(latent[:, KV_LORA:], positions)
         q = torch.cat((q_nope, self.rope(q_pe, positions)), dim=-1)
-        flat = cache.view(torch.uint8).view(-1, KV_LORA + ROPE)  # fp8 bytes: index_put on u8
-        flat[slots] = torch.cat((kv_c, k_pe), dim=-1).to(torch.float8_e4m3fn).view(torch.uint8)
-        if prefix_slots.numel() > 0:
-            old = flat[prefix_slots].view(torch.float8_e4m3fn).to(torch.bfloat16)
-            kv_c = torch.cat((old[:, :KV_LORA], kv_c))
-            k_pe = torch.cat((old[:, KV_LORA:], k_pe))
+        kv_c, k_pe = self.cache_rows(cache, kv_c, k_pe, slots, prefix_slots)
         n = kv_c.shape[0]
         kv = self.linear(kv_c, "kv_b").view(n, HEADS, NOPE + DV)
         k_nope, v = kv.split([NOPE, DV], dim=-1)
         k = torch.cat((k_nope, k_pe.unsqueeze(1).expand(n, HEADS, ROPE)), dim=-1)
         o = self.attention(q, k, v)
         return self.linear(o.reshape(T, HEADS * DV), "o")
+
+    def cache_rows(self, cache, kv_c, k_pe, slots, prefix_slots):
+        """Writes the new rows' e4m3 [kv_c | k_pe] to their slots; returns (kv_c, k_pe) of the
+        prefix rows (gathered and dequantized) followed by the new ones."""
+        torch = self.torch
+        flat = cache.view(torch.uint8).view(-1, KV_LORA + ROPE)  # fp8 bytes: index_put on u8
+        flat[slots] = torch.cat((kv_c, k_pe), dim=-1).to(torch.float8_e4m3fn).view(torch.uint8)
+        if prefix_slots.numel() == 0:
+            return kv_c, k_pe
+        old = flat[prefix_slots].view(torch.float8_e4m3fn).to(torch.bfloat16)
+        return torch.cat((old[:, :KV_LORA], kv_c)), torch.cat((old[:, KV_LORA:], k_pe))
 
     def attention(self, q, k, v):
         torch = self.torch
@@ -237,12 +243,7 @@ class EngineFp8Layer(EagerMlaLayer):
         q[..., NOPE:] = self.rope(q[..., NOPE:], positions)
         kv_c = self.norm(qkv_a[:, Q_LORA:Q_LORA + KV_LORA], self.kv_norm)
         k_pe = self.rope(qkv_a[:, Q_LORA + KV_LORA:], positions)
-        flat = cache.view(torch.uint8).view(-1, KV_LORA + ROPE)
-        flat[slots] = torch.cat((kv_c, k_pe), dim=-1).to(torch.float8_e4m3fn).view(torch.uint8)
-        if prefix_slots.numel() > 0:
-            old = flat[prefix_slots].view(torch.float8_e4m3fn).to(torch.bfloat16)
-            kv_c = torch.cat((old[:, :KV_LORA], kv_c))
-            k_pe = torch.cat((old[:, KV_LORA:], k_pe))
+        kv_c, k_pe = self.cache_rows(cache, kv_c, k_pe, slots, prefix_slots)
         n = kv_c.shape[0]
         kv = self.linear(kv_c, "kv_b").view(n, HEADS, NOPE + DV)
         k = torch.empty(n, HEADS, NOPE + ROPE, device=kv.device, dtype=kv.dtype)
