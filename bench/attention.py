@@ -30,7 +30,9 @@ prefix; the ragged batch of 3000/17/700/5000/1/2200 new tokens on prefixes of
 causal 8k, 32k, 64k. Sequence b has q_len = new[b] queries and k_len = prefix[b] + new[b] keys;
 causal masking is bottom-right aligned in both kernels, so query i sees min(k_len, i + 1 + k_len -
 q_len) keys, and FLOPs = 2 * H * visible (query, key) pairs * (Dqk + Dv). Inputs are randn bf16,
-K's last 64 dims the same in every head (MLA's RoPE part, which fp8mla_e4m3_krope reads once);
+K's last 64 dims the same in every head (MLA's RoPE part, which fp8mla_e4m3_krope reads once), or
+with `--inputs layer` the q, k, v the DeepSeek-V3 layer makes from random hidden states
+(bench/layer.py's engine row: its projections, RMSNorm and RoPE; the timing rows only);
 the e4m3 inputs are each tensor divided by its amax / 448 and cast, that scale the descale given
 to both kernels. Softmax scale 1 / sqrt(192) (unit-variance scores).
 
@@ -114,19 +116,45 @@ def transposed(torch, v):
     return store[:, :, :n].permute(2, 0, 1)
 
 
-def make_inputs(torch, q_lens, prefix_lens, heads, seed):
-    """One shape's tensors: bf16 q, k, v, their e4m3 forms and descales, the transposed e4m3 V,
-    the offsets and the output buffers of fp8mla."""
+def randn_qkv(torch, tq, tk, heads, seed):
+    """bf16 q [tq, heads, 192], k [tk, heads, 192], v [tk, heads, 128] of unit normals, K's RoPE
+    part (its last 64 dims) the same in every head, as MLA's."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(n, heads, dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+               for n, dim in ((tq, DQK), (tk, DQK), (tk, DV)))
+    k[:, 1:, DQK - 64:] = k[:, :1, DQK - 64:]
+    return q, k, v
+
+
+class LayerQkv:
+    """q, k, v as the DeepSeek-V3 layer makes them (bench/layer.py's engine row: FP8 projections
+    of random hidden states with random weights, RMSNorm, RoPE), the first `heads` heads: the
+    layer's value distributions in place of unit normals (--inputs layer). q is the last tq of
+    the tk tokens, at their positions."""
+
+    def __init__(self, torch, fp8mla, fa3_module):
+        import layer
+        self.torch, self.hidden = torch, layer.HIDDEN
+        self.engine = layer.EngineFp8Layer(torch, torch.device("cuda"), fp8mla, fa3_module)
+
+    def __call__(self, torch, tq, tk, heads, seed):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        hidden = torch.randn(tk, self.hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
+        positions = torch.arange(tk, device="cuda")
+        q, kv_c, k_pe = self.engine.queries_and_latent(hidden, positions)
+        k, v = self.engine.keys_values(kv_c, k_pe)
+        return (t[-n:, :heads].contiguous() for t, n in ((q, tq), (k, tk), (v, tk)))
+
+
+def make_inputs(torch, q_lens, prefix_lens, heads, seed, source=randn_qkv):
+    """One shape's tensors: bf16 q, k, v from `source` (randn_qkv or a LayerQkv), their e4m3
+    forms and descales, the transposed e4m3 V, the offsets and the output buffers of fp8mla."""
     dev = torch.device("cuda")
     x = types.SimpleNamespace(q_lens=q_lens, prefix_lens=prefix_lens, heads=heads,
                               k_lens=[q + p for q, p in zip(q_lens, prefix_lens)],
                               scale=1.0 / math.sqrt(DQK))
-    gen = torch.Generator(device=dev).manual_seed(seed)
     tq, tk = sum(q_lens), sum(x.k_lens)
-    for name, tokens, dim in (("q", tq, DQK), ("k", tk, DQK), ("v", tk, DV)):
-        t = torch.randn(tokens, heads, dim, device=dev, dtype=torch.bfloat16, generator=gen)
-        if name == "k":  # MLA's K: its RoPE part (the last 64 dims) is the same for every head
-            t[:, 1:, DQK - 64:] = t[:, :1, DQK - 64:]
+    for name, t in zip(("q", "k", "v"), source(torch, tq, tk, heads, seed)):
         t8, descale = e4m3(torch, t)
         setattr(x, name, t)
         setattr(x, name + "8", t8)
@@ -224,7 +252,7 @@ def time_rounds(torch, replays, estimates, sampler, args):
 def run_shape(torch, fp8mla, fa3, anchors, shape, sampler, args):
     """The rows of one shape of SHAPES: one per implementation that applies."""
     name, q_lens, prefix_lens, heads, causal = shape
-    x = make_inputs(torch, q_lens, prefix_lens, heads, zlib.crc32(name.encode()))
+    x = make_inputs(torch, q_lens, prefix_lens, heads, zlib.crc32(name.encode()), args.source)
     replays, estimates, errors = capture(torch, implementations(torch, fp8mla, fa3, anchors, x,
                                                                 causal))
     timed = time_rounds(torch, replays, estimates, sampler, args) if replays else {}
@@ -312,6 +340,9 @@ def main():
     ap.add_argument("--loop-ms", type=float, default=LOOP_MS,
                     help="replays timed per implementation and round, in ms")
     ap.add_argument("--warm-s", type=float, default=WARM_S)
+    ap.add_argument("--inputs", choices=["randn", "layer"], default="randn",
+                    help="q, k, v of unit normals, or as the DeepSeek-V3 layer makes them "
+                         "(bench/layer.py's engine row on random hidden states; needs FA3)")
     args = ap.parse_args()
     names = [s[0] for s in SHAPES]
     wanted = args.shapes.split(",") if args.shapes else names
@@ -321,6 +352,7 @@ def main():
     import fp8mla
     anchors, _ = load_anchors(args.anchors, "attention.py")
     fa3 = load_fa3()
+    args.source = randn_qkv if args.inputs == "randn" else LayerQkv(torch, fp8mla, fa3[0])
     sampler = ClockSampler(torch)
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, fp8mla "
           f"{fp8mla.__version__}, FA3 {fa3[1]}, NVML "
@@ -335,7 +367,8 @@ def main():
         print("\n".join(progress(r) for r in new), flush=True)
         rows += new
     meta = {"date": utc_now(), "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "fp8mla": fp8mla.__version__, "fa3": fa3[1], "rounds": args.rounds,
+            "fp8mla": fp8mla.__version__, "fa3": fa3[1], "inputs": args.inputs,
+            "rounds": args.rounds,
             "loop_ms": args.loop_ms, "warm_s": args.warm_s,
             "power_source": sampler.power_source or "no NVML power reading",
             "wall_s": time.perf_counter() - start,

@@ -235,22 +235,31 @@ class EngineFp8Layer(EagerMlaLayer):
     def rope(self, x, positions):
         return self.rope_compiled(x, self.cos[positions], self.sin[positions])
 
-    def forward(self, hidden, cache, prefix_slots, slots, positions):
-        torch = self.torch
+    def queries_and_latent(self, hidden, positions):
+        """(q [T, H, 192] with RoPE, kv_c [T, 512] normalized, k_pe [T, 64] with RoPE)."""
         T = hidden.shape[0]
         qkv_a = self.linear(hidden, "qkv_a")
         q = self.linear(self.norm(qkv_a[:, :Q_LORA], self.q_norm), "q_b").view(T, HEADS, -1)
         q[..., NOPE:] = self.rope(q[..., NOPE:], positions)
         kv_c = self.norm(qkv_a[:, Q_LORA:Q_LORA + KV_LORA], self.kv_norm)
         k_pe = self.rope(qkv_a[:, Q_LORA + KV_LORA:], positions)
-        kv_c, k_pe = self.cache_rows(cache, kv_c, k_pe, slots, prefix_slots)
+        return q, kv_c, k_pe
+
+    def keys_values(self, kv_c, k_pe):
+        """(K [n, H, 192] assembled by slice copies, V [n, H, 128] a view of kv_b's output)."""
         n = kv_c.shape[0]
         kv = self.linear(kv_c, "kv_b").view(n, HEADS, NOPE + DV)
-        k = torch.empty(n, HEADS, NOPE + ROPE, device=kv.device, dtype=kv.dtype)
+        k = self.torch.empty(n, HEADS, NOPE + ROPE, device=kv.device, dtype=kv.dtype)
         k[..., :NOPE] = kv[..., :NOPE]
         k[..., NOPE:] = k_pe.unsqueeze(1)
-        o = self.attention(q, k, kv[..., NOPE:])
-        return self.linear(o.reshape(T, HEADS * DV), "o")
+        return k, kv[..., NOPE:]
+
+    def forward(self, hidden, cache, prefix_slots, slots, positions):
+        q, kv_c, k_pe = self.queries_and_latent(hidden, positions)
+        kv_c, k_pe = self.cache_rows(cache, kv_c, k_pe, slots, prefix_slots)
+        k, v = self.keys_values(kv_c, k_pe)
+        o = self.attention(q, k, v)
+        return self.linear(o.reshape(hidden.shape[0], HEADS * DV), "o")
 
     def attention(self, q, k, v):
         torch = self.torch
