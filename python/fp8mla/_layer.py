@@ -116,9 +116,17 @@ def shard_mla_weights(weights: MlaWeights, rank: int, size: int) -> MlaWeights:
 
 
 def _batch(batch) -> list:
-    return [(int(s.prefix), int(s.extend), np.asarray(s.slots, dtype=np.int64).tolist())
-            if isinstance(s, MlaSequence) else
-            (int(s[0]), int(s[1]), np.asarray(s[2], dtype=np.int64).tolist()) for s in batch]
+    """[(prefix, extend, slots)] as _C takes a batch: each sequence's slots one contiguous int64
+    array (slots given as an array or a host tensor pass without a per-element conversion)."""
+    rows = []
+    for s in batch:
+        prefix, extend, slots = (s.prefix, s.extend, s.slots) if isinstance(s, MlaSequence) else s
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+        if slots.ndim != 1:
+            raise invalid_argument(f"MlaBatch: expected a sequence's slots 1-d (prefix + extend "
+                                   f"cache slots), got shape {slots.shape}")
+        rows.append((int(prefix), int(extend), slots))
+    return rows
 
 
 class MlaLayer:

@@ -221,6 +221,24 @@ def test_model_directory_errors(tmp_path):
         fp8mla.load_mla_weights(tmp_path, 0)
 
 
+def test_slots_in_any_host_form_give_the_same_bytes():
+    weights = fp8mla.generate_mla_weights("tiny", "bf16", seed=1)
+    layer = fp8mla.MlaLayer("tiny", weights)
+    hidden = hidden_states(12, 512, 3)
+    slots = np.random.default_rng(4).permutation(2 * PAGE)[:16]
+    forms = [slots.tolist(), tuple(slots.tolist()), slots.astype(np.int64),
+             slots.astype(np.int32), np.repeat(slots, 2)[::2], slots[::-1].copy()[::-1]]
+    results = []
+    for form in forms:
+        cache = random_cache(2, 7)
+        out = layer.prefill(hidden, [fp8mla.MlaSequence(4, 12, form)], cache)
+        results.append((out.view(np.uint16).copy(), cache.view(np.uint8).copy()))
+    for out, cache in results[1:]:
+        assert np.array_equal(out, results[0][0]) and np.array_equal(cache, results[0][1])
+    with pytest.raises(fp8mla.InvalidArgumentError, match="slots 1-d"):
+        layer.prefill(hidden, [(4, 12, slots.reshape(2, 8))], random_cache(2, 7))
+
+
 # ---- bad inputs --------------------------------------------------------------------------------
 
 
