@@ -38,18 +38,21 @@ TEST(HostStagingCuda, CopiesAndGrows) {
   FP8MLA_REQUIRE_HOPPER();
   Stream stream;
   cuda::HostStaging staging;
-  for (std::size_t bytes : {std::size_t(100), std::size_t(40), std::size_t(300000)}) {
+  for (std::size_t bytes :
+       {std::size_t(100), std::size_t(40), std::size_t(150), std::size_t(300000)}) {
     const test::DeviceBuffer device(bytes);
     const std::vector<std::uint8_t> want = pattern(bytes, std::uint8_t(bytes));
     std::byte* image = staging.acquire(bytes, stream.s, "test");
     ASSERT_GE(staging.capacity(), bytes);
+    if (bytes == 150) EXPECT_EQ(staging.capacity(), 200u);
     std::memcpy(image, want.data(), bytes);
     staging.copy_to(device.data(), bytes, stream.s, "test copy");
     cuda::check(cudaStreamSynchronize(stream.s), "sync");
     EXPECT_EQ(device.download(), want) << bytes << " bytes";
     EXPECT_TRUE(device.guards_intact());
   }
-  EXPECT_EQ(staging.capacity(), 300000u);  // grown once to the largest, never shrunk
+  // 100, then at least doubled for 150 (200), then 300000; never shrunk.
+  EXPECT_EQ(staging.capacity(), 300000u);
 }
 
 // The second acquire must wait until the first copy, queued behind ~50 ms of work, has read the

@@ -1,5 +1,7 @@
 #include "cuda/common/host_staging.hpp"
 
+#include <algorithm>
+
 #include "cuda/common/runtime.hpp"
 #include "fp8mla/error.hpp"
 
@@ -30,13 +32,16 @@ std::byte* HostStaging::acquire(std::size_t bytes, cudaStream_t stream, const ch
     pending_ = false;
   }
   if (bytes > capacity_) {
+    // At least doubling: freeing pinned memory may synchronize, so a batch size that keeps
+    // rising regrows the buffer a logarithmic number of times, not once per new maximum.
+    const std::size_t grown = std::max(bytes, 2 * capacity_);
     if (host_ != nullptr) check(cudaFreeHost(host_), "cudaFreeHost(host staging)");
     host_ = nullptr;
     capacity_ = 0;
     void* p = nullptr;
-    check(cudaMallocHost(&p, bytes), "cudaMallocHost(host staging)");
+    check(cudaMallocHost(&p, grown), "cudaMallocHost(host staging)");
     host_ = static_cast<std::byte*>(p);
-    capacity_ = bytes;
+    capacity_ = grown;
   }
   return host_;
 }

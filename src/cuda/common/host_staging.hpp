@@ -19,9 +19,9 @@ class HostStaging {
 
   // Host memory of at least `bytes` for the next copy on `stream`. Waits for this buffer's
   // previous copy to have read it (with one buffer per layer, that copy belongs to an earlier
-  // forward step and is long done); grows the buffer (cudaMallocHost) only when `bytes` exceeds
-  // every earlier request. Refuses a stream under capture: a graph would keep reading this
-  // buffer, which the next call overwrites. `what` names the caller in errors.
+  // forward step and is long done); grows the buffer (cudaMallocHost, to at least twice its
+  // size) only when `bytes` exceeds it. Refuses a stream under capture: a graph would keep reading
+  // this buffer, which the next call overwrites. `what` names the caller in errors.
   std::byte* acquire(std::size_t bytes, cudaStream_t stream, const char* what);
   // Queues the copy of the first `bytes` of the buffer to `device` on `stream` and marks the
   // buffer busy until the copy has run.
