@@ -448,13 +448,13 @@ def layer_markdown(cli, py, markdown_path, analysis=None):
     """RESULTS_layer.md of one run: the fp8 path against bf16, bf16w and eager, then stages."""
     eager = {(r["tokens"], r["prefix"]): r for r in py["rows"] if r.get("path", "eager") == "eager"}
     ours = {(r["path"], r["tokens"], r["prefix"]): r for r in cli["rows"]}
-    timer = "bench/common.py, host-paced" if "timer" in py else "anchors.bench"
+    timer = py.get("timer", "anchors.bench")
     lines = [
         "# MLA layer prefill benchmark results",
         "",
         "Written by `bench/report.py --kind layer` from `fp8mla bench layer --json` (C++, CUDA "
-        "events around `MlaLayer::prefill`) and `bench/layer.py --json` (the eager PyTorch BF16 "
-        f"layer, {timer}), both run in one device session on the same shapes. DeepSeek-V3 preset, "
+        "events around `MlaLayer::prefill`) and `bench/layer.py --json` (the layer from Python, "
+        f"an engine's layer and eager PyTorch BF16; {timer}), both run in one device session on the same shapes. DeepSeek-V3 preset, "
         "one sequence of T new tokens, with no prefix or a cached prefix of T tokens (one-shot "
         "up to 8192 prefix keys, chunks of 8192 above). Paths: **fp8** = FP8 block-scaled "
         "weights + the `fp8-hopper` backend (FP8 GEMMs, FP8 attention); **bf16** = the same "
@@ -517,8 +517,9 @@ def python_twin_table(py):
         return []
     names = ["fp8", "bf16", "engine", "eager"]
     lines = ["", f"From Python, one process, {py.get('rounds', 1)} interleaved rounds (bench/layer.py; "
-             "engine = FP8 block-scaled GEMMs through torch's scaled_mm, torch.compile'd RMSNorm, RoPE "
-             "and activation quantization, FA3 bf16 attention), ms:", "",
+             "engine = the same FP8 block-scaled GEMMs through torch's scaled_mm, q_a and kv_a as "
+             "one GEMM, torch.compile'd RMSNorm and RoPE, K assembled in torch, FA3 bf16 "
+             "attention), ms:", "",
              "| T | prefix | " + " | ".join(names) + " | fp8 vs bf16 | fp8 vs engine | fp8 vs eager |",
              "|---|---|" + "---:|" * (len(names) + 3)]
     shapes = sorted({(T, prefix) for _, T, prefix in rows})
