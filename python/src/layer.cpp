@@ -63,7 +63,8 @@ struct Weights {
   fp8mla::MlaTensorParallel tp;
 };
 
-// (prefix, extend, slots) per sequence, as _layer.py passes a batch.
+// (prefix, extend, slots) per sequence, slots a list: a batch handed back to Python (a rank's
+// share of a context-parallel batch, from_batch).
 using PyBatch = std::vector<std::tuple<std::int64_t, std::int64_t, std::vector<std::int64_t>>>;
 // A batch as the Python side hands it in: (prefix, extend, slots), the slots a contiguous int64
 // host array, copied in one go (a list would be converted element by element: ~1 ms at 16k).
