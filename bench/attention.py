@@ -39,9 +39,12 @@ to both kernels. Softmax scale 1 / sqrt(192) (unit-variance scores).
 Method, per shape: each implementation captured in a CUDA graph and one replay timed (the
 estimate); WARM_S of replays of all of them in turn, so the card is at its power cap (700 W on
 an H200: the sustained state); then ROUNDS rounds, in each every implementation in turn (the
-order rotated by one each round) timed by about LOOP_MS of replays queued back to back behind a
-gate (bench/common.py time_for: CUDA events around each, median). The figure is the median over
-the rounds. NVML's SM clock, power-cap state and power draw are sampled while the timed replays
+order rotated by one each round) runs SETTLE_MS of replays untimed and then about LOOP_MS timed,
+all queued back to back behind a gate (bench/common.py time_for: CUDA events around each,
+median). The figure is the median over the rounds. The untimed lead is there because the power
+limiter carries over: timed straight after another implementation, a kernel runs at the clock
+that one left (under the cap, a few hundred MHz apart), and with the order rotated each kernel
+always follows the same one (bench/analysis/attention-power-order-2026-12-03.md). NVML's SM clock, power-cap state and power draw are sampled while the timed replays
 run (bench/common.py ClockSampler); energy per call = mean power * time.
 
 Accuracy, before the timings: one small ragged causal case with prefixes (ACCURACY), every
@@ -71,7 +74,7 @@ from common import ClockSampler, graphed, load_anchors, load_fa3, round_up, run_
     time_ms, utc_now
 from report_attention import ATTENTION_DQK as DQK, ATTENTION_DV as DV, ATTENTION_SHAPES as SHAPES
 
-ROUNDS, LOOP_MS, WARM_S, MIN_CALLS = 5, 30.0, 1.0, 3
+ROUNDS, LOOP_MS, WARM_S, SETTLE_MS, MIN_CALLS = 5, 30.0, 1.0, 300.0, 3
 IMPLS = ["fp8mla_e4m3", "fp8mla_e4m3_lse", "fp8mla_e4m3_vtok", "fp8mla_e4m3_krope",
          "fp8mla_e4m3_lse_krope", "fa3_e4m3", "fp8mla_bf16", "fa3_bf16", "cudnn_bf16"]
 REQUIRED = ("fp8mla_e4m3", "fp8mla_e4m3_lse", "fp8mla_bf16")
@@ -240,7 +243,7 @@ def time_rounds(torch, replays, estimates, sampler, args):
         shift = rnd % len(names)
         for n in names[shift:] + names[:shift]:
             ms, calls = time_for(torch, replays[n], args.loop_ms, estimates[n], MIN_CALLS,
-                                 sampler.sampling)
+                                 sampler.sampling, lead_ms=args.settle_ms)
             estimates[n] = ms
             us, counts, samples = timed[n]
             us.append(ms * 1e3)
@@ -340,6 +343,9 @@ def main():
     ap.add_argument("--loop-ms", type=float, default=LOOP_MS,
                     help="replays timed per implementation and round, in ms")
     ap.add_argument("--warm-s", type=float, default=WARM_S)
+    ap.add_argument("--settle-ms", type=float, default=SETTLE_MS,
+                    help="untimed replays of an implementation right before its timed ones, in ms "
+                         "(0: the timed replays follow the previous implementation's)")
     ap.add_argument("--inputs", choices=["randn", "layer"], default="randn",
                     help="q, k, v of unit normals, or as the DeepSeek-V3 layer makes them "
                          "(bench/layer.py's engine row on random hidden states; needs FA3)")
@@ -369,13 +375,14 @@ def main():
     meta = {"date": utc_now(), "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "fp8mla": fp8mla.__version__, "fa3": fa3[1], "inputs": args.inputs,
             "rounds": args.rounds,
-            "loop_ms": args.loop_ms, "warm_s": args.warm_s,
+            "loop_ms": args.loop_ms, "warm_s": args.warm_s, "settle_ms": args.settle_ms,
             "power_source": sampler.power_source or "no NVML power reading",
             "wall_s": time.perf_counter() - start,
             "method": (f"Each implementation a CUDA graph; per shape {args.warm_s:g} s of replays "
                        f"of all in turn, then {args.rounds} rounds, each implementation in turn "
-                       f"(order rotated) timed by ~{args.loop_ms:g} ms of replays queued back to "
-                       "back (CUDA events, median); the figure is the median over rounds.")}
+                       f"(order rotated): ~{args.settle_ms:g} ms of its replays untimed, then "
+                       f"~{args.loop_ms:g} ms timed, queued back to back (CUDA events, median); "
+                       "the figure is the median over rounds.")}
     doc = {"meta": meta, "rows": rows, "ratios": report_attention.attention_ratios(rows), "accuracy": acc}
     if args.json:
         with open(args.json, "w") as f:

@@ -111,11 +111,13 @@ def run_for(torch, fn, seconds):
 
 
 def time_ms(torch, fn, iters, warmup=0, queued=True, gate_ms=5.0,
-            while_running=contextlib.nullcontext):
+            while_running=contextlib.nullcontext, lead=0):
     """Median milliseconds of one fn() over `iters` timed calls after `warmup` untimed ones
-    (queued or host-paced: see the module docstring). `while_running()`, a context manager, is
-    entered while the device runs the timed calls: queued, from the end of the gate until the
-    last call is done (a clock sampler then sees only the calls, not the gate)."""
+    (queued or host-paced: see the module docstring). Queued, `lead` untimed calls run right
+    before the timed ones, behind the same gate (no idle gap between them). `while_running()`, a
+    context manager, is entered while the device runs the timed calls: queued, from the end of
+    the gate (and the lead) until the last call is done (a clock sampler then sees only the
+    timed calls)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -123,13 +125,17 @@ def time_ms(torch, fn, iters, warmup=0, queued=True, gate_ms=5.0,
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     if queued:
         torch.cuda._sleep(int(gate_ms * 1e-3 * 2e9))  # ~gate_ms: holds the stream while queuing
-        gate_end = torch.cuda.Event()
+        gate_end, lead_end = torch.cuda.Event(), torch.cuda.Event()
         gate_end.record()
+        for _ in range(lead):
+            fn()
+        lead_end.record()
         for s, e in zip(starts, ends):
             s.record()
             fn()
             e.record()
         gate_end.synchronize()
+        lead_end.synchronize()
         with while_running():
             torch.cuda.synchronize()
     else:
@@ -142,13 +148,17 @@ def time_ms(torch, fn, iters, warmup=0, queued=True, gate_ms=5.0,
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def time_for(torch, fn, budget_ms, estimate_ms, min_calls=3, while_running=contextlib.nullcontext):
+def time_for(torch, fn, budget_ms, estimate_ms, min_calls=3, while_running=contextlib.nullcontext,
+             lead_ms=0.0):
     """(median milliseconds of one fn(), calls timed): time_ms, queued, over as many calls as
-    take about `budget_ms` at `estimate_ms` a call (at least `min_calls`). The gate grows with
-    the calls (20 us each on top of 5 ms), so the host has queued them all before it opens."""
-    calls = max(min_calls, math.ceil(budget_ms / max(estimate_ms, 1e-3)))
-    ms = time_ms(torch, fn, calls, queued=True, gate_ms=5.0 + 0.02 * calls,
-                 while_running=while_running)
+    take about `budget_ms` at `estimate_ms` a call (at least `min_calls`), after untimed calls
+    for about `lead_ms`. The gate grows with the calls (20 us each on top of 5 ms), so the host
+    has queued them all before it opens."""
+    estimate_ms = max(estimate_ms, 1e-3)
+    calls = max(min_calls, math.ceil(budget_ms / estimate_ms))
+    lead = math.ceil(lead_ms / estimate_ms)
+    ms = time_ms(torch, fn, calls, queued=True, gate_ms=5.0 + 0.02 * (calls + lead),
+                 while_running=while_running, lead=lead)
     return ms, calls
 
 

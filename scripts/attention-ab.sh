@@ -5,21 +5,23 @@
 #   scripts/attention-ab.sh pack DIR NAME=REF [NAME=REF ...]
 #       here, with git: the sources of each commit (or branch, tag) REF into DIR/NAME. A diagnostic
 #       build is a commit on a scratch branch; DIR is carried to the GPU machine.
-#   scripts/attention-ab.sh run DIR OUT [--shapes LIST] [--laps N] [--rounds R] [--anchors PATH]
-#                              [--accuracy LENGTHS] [--digest]
+#   scripts/attention-ab.sh run DIR OUT [--shapes LIST] [--laps N] [--rounds R] [--settle-ms MS]
+#                              [--anchors PATH] [--accuracy LENGTHS] [--digest]
 #       on the GPU machine: builds every DIR/* in parallel (CUTLASS from .deps), installs the FA3
 #       wheel of .whl/ if there, runs the laps (bench/attention.py of this tree, --json
 #       OUT/ab_LAP_NAME.json) and prints bench/ab_table.py's table of them; --accuracy runs
 #       bench/attention_long_accuracy.py --lengths LENGTHS on every build (OUT/acc_NAME.json);
 #       --digest runs bench/attention_digest.py on every build first (OUT/digest_NAME.json) and
 #       says which outputs differ from the first build's (a change meant to keep every byte).
-# Defaults: --shapes 8k,16k,8k+8k,h16-32k,16x1k, --laps 2, --rounds 3. --anchors: anchors.py or
-# its folder, where ../shared/anchors is absent (checked before the builds). On an H200 (first
-# run 2026-12-02): four builds took 60 s together, a lap of five shapes about 25 s a build,
-# --accuracy 8192,32768 about 10 s a build.
+# Defaults: --shapes 8k,16k,8k+8k,h16-32k,16x1k, --laps 2, --rounds 3, --settle-ms as
+# bench/attention.py's (300: each implementation's untimed lead before its timed replays).
+# --anchors: anchors.py or its folder, where ../shared/anchors is absent (checked before the
+# builds). On an H200: four builds took 60 s together; a process of bench/attention.py with the
+# settle took 83 s for 7 shapes (five took ~25 s a build without it); --accuracy 8192,32768
+# about 10 s a build.
 set -uo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-usage() { sed -n '2,19p' "$self"; }
+usage() { sed -n '2,21p' "$self"; }
 cd "$(dirname "$0")/.." || exit 1
 
 pack() {
@@ -44,12 +46,13 @@ run() {
   local dir=${1:-} out=${2:-}
   [[ -d "$dir" && -n "$out" ]] || { usage; exit 2; }
   shift 2
-  local shapes=8k,16k,8k+8k,h16-32k,16x1k laps=2 rounds=3 anchors=() accuracy= digest=0
+  local shapes=8k,16k,8k+8k,h16-32k,16x1k laps=2 rounds=3 settle=() anchors=() accuracy= digest=0
   while (($#)); do
     case "$1" in
       --shapes) shapes=$2; shift ;;
       --laps) laps=$2; shift ;;
       --rounds) rounds=$2; shift ;;
+      --settle-ms) settle=(--settle-ms "$2"); shift ;;
       --anchors) anchors=(--anchors "$2"); shift ;;
       --accuracy) accuracy=$2; shift ;;
       --digest) digest=1 ;;
@@ -85,7 +88,7 @@ common.find_anchors(sys.argv[1] or None, "attention-ab.sh")' "${anchors[1]:-}" >
   for ((lap = 1; lap <= laps; ++lap)); do
     for name in "${names[@]}"; do
       PYTHONPATH="$site/$name:$site/fa3" python3 bench/attention.py "${anchors[@]}" \
-        --shapes "$shapes" --rounds "$rounds" --json "$out/ab_${lap}_$name.json" \
+        --shapes "$shapes" --rounds "$rounds" "${settle[@]}" --json "$out/ab_${lap}_$name.json" \
         >"$out/ab_${lap}_$name.log" 2>&1 || echo "lap $lap $name: exit $? (see its log)"
     done
   done
