@@ -26,7 +26,8 @@ rows use plain tables, which cost the same.
     python3 bench/report.py --kind layer --cli out/layer_cli.json --py out/layer_py.json
 
 Timer: bench/common.py's time_ms, queued (the calls of a row run back to back behind a sleep
-kernel, so host time enters only where the host falls behind the device).
+kernel, so host time enters only where the host falls behind the device), each row's timed calls
+led by ~--settle-ms of its own untimed ones, the rows' order rotated every round.
 """
 from __future__ import annotations
 
@@ -312,6 +313,37 @@ def rows_for_shape(torch, fp8mla, layers, T, prefix):
     return rows
 
 
+def time_rows(torch, calls, args):
+    """({row: ms of each round}, {row: error}): args.rounds rounds, each row once a round in an
+    order rotated every round, each timing led by ~args.settle_ms of its own calls untimed (so it
+    runs in its own steady state under the power cap, not in the transient the row before left:
+    bench/analysis/attention-power-order-2026-12-03.md)."""
+    times = {name: [] for name in calls}
+    errors, estimates = {}, {}
+
+    def attempt(name, timing):
+        try:
+            return timing()
+        except Exception as e:  # noqa: BLE001 - a row's failure is reported
+            errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            return None
+
+    for name, fn in calls.items():
+        estimates[name] = attempt(name, lambda fn=fn: time_ms(torch, fn, 1, warmup=1))
+    names = [n for n in calls if n not in errors]
+    for rnd in range(args.rounds):
+        shift = rnd % max(len(names), 1)
+        for name in names[shift:] + names[:shift]:
+            if name in errors:
+                continue
+            lead = math.ceil(args.settle_ms / max(estimates[name], 1e-3))
+            ms = attempt(name, lambda fn=calls[name]: time_ms(torch, fn, args.iters, args.warmup,
+                                                               lead=lead))
+            if ms is not None:
+                times[name].append(ms)
+    return times, errors
+
+
 def run(args):
     import torch
 
@@ -343,16 +375,7 @@ def run(args):
                 rows.append({"path": "all", "tokens": T, "prefix": prefix,
                              "error": str(e).splitlines()[0][:200]})
                 continue
-            times = {name: [] for name in calls}
-            errors = {}
-            for _ in range(args.rounds):
-                for name, fn in calls.items():
-                    if name in errors:
-                        continue
-                    try:
-                        times[name].append(time_ms(torch, fn, args.iters, args.warmup))
-                    except Exception as e:  # noqa: BLE001 - a row's failure is reported
-                        errors[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            times, errors = time_rows(torch, calls, args)
             for name in calls:
                 row = {"path": name, "tokens": T, "prefix": prefix}
                 if name in errors:
@@ -369,7 +392,9 @@ def run(args):
             del calls
             torch.cuda.empty_cache()
     doc = {"bench": "layer", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": datetime.date.today().isoformat(), "timer": TIMER, "rounds": args.rounds,
+           "date": datetime.date.today().isoformat(),
+           "timer": f"{TIMER}; each row led by {args.settle_ms:g} ms of its untimed calls, "
+                    "the order rotated every round", "rounds": args.rounds,
            "notes": notes, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
@@ -382,6 +407,8 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per shape")
+    p.add_argument("--settle-ms", type=float, default=300.0,
+                   help="untimed calls of a row right before its timed ones, in ms (0: none)")
     p.add_argument("--json", help="write the timings here")
     run(p.parse_args())
 
