@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -92,8 +93,9 @@ void fill_random_e4m3(const RandomBf16Pool& pool, std::byte* dst, std::int64_t c
                       float scale_inv, std::uint64_t salt, std::uint64_t salt_step);
 
 // Median time of one launch, in microseconds, from CUDA events on the default stream:
-// `warmup` untimed launches, then `iters` launches each between two events, all queued before
-// one synchronization. launch(k) is the k-th launch overall (so it can rotate buffer sets).
+// `warmup` untimed launches (then more for the settle time, if set), then `iters` launches each
+// between two events, all queued before one synchronization. launch(k) is the k-th launch overall
+// (so it can rotate buffer sets).
 // With `queued`, the timed launches are all issued behind a StreamGate and released together, so
 // the device runs them back to back and each interval is device time only, without the host's
 // time to issue the launch (which otherwise shows when a launch is shorter than issuing it).
@@ -104,10 +106,21 @@ class EventTimer {
   EventTimer& operator=(const EventTimer&) = delete;
   ~EventTimer();
 
+  // Untimed launches for about `ms` after the warm-up ones: a launch timed straight after other
+  // work runs for 100-200 ms at the clock that work left the card at under its power cap, so
+  // comparisons of launches that draw different power need each one settled first
+  // (bench/analysis/attention-power-order-2026-12-03.md). 0 (the default): none.
+  void set_settle_ms(double ms) { settle_ms_ = ms; }
+
   template <typename Launch>
   double median_us(Launch&& launch, int warmup, bool queued = false) {
     int k = 0;
     for (int i = 0; i < warmup; ++i) launch(k++);
+    // Batches of launches, waiting on the batch before the last: the device never runs dry.
+    for (int batch = 0; settle_ms_ > 0 && !settled(batch); ++batch) {
+      for (int i = 0; i < kSettleBatch; ++i) launch(k++);
+      mark_settle_batch(batch);
+    }
     StreamGate gate;
     start(gate, queued);
     for (std::size_t i = 0; i < events_.size(); i += 2) {
@@ -119,6 +132,11 @@ class EventTimer {
   }
 
  private:
+  static constexpr int kSettleBatch = 4;
+  // Whether the settle time has passed since batch 0 began (batch 0: starts the clock).
+  bool settled(int batch);
+  // Records batch `batch`'s end and waits for the one before it.
+  void mark_settle_batch(int batch);
   // After the warm-up: waits for the device, then holds the stream if `queued`.
   static void start(StreamGate& gate, bool queued);
   static void record(cudaEvent_t event);
@@ -126,6 +144,9 @@ class EventTimer {
   double finish(StreamGate& gate, bool queued);
 
   std::vector<cudaEvent_t> events_;
+  double settle_ms_ = 0;
+  std::chrono::steady_clock::time_point settle_start_;
+  cudaEvent_t settle_marks_[2] = {};
 };
 
 // Median microseconds of a device-to-device copy of `bytes` bytes (so 2 * bytes moved: read +

@@ -103,10 +103,28 @@ void CUDART_CB StreamGate::wait(void* self) {
 
 EventTimer::EventTimer(int iters) : events_(std::size_t(2 * iters)) {
   for (cudaEvent_t& e : events_) cuda::check(cudaEventCreate(&e), "cudaEventCreate");
+  for (cudaEvent_t& e : settle_marks_) {
+    cuda::check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+  }
 }
 
 EventTimer::~EventTimer() {
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  for (cudaEvent_t e : settle_marks_) cudaEventDestroy(e);
+}
+
+bool EventTimer::settled(int batch) {
+  const auto now = std::chrono::steady_clock::now();
+  if (batch == 0) settle_start_ = now;
+  return std::chrono::duration<double, std::milli>(now - settle_start_).count() >= settle_ms_;
+}
+
+void EventTimer::mark_settle_batch(int batch) {
+  cuda::check(cudaEventRecord(settle_marks_[batch % 2], nullptr), "cudaEventRecord(settle)");
+  if (batch > 0) {
+    cuda::check(cudaEventSynchronize(settle_marks_[(batch - 1) % 2]),
+                "cudaEventSynchronize(settle)");
+  }
 }
 
 void EventTimer::start(StreamGate& gate, bool queued) {

@@ -7,7 +7,8 @@
 //   bf16: the same weights, the "bf16-hopper" backend (the BF16 path);
 //   bf16w: bf16 weights, "bf16-hopper" (the BF16 path of a BF16 checkpoint).
 // Time: CUDA events around prefill (metadata upload included), warm-up, median; then one run
-// with the per-stage clock stamps. bench/layer.py times an eager PyTorch BF16 layer on the same shapes.
+// with the per-stage clock stamps. bench/layer.py times an eager PyTorch BF16 layer on the same
+// shapes.
 // --cp N times context parallelism's per-rank compute instead (bench_context_parallel), --tp
 // N,... tensor parallelism's (bench_tensor_parallel).
 #include <CLI/CLI.hpp>
@@ -55,11 +56,13 @@ struct Row {
   double attention_tflop = 0;
 };
 
-void write_json(const std::string& path, const std::vector<Row>& rows, const std::string& device) {
+void write_json(const std::string& path, const std::vector<Row>& rows, const std::string& device,
+                double settle_ms) {
   JsonFields header;
   header.add("bench", json_string("layer"))
       .add("device", json_string(device))
-      .add("preset", json_string("deepseek-v3"));
+      .add("preset", json_string("deepseek-v3"))
+      .add("settle_ms", json_number(settle_ms));
   std::vector<std::string> objects;
   for (const Row& r : rows) {
     const std::string output_quant(to_string(r.stages.output_quant));
@@ -208,6 +211,7 @@ void add_bench_layer_command(CLI::App& bench) {
     std::vector<std::int64_t> tokens = {2048, 8192, 32768};
     int warmup = 2;
     int iters = 5;
+    double settle_ms = 300;
     std::string json;
     std::string output_quant = "fused";
     int cp = 1;
@@ -219,6 +223,11 @@ void add_bench_layer_command(CLI::App& bench) {
   cmd->add_option("--tokens", options->tokens, "New tokens of the sequence")->capture_default_str();
   cmd->add_option("--warmup", options->warmup, "Untimed runs")->check(CLI::Range(0, 100));
   cmd->add_option("--iters", options->iters, "Timed runs")->check(CLI::Range(1, 1000));
+  cmd->add_option("--settle-ms", options->settle_ms,
+                  "Untimed runs for about this long before each path's timed ones, so that each "
+                  "is timed in its own steady state under the power cap (0: none)")
+      ->check(CLI::Range(0.0, 60000.0))
+      ->capture_default_str();
   cmd->add_option("--json", options->json, "Write the results as JSON to this file");
   cmd->add_option("--output-quant", options->output_quant,
                   "FP8 path's o_proj input: fused into the attention (row fp8), quantized "
@@ -246,8 +255,9 @@ void add_bench_layer_command(CLI::App& bench) {
     const std::string device = cuda::current_device_props().name;
     const std::vector<PathSpec> paths = paths_for(options->output_quant);
     std::printf("fp8mla bench layer: deepseek-v3 on %s\n", device.c_str());
+    EventTimer timer(options->iters);
+    timer.set_settle_ms(options->settle_ms);
     if (!options->tp.empty()) {
-      EventTimer timer(options->iters);
       std::vector<int> sizes = {1};  // the whole layer first: the efficiency's reference
       for (int n : options->tp)
         if (n > 1) sizes.push_back(n);
@@ -256,7 +266,6 @@ void add_bench_layer_command(CLI::App& bench) {
       return;
     }
     if (options->cp > 1) {
-      EventTimer timer(options->iters);
       bench_context_parallel(config, fp8_weights, backends, options->cp, options->tokens, timer,
                              options->warmup);
       return;
@@ -264,7 +273,6 @@ void add_bench_layer_command(CLI::App& bench) {
     std::printf("%-6s %7s %7s %10s %8s %8s %8s %8s %8s %8s\n", "path", "tokens", "prefix", "ms",
                 "proj", "prep", "prefix", "attn", "merge", "o_proj");
     std::vector<Row> rows;
-    EventTimer timer(options->iters);
     for (std::int64_t T : options->tokens) {
       for (std::int64_t prefix : {std::int64_t(0), T}) {
         const SequenceInputs in = one_sequence(config, T, prefix);
@@ -294,7 +302,9 @@ void add_bench_layer_command(CLI::App& bench) {
         }
       }
     }
-    if (!options->json.empty()) write_json(options->json, rows, device);
+    if (!options->json.empty()) {
+      write_json(options->json, rows, device, options->settle_ms);
+    }
   });
 }
 
