@@ -44,8 +44,9 @@ all queued back to back behind a gate (bench/common.py time_for: CUDA events aro
 median). The figure is the median over the rounds. The untimed lead is there because the power
 limiter carries over: timed straight after another implementation, a kernel runs at the clock
 that one left (under the cap, a few hundred MHz apart), and with the order rotated each kernel
-always follows the same one (bench/analysis/attention-power-order-2026-12-03.md). NVML's SM clock, power-cap state and power draw are sampled while the timed replays
-run (bench/common.py ClockSampler); energy per call = mean power * time.
+always follows the same one (bench/analysis/attention-power-order-2026-12-03.md). NVML's SM
+clock, power-cap state and power draw are sampled while the timed replays run (bench/common.py
+ClockSampler); energy per call = mean power * time.
 
 Accuracy, before the timings: one small ragged causal case with prefixes (ACCURACY), every
 implementation's O against a float64 attention of the inputs it reads: the dequantized e4m3
