@@ -198,9 +198,13 @@ def implementations(torch, fp8mla, fa3, anchors, x, causal):
         batch = len(x.q_lens)
         kw = {f"{n}_descale": s.view(1, 1).expand(batch, x.heads).contiguous()
               for n, s in (("q", x.qs), ("k", x.ks), ("v", x.vs))} if fp8 else {}
-        return lambda: module._flash_attn_forward(
-            q, k, v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k, max_seqlen_q=x.max_q,
-            max_seqlen_k=x.max_k, softmax_scale=x.scale, causal=causal, **kw)[0]
+        def call():
+            out, lse = module._flash_attn_forward(
+                q, k, v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k, max_seqlen_q=x.max_q,
+                max_seqlen_k=x.max_k, softmax_scale=x.scale, causal=causal, **kw)[:2]
+            x.fa3_lse = lse  # [H, Tq]: the accuracy case reads it
+            return out
+        return call
 
     impls = {"fp8mla_e4m3": ours(x.q8, x.k8, x.v8t),
              "fp8mla_e4m3_lse": ours(x.q8, x.k8, x.v8t, lse=x.lse),
@@ -283,8 +287,9 @@ def run_shape(torch, fp8mla, fa3, anchors, shape, sampler, args):
 
 def reference(torch, x, q, k, v, causal):
     """float64 attention of q [Tq, H, 192], k [Tk, H, 192], v [Tk, H, 128] (float64) over x's
-    sequences, causal bottom-right."""
+    sequences, causal bottom-right: (O [Tq, H, 128], natural-log LSE [Tq, H])."""
     out = torch.zeros(q.shape[0], x.heads, DV, dtype=torch.float64, device=q.device)
+    lse = torch.zeros(q.shape[0], x.heads, dtype=torch.float64, device=q.device)
     for q0, k0, ql, kl in zip(offsets(x.q_lens), offsets(x.k_lens), x.q_lens, x.k_lens):
         s = torch.einsum("qhd,khd->hqk", q[q0:q0 + ql], k[k0:k0 + kl]) * x.scale
         if causal:
@@ -292,11 +297,13 @@ def reference(torch, x, q, k, v, causal):
             j = torch.arange(kl, device=q.device)[None, :]
             s = s.masked_fill(j > i + kl - ql, float("-inf"))
         out[q0:q0 + ql] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v[k0:k0 + kl])
-    return out
+        lse[q0:q0 + ql] = torch.logsumexp(s, dim=-1).T
+    return out, lse
 
 
 def accuracy(torch, fp8mla, fa3, anchors):
-    """The ACCURACY case: each implementation's max |O - O_ref| against float64 of its inputs."""
+    """The ACCURACY case: each implementation's max |O - O_ref| against float64 of its inputs,
+    and of the LSE where it writes one (fp8mla's LSE rows, FA3)."""
     q_lens, prefix_lens, heads, causal = ACCURACY
     x = make_inputs(torch, q_lens, prefix_lens, heads, seed=1)
 
@@ -306,6 +313,8 @@ def accuracy(torch, fp8mla, fa3, anchors):
     refs = {"e4m3": reference(torch, x, wide(x.q8, x.qs), wide(x.k8, x.ks), wide(x.v8, x.vs),
                               causal),
             "bf16": reference(torch, x, x.q.double(), x.k.double(), x.v.double(), causal)}
+    lses = {"fp8mla_e4m3_lse": lambda: x.lse, "fp8mla_e4m3_lse_krope": lambda: x.lse,
+            "fa3_e4m3": lambda: x.fa3_lse.T, "fa3_bf16": lambda: x.fa3_lse.T}
     rows = []
     for impl, fn in implementations(torch, fp8mla, fa3, anchors, x, causal).items():
         row = {"impl": impl, "reference": "bf16" if impl.endswith("bf16") else "e4m3"}
@@ -313,13 +322,16 @@ def accuracy(torch, fp8mla, fa3, anchors):
             row["status"] = fn
         else:
             try:
-                err = (fn().double() - refs[row["reference"]]).abs().max().item()
+                o_ref, lse_ref = refs[row["reference"]]
+                err = (fn().double() - o_ref).abs().max().item()
                 row.update(status="ok", max_abs_err=err)
+                if impl in lses:
+                    row["lse_max_abs_err"] = (lses[impl]().double() - lse_ref).abs().max().item()
             except Exception as e:  # noqa: BLE001 - a failing implementation is a row
                 row["status"] = error_text(e)
         rows.append(row)
     return {"q_lens": q_lens, "prefix_lens": prefix_lens, "heads": heads, "causal": causal,
-            "ref_max_abs": {k: v.abs().max().item() for k, v in refs.items()}, "rows": rows}
+            "ref_max_abs": {k: v[0].abs().max().item() for k, v in refs.items()}, "rows": rows}
 
 
 def progress(r):

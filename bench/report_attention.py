@@ -193,6 +193,11 @@ def accuracy_lines(acc):
                  else f"{r['impl']} {r['status']}" for r in acc["rows"] if r["reference"] == ref]
         out.append(f"  - float64 of the {what} (max |O_ref| "
                    f"{fmt(acc['ref_max_abs'].get(ref), '.3g')}): " + "; ".join(cells) + ".")
+    lse = [f"{r['impl']} {fmt(r['lse_max_abs_err'], '.2g')}" for r in acc["rows"]
+           if r.get("lse_max_abs_err") is not None]
+    if lse:
+        out.append("  - max |LSE − LSE_ref| (natural log; the design's rule: 1e-3): "
+                   + "; ".join(lse) + ".")
     return out
 
 
