@@ -198,6 +198,7 @@ def implementations(torch, fp8mla, fa3, anchors, x, causal):
         batch = len(x.q_lens)
         kw = {f"{n}_descale": s.view(1, 1).expand(batch, x.heads).contiguous()
               for n, s in (("q", x.qs), ("k", x.ks), ("v", x.vs))} if fp8 else {}
+
         def call():
             out, lse = module._flash_attn_forward(
                 q, k, v, cu_seqlens_q=x.cu_q, cu_seqlens_k=x.cu_k, max_seqlen_q=x.max_q,
