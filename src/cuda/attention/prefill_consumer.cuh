@@ -248,19 +248,39 @@ class PrefillConsumer {
     cute::warpgroup_wait<1>();
     sm90::fence_registers(t.s);
     release(smem_.barriers.k_empty(t.stage.index));
-    // The update sits in both arms: ptxas waits for the warpgroup's wgmmas where the arms join,
-    // which must come after the exp2s for them to overlap P V.
+    // Both maxima and row half 0's exp2s overlap P V; half 1's follow its wait, where ptxas can
+    // interleave them with O's rescale and P's conversion (64 exp2s in a row issue 8 cycles
+    // apart, the XU's rate, with nothing between them). They sit in both arms: ptxas waits for
+    // the warpgroup's wgmmas where the arms join, which must come after those exp2s.
     if (needs_mask(t, it)) {
       mask(t, it);
-      t.softmax.update(t.s);
+      first_steps(t);
     } else {
-      t.softmax.update(t.s);
+      first_steps(t);
     }
-    sm90::fence_registers(t.s);  // P before the wait: else the compiler moves the exp2s below it
+    fence_half(t.s, 0);  // half 0's P before the wait: else the compiler moves its exp2s below it
     cute::warpgroup_wait<0>();
     pv_done(t, prev);
+    t.softmax.exp2_scores(t.s, 1);
     if constexpr (Traits::kPromoteTiles > 0) t.partial.rescale(t.softmax.correction);
     t.softmax.rescale(t.o);
+  }
+
+  // The softmax's steps before P V's wait: both row halves' maxima, half 0's P, half 1's exponents.
+  __device__ __forceinline__ static void first_steps(Tile& t) {
+    t.softmax.fold_max(t.s, 0);
+    t.softmax.fold_max(t.s, 1);
+    t.softmax.exponentiate(t.s, 0);
+    t.softmax.scale_scores(t.s, 1);
+  }
+
+  // The registers of S's row half h (columns 4j + 2h, 4j + 2h + 1).
+  __device__ __forceinline__ static void fence_half(float (&s)[64], int h) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      cute::warpgroup_fence_operand(s[4 * j + 2 * h]);
+      cute::warpgroup_fence_operand(s[4 * j + 2 * h + 1]);
+    }
   }
 
   // P V first, then S in its promoted parts (the e4m3 LSE).

@@ -38,6 +38,7 @@ struct OnlineSoftmax {
   float row_max[2];     // raw score units, over the keys seen so far
   float row_sum[2];     // this thread's share of sum(exp2((s - row_max) * scale_log2)) * 2^kPShift
   float correction[2];  // of the last update: the factor earlier sums were scaled by
+  float exp_offset[2];  // of the last fold_max: kPShift - row_max * scale_log2
 
   __device__ void init(float scale) {
     scale_log2 = scale;
@@ -84,6 +85,57 @@ struct OnlineSoftmax {
     update<true>(s, &o);
   }
 
+  // update(s) in its two steps, per row half h (rows r and r + 8 are independent): the running
+  // max (and the correction), then the exp2s. A consumer can so place the steps around its P V's
+  // wait.
+  __device__ __forceinline__ void fold_max(const float (&s)[64], int h) {
+    // Four chains of 4 and a tree of them: 7 dependent steps where one chain takes 17, with
+    // few live temporaries (a full tree of 16 spills).
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float pair = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+      v[j % 4] = j < 4 ? pair : fmaxf(v[j % 4], pair);
+    }
+    v[0] = fmaxf(v[0], v[1]);
+    v[2] = fmaxf(v[2], v[3]);
+    float m = fmaxf(row_max[h], fmaxf(v[0], v[2]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
+    const float base = m == -INFINITY ? 0.0f : __fmul_rn(m, scale_log2);
+    correction[h] = fast_exp2(fmaf(row_max[h], scale_log2, -base));
+    row_max[h] = m;
+    exp_offset[h] = __fadd_rn(Traits::kPShift, -base);
+  }
+  __device__ __forceinline__ void exponentiate(float (&s)[64], int h) {
+    scale_scores(s, h);
+    exp2_scores(s, h);
+  }
+  // exponentiate(s, h) in its two steps: the exponents, then their exp2s (and the row sum).
+  __device__ __forceinline__ void scale_scores(float (&s)[64], int h) const {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * j + 2 * h + e];
+        x = fmaf(x, scale_log2, exp_offset[h]);
+      }
+    }
+  }
+  __device__ __forceinline__ void exp2_scores(float (&s)[64], int h) {
+    float sum = kRowSum ? __fmul_rn(row_sum[h], correction[h]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float& x = s[4 * j + 2 * h + e];
+        x = fast_exp2(x);
+        if constexpr (kRowSum) sum += x;
+      }
+    }
+    if constexpr (kRowSum) row_sum[h] = sum;
+  }
+
   // Scales O by the last update's correction (after update(s)).
   __device__ void rescale(float (&o)[Traits::kORegs]) const {
 #pragma unroll
@@ -115,38 +167,13 @@ struct OnlineSoftmax {
   __device__ void update(float (&s)[64], float (*o)[Traits::kORegs]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // Four chains of 4 and a tree of them: 7 dependent steps where one chain takes 17, with
-      // few live temporaries (a full tree of 16 spills).
-      float v[4];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const float pair = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
-        v[j % 4] = j < 4 ? pair : fmaxf(v[j % 4], pair);
-      }
-      v[0] = fmaxf(v[0], v[1]);
-      v[2] = fmaxf(v[2], v[3]);
-      float m = fmaxf(row_max[h], fmaxf(v[0], v[2]));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffff, m, 2));
-      const float base = m == -INFINITY ? 0.0f : __fmul_rn(m, scale_log2);
-      correction[h] = fast_exp2(fmaf(row_max[h], scale_log2, -base));
-      row_max[h] = m;
-      float sum = kRowSum ? __fmul_rn(row_sum[h], correction[h]) : 0.0f;
-      const float offset = __fadd_rn(Traits::kPShift, -base);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[4 * j + 2 * h + e];
-          x = fast_exp2(fmaf(x, scale_log2, offset));
-          if constexpr (kRowSum) sum += x;
-        }
-      }
+      fold_max(s, h);
+      exponentiate(s, h);
       if constexpr (kRescaleO) rescale_half(*o, h);
-      if constexpr (kRowSum) row_sum[h] = sum;
     }
   }
 
+ private:
   __device__ void rescale_half(float (&o)[Traits::kORegs], int h) const {
 #pragma unroll
     for (int j = 0; j < Traits::kPvN / 8; ++j) {
