@@ -173,7 +173,6 @@ struct OnlineSoftmax {
     }
   }
 
- private:
   __device__ void rescale_half(float (&o)[Traits::kORegs], int h) const {
 #pragma unroll
     for (int j = 0; j < Traits::kPvN / 8; ++j) {
