@@ -205,7 +205,7 @@ def attention_section(doc):
     """The markdown section of one bench/attention.py run (its JSON document)."""
     meta, rows = doc["meta"], doc["rows"]
     out = [f"<!-- run: attention | {meta['device']} | {meta['date']} -->",
-           f"## {meta['date'][:10]} — {meta['device']}", "",
+           f"## {meta['date'][:10]} {meta['date'][11:16]}Z — {meta['device']}", "",
            f"- `bench/attention.py`, {meta['date']}, torch {meta['torch']}, fp8mla "
            f"{meta['fp8mla']}, FA3 {meta['fa3']}, Dqk = {ATTENTION_DQK}, Dv = {ATTENTION_DV}. "
            f"{meta['method']}",
