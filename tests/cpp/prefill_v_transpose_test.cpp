@@ -115,8 +115,8 @@ void expect_no_bank_conflict(const Addresses& rows, const char* what, int step) 
 std::pair<std::set<std::uint32_t>, std::set<std::uint32_t>> run_step(Tile& t, int step) {
   Addresses ld{}, st{};
   for (int lane = 0; lane < 32; ++lane) {
-    ld[lane] = load_offset(step_pair(step), half_mask(lane), load_lane_offset(lane));
-    st[lane] = store_offset(step_pair(step), half_mask(lane), store_lane_offset(lane));
+    ld[lane] = load_offset(step_pair(step), half_flip(lane), load_lane_offset(lane));
+    st[lane] = store_offset(step_pair(step), half_flip(lane), store_lane_offset(lane));
   }
   expect_no_bank_conflict(ld, "ldmatrix", step);
   expect_no_bank_conflict(st, "stmatrix", step);
@@ -161,9 +161,9 @@ TEST(PrefillVTranspose, SwizzleAndOffsetsFollowTheRule) {
     for (int lane = 0; lane < 32; ++lane) {
       const Block b = source_block(step, lane >= 16);
       const StepPair s = step_pair(step);
-      EXPECT_EQ(load_offset(s, half_mask(lane), load_lane_offset(lane)),
+      EXPECT_EQ(load_offset(s, half_flip(lane), load_lane_offset(lane)),
                 std::uint32_t(swizzle_128b(16 * b.row + load_row(lane), 16 * b.chunk)));
-      EXPECT_EQ(store_offset(s, half_mask(lane), store_lane_offset(lane)),
+      EXPECT_EQ(store_offset(s, half_flip(lane), store_lane_offset(lane)),
                 std::uint32_t(swizzle_128b(16 * b.chunk + store_row(lane), 16 * b.row)));
     }
   }

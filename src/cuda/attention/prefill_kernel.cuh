@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention/prefill_consumer.cuh"
 #include "cuda/attention/prefill_epilogue.cuh"
@@ -55,7 +56,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warpgroup == 0) {
     cutlass::arch::warpgroup_reg_dealloc<kProducerRegisters>();
     // Warp 0's thread 0 loads; warps 1..3 transpose token-major e4m3 V tiles (warp-uniform, as
-    // above, so that the transposer's indices stay in uniform registers).
+    // above).
     const int warp = __shfl_sync(0xffffffff, int(threadIdx.x / 32), 0);
     const PrefillProducer<Traits> producer(p, smem);
     if (warp == 0) {
@@ -64,9 +65,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       PipelineState<Traits> state;
       Scheduler::for_each_tile(p, [&](const TileWork& w) { producer.load(w, state); });
     } else if (Traits::kFp8 && p.v_token_major) {
-      Stage<Traits> stage;
-      Scheduler::for_each_tile(p,
-                               [&](const TileWork& w) { producer.transpose_v(w, warp - 1, stage); });
+      // Each transposing warp runs its own unrolled steps (a template argument).
+      const auto transpose = [&](auto warp_index) {
+        Stage<Traits> stage;
+        Scheduler::for_each_tile(p, [&](const TileWork& w) {
+          producer.template transpose_v<decltype(warp_index)::value>(w, stage);
+        });
+      };
+      if (warp == 1) transpose(std::integral_constant<int, 0>{});
+      if (warp == 2) transpose(std::integral_constant<int, 1>{});
+      if (warp == 3) transpose(std::integral_constant<int, 2>{});
     }
     return;
   }

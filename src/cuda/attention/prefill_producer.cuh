@@ -66,42 +66,25 @@ class PrefillProducer {
     state.stage = s;
   }
 
-  // By warps 1..3 (e4m3 V given token-major; the kernel calls it only then): each V tile of work
-  // tile w, once loaded, transposed in place into the stage's V^T (prefill_v_transpose.hpp: each
-  // warp swaps its pairs of 16x16-byte blocks, disjoint from the other warps'), then released to
-  // the consumers. The stage is free to write: the load into it waited for its v_empty, and its
-  // next load waits for the consumers, who wait for this v_full. `first_step` (0..2, the warp among
-  // the transposing ones) must be warp-uniform to the compiler: the steps' block indices then
-  // live in uniform registers, which keeps the loop within the warpgroup's kProducerRegisters
-  // (ptxas: 21 used, no spills). The per-lane terms are a few bit operations (see the header).
+  // By warps 1..3 (e4m3 V given token-major; the kernel calls it only then), warp kWarp + 1: each
+  // V tile of work tile w, once loaded, transposed in place into the stage's V^T
+  // (prefill_v_transpose.hpp: each warp swaps its pairs of 16x16-byte blocks, disjoint from the
+  // other warps'), then released to the consumers. The stage is free to write: the load into it
+  // waited for its v_empty, and its next load waits for the consumers, who wait for this v_full.
   // `stage`: the ring position of the tile's first key tile, stepped past its last.
-  __device__ void transpose_v(const TileWork& w, int first_step, Stage<Traits>& stage) const {
+  template <int kWarp>
+  __device__ void transpose_v(const TileWork& w, Stage<Traits>& stage) const {
     if constexpr (Traits::kFp8) {
       static_assert(Traits::kVBytes == v_transpose::kTileBytes);
       if (w.n_blocks <= 0) return;
       const int lane = int(threadIdx.x % 32);
-      const int mask = v_transpose::half_mask(lane);
-      const std::uint32_t lane_ld = v_transpose::load_lane_offset(lane);
-      const std::uint32_t lane_st = v_transpose::store_lane_offset(lane);
-      const std::uint32_t sel0 = v_transpose::byte_selector(lane, 0);
-      const std::uint32_t sel1 = sel0 ^ 0x1111u;  // = byte_selector(lane, 1)
+      const LaneTerms lt{v_transpose::load_lane_offset(lane), v_transpose::store_lane_offset(lane),
+                         v_transpose::half_flip(lane), v_transpose::byte_selector(lane, 0)};
       PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
       Stage<Traits> s = stage;
       for (int it = 0; it < w.n_blocks; ++it, s = s.next()) {
         sm90::Barrier::wait(bar.v_loaded(s.index), s.phase);
-        const std::uint32_t tile = sm90::smem_address(smem_.v[s.index]);
-#pragma unroll 1
-        for (int step = first_step; step < v_transpose::kSteps; step += v_transpose::kWarps) {
-          const v_transpose::StepPair pair = v_transpose::step_pair(step);
-          std::uint32_t r[4], t[4];
-          sm90::ldmatrix_x4(tile + v_transpose::load_offset(pair, mask, lane_ld), r);
-          __syncwarp();  // every lane has read the pair of blocks before any writes them
-          t[0] = __byte_perm(r[0], r[1], sel0);
-          t[1] = __byte_perm(r[0], r[1], sel1);
-          t[2] = __byte_perm(r[2], r[3], sel0);
-          t[3] = __byte_perm(r[2], r[3], sel1);
-          sm90::stmatrix_trans_x4(tile + v_transpose::store_offset(pair, mask, lane_st), t);
-        }
+        transpose_tile<kWarp>(sm90::smem_address(smem_.v[s.index]), lt);
         cutlass::arch::fence_view_async_shared();  // the writes, visible to wgmma's reads
         __syncwarp();
         if (lane == 0) cutlass::arch::ClusterBarrier::arrive(bar.v_full(s.index));
@@ -111,6 +94,38 @@ class PrefillProducer {
   }
 
  private:
+  // A transposing lane's terms (prefill_v_transpose.hpp; the second byte selector is sel0 ^
+  // 0x1111).
+  struct LaneTerms {
+    std::uint32_t ld, st, flip, sel0;
+  };
+
+  // Warp kWarp's steps of the tile at shared address `tile`, unrolled so that each step's pair is
+  // a constant and its offsets two bit operations a lane (about ten instructions a step). The
+  // next step's ldmatrix goes out before this one's stmatrix (the steps touch disjoint bytes);
+  // __syncwarp orders a step's reads by every lane before its writes. The lane terms are made
+  // opaque tile by tile: hoisted out of the tile loop, every step's offsets would stay live and
+  // spill past the warpgroup's kProducerRegisters.
+  template <int kWarp>
+  __device__ __forceinline__ static void transpose_tile(std::uint32_t tile, LaneTerms lt) {
+    asm volatile("" : "+r"(lt.ld), "+r"(lt.st), "+r"(lt.flip));
+    constexpr int kCount = v_transpose::warp_steps(kWarp);
+    const auto step = [](int i) { return v_transpose::step_pair(kWarp + i * v_transpose::kWarps); };
+    std::uint32_t r[4];
+    sm90::ldmatrix_x4(tile + v_transpose::load_offset(step(0), lt.flip, lt.ld), r);
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) {
+      const std::uint32_t t[4] = {
+          __byte_perm(r[0], r[1], lt.sel0), __byte_perm(r[0], r[1], lt.sel0 ^ 0x1111u),
+          __byte_perm(r[2], r[3], lt.sel0), __byte_perm(r[2], r[3], lt.sel0 ^ 0x1111u)};
+      if (i + 1 < kCount) {
+        sm90::ldmatrix_x4(tile + v_transpose::load_offset(step(i + 1), lt.flip, lt.ld), r);
+      }
+      __syncwarp();
+      sm90::stmatrix_trans_x4(tile + v_transpose::store_offset(step(i), lt.flip, lt.st), t);
+    }
+  }
+
   // The K tile of keys [key, key + kBlockN) of `head` (e4m3: key % 16 == 0, in even-odd order).
   // Chunk c of the head dim comes from k's maps, or (the last, with k_rope) from k_rope's, whose
   // one row serves every head.

@@ -23,7 +23,8 @@
 // each 8-row matrix covers the 8 chunk positions of the swizzle: no bank conflicts.
 //
 // The 64 blocks make 32 steps (28 pairs (R, C), (C, R) with R != C, 4 of two diagonal blocks),
-// dealt round-robin to the kWarps warps.
+// dealt round-robin to the kWarps warps, each of which runs its steps unrolled (their pairs
+// compile-time constants).
 #pragma once
 
 #include <cstdint>
@@ -63,9 +64,19 @@ FP8MLA_HOST_DEVICE constexpr StepPair step_pair(int step) {
   const int p = ((j >> h) << (h + 1)) | (j & ((1 << h) - 1));
   return {p, p ^ x, x};
 }
-// The lane's mask of d: 0 for lanes 0-15, 7 for 16-31.
-FP8MLA_HOST_DEVICE constexpr int half_mask(int lane) {
-  return lane >= 16 ? 7 : 0;
+// The offset bits of block (row, chunk) within the tile: its first row (16 rows of 128 bytes:
+// bits 11-13) and its chunk (bits 4-6, where the swizzle XORs the row's term in).
+FP8MLA_HOST_DEVICE constexpr std::uint32_t block_bits(int row, int chunk) {
+  return std::uint32_t(row) << 11 | std::uint32_t(chunk) << 4;
+}
+// The lane's flip: lanes 16-31 take block (p ^ d, q ^ d), d XORed into both fields of block_bits;
+// 0 for lanes 0-15.
+FP8MLA_HOST_DEVICE constexpr std::uint32_t half_flip(int lane) {
+  return lane >= 16 ? block_bits(7, 7) : 0u;
+}
+// The steps warp `warp` (0 .. kWarps - 1) takes: warp, warp + kWarps, ...
+FP8MLA_HOST_DEVICE constexpr int warp_steps(int warp) {
+  return (kSteps - warp + kWarps - 1) / kWarps;
 }
 
 // The block whose bytes lanes 0-15 (hi = false) or 16-31 read in step `step`.
@@ -112,18 +123,18 @@ FP8MLA_HOST_DEVICE constexpr std::uint32_t store_lane_offset(int lane) {
   return std::uint32_t(swizzled_offset(store_row(lane), 0));
 }
 
-// The tile offsets the lane gives ldmatrix and stmatrix in step `step`, as the device loop
-// computes them from its lane terms: swizzled_offset(16 row + load_row, 16 chunk) (its row % 8 is
-// load_row % 8), and the same in the transposed block.
-FP8MLA_HOST_DEVICE constexpr std::uint32_t load_offset(StepPair s, int mask,
+// The tile offsets the lane gives ldmatrix and stmatrix in step `s`: swizzled_offset(16 row +
+// load_row, 16 chunk) of its block (its row % 8 is load_row % 8), and the same in the transposed
+// block. The lane terms stay below 2048 and the block's fields lie in bits the swizzle leaves
+// alone or XORs, so the offset is the lane term XOR the block's bits: with the step a constant,
+// two bit operations a lane.
+FP8MLA_HOST_DEVICE constexpr std::uint32_t load_offset(StepPair s, std::uint32_t flip,
                                                        std::uint32_t lane_ld) {
-  const int m = s.d & mask;
-  return std::uint32_t(s.p ^ m) * 2048 + (lane_ld ^ (std::uint32_t(s.q ^ m) << 4));
+  return lane_ld ^ block_bits(s.p, s.q) ^ (block_bits(s.d, s.d) & flip);
 }
-FP8MLA_HOST_DEVICE constexpr std::uint32_t store_offset(StepPair s, int mask,
+FP8MLA_HOST_DEVICE constexpr std::uint32_t store_offset(StepPair s, std::uint32_t flip,
                                                         std::uint32_t lane_st) {
-  const int m = s.d & mask;
-  return std::uint32_t(s.q ^ m) * 2048 + (lane_st ^ (std::uint32_t(s.p ^ m) << 4));
+  return lane_st ^ block_bits(s.q, s.p) ^ (block_bits(s.d, s.d) & flip);
 }
 
 }  // namespace fp8mla::cuda::attention::v_transpose
