@@ -214,10 +214,14 @@ TEST(PrefillVTranspose, TransposesTheTokenMajorImageIntoTheTransposedOne) {
     Tile t = token_major_image(v);
     const Tile expected = transposed_image(v);
     std::set<std::uint32_t> touched;
-    // Warp w runs steps w, w + kWarps, ...; all of warp 0's first, then warp 1's... (any order
-    // gives the same, as no two steps share a byte).
+    // Warp w runs its warp_steps(w) steps w, w + kWarps, ...; all of warp 0's first, then warp
+    // 1's... (any order gives the same, as no two steps share a byte; the device issues a step's
+    // ldmatrix before the last one's stmatrix).
+    int steps = 0;
     for (int warp = 0; warp < kWarps; ++warp) {
-      for (int step = warp; step < kSteps; step += kWarps) {
+      for (int i = 0; i < warp_steps(warp); ++i, ++steps) {
+        const int step = warp + i * kWarps;
+        ASSERT_LT(step, kSteps);
         const auto [read, written] = run_step(t, step);
         EXPECT_EQ(read, written) << "step " << step << " writes bytes it did not read";
         EXPECT_EQ(read.size(), 512u);
@@ -226,6 +230,7 @@ TEST(PrefillVTranspose, TransposesTheTokenMajorImageIntoTheTransposedOne) {
         }
       }
     }
+    EXPECT_EQ(steps, kSteps);
     EXPECT_EQ(touched.size(), std::size_t(kTileBytes));
     int wrong = 0;
     for (std::size_t i = 0; i < t.size(); ++i) wrong += t[i] != expected[i];
