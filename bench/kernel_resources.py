@@ -6,12 +6,19 @@ memory, the STL / LDL instructions of its SASS (local stores and loads: spills, 
 frame), and its warpgroup MMA instructions: QGMMA (FP8) and HGMMA (bf16/f16), with their shapes and
 where their A operand comes from (RS: registers, SS: shared memory).
 
+With --loops, a second table: each kernel's innermost loops that issue MMAs (a backward branch
+whose body holds a QGMMA or HGMMA and no such loop inside), their instructions, the sum of their
+stall counts (the control field's cycles before the next instruction of the warp may issue: what
+one warp needs to issue the body with nothing else waiting), and their MMA, MUFU, ldmatrix /
+stmatrix and shuffle instructions. A body holds every arm of its branches, so this compares builds
+of one kernel, statically, without a GPU.
+
 From `cuobjdump -res-usage` and `cuobjdump -sass` (the CUDA toolkit's; found on PATH, under
 $CUDA_HOME/bin or /usr/local/cuda/bin, or given with --cuobjdump); names demangled by c++filt.
 The dynamic shared memory a kernel runs with is set at launch (cudaFuncSetAttribute), so the
 binary does not hold it: the table shows the static part only.
 
-    python3 bench/kernel_resources.py build/libfp8mla.a [--markdown bench/analysis/F.md]
+    python3 bench/kernel_resources.py build/libfp8mla.a [--loops] [--markdown bench/analysis/F.md]
 """
 from __future__ import annotations
 
@@ -33,6 +40,13 @@ INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_
 A_REGISTER = re.compile(r"^\s*R\d+,\s*R\d+,")
 COLUMNS = ["kernel", "source", "arch", "REG", "STACK", "LOCAL", "SHARED", "STL", "LDL", "QGMMA",
            "HGMMA", "MMA shapes"]
+# An instruction of `cuobjdump -sass` with its two words: /*addr*/ text ; /* low */, then a line
+# holding /* high */, whose bits 41-44 are the stall count (bits 105-108 of the instruction).
+SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;\s*/\* 0x[0-9a-f]+ \*/\s*$")
+HIGH_WORD = re.compile(r"^\s*/\* (0x[0-9a-f]+) \*/\s*$")
+BACK_BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)")
+LOOP_COLUMNS = ["kernel", "SASS", "instructions", "stall cycles", "MMA", "MUFU", "LDSM/STSM",
+                "SHFL"]
 
 
 def find_cuobjdump(given):
@@ -115,6 +129,55 @@ def sass_counts(cuobjdump, path, kernel):
     return out
 
 
+def instructions(body):
+    """[(address, text, stall count)] of a function's SASS lines."""
+    out = []
+    for line, nxt in zip(body, body[1:]):
+        m, high = SASS_LINE.match(line), HIGH_WORD.match(nxt)
+        if m and high:
+            out.append((int(m.group(1), 16), m.group(2), (int(high.group(1), 16) >> 41) & 0xF))
+    return out
+
+
+def mma_loops(ins):
+    """[(first, last) address] of the innermost loops that issue MMAs, in address order. A
+    backward branch over an EXIT is no loop: the out-of-line retry of a barrier wait, placed after
+    the function's body, branches back into it."""
+    loops = []
+    for address, text, _ in ins:
+        m = BACK_BRANCH.search(text)
+        if m and int(m.group(1), 16) <= address:
+            first = int(m.group(1), 16)
+            body = [t for a, t, _ in ins if first <= a <= address]
+            if any("GMMA" in t for t in body) and not any(t.split()[-1] == "EXIT" for t in body):
+                loops.append((first, address))
+    return sorted(loop for loop in set(loops) if not any(
+        other != loop and loop[0] <= other[0] and other[1] <= loop[1] for other in loops))
+
+
+def loop_rows(cuobjdump, path, kernel):
+    """One dict per MMA loop of each kernel (LOOP_COLUMNS)."""
+    rows, named = [], []
+    for _, _, name, body in sections(lines_of([cuobjdump, "-sass", path]), FUNCTION_SASS):
+        if kernel not in name:
+            continue
+        ins = instructions(body)
+        for first, last in mma_loops(ins):
+            loop = [(t, stall) for a, t, stall in ins if first <= a <= last]
+            ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t, _ in loop]
+            rows.append({"kernel": name, "SASS": f"{first:#x}-{last:#x}",
+                         "instructions": len(loop), "stall cycles": sum(s for _, s in loop),
+                         "MMA": sum("GMMA" in o for o in ops),
+                         "MUFU": sum(o.startswith("MUFU") for o in ops),
+                         "LDSM/STSM": sum(o.startswith(("LDSM", "STSM")) for o in ops),
+                         "SHFL": sum(o.startswith("SHFL") for o in ops)})
+            named.append(name)
+    names = demangle(sorted(set(named)))
+    for r in rows:
+        r["kernel"] = names[r["kernel"]]
+    return rows
+
+
 def demangle(names):
     """{mangled: readable} through c++filt, namespaces dropped (the names as given without
     c++filt)."""
@@ -158,25 +221,45 @@ def markdown(path, rows, cuobjdump):
     return "\n".join(out) + "\n"
 
 
-def main():
+def print_table(rows, columns):
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    for r in [dict(zip(columns, columns))] + rows:
+        print("  ".join(f"{str(r[c]):<{widths[c]}}" for c in columns))
+
+
+def loops_markdown(rows):
+    out = ["", "The innermost loops that issue MMAs (`--loops`): instructions of the loop body "
+           "(every arm of its branches), the sum of their stall counts, and their MMA, MUFU, "
+           "ldmatrix / stmatrix and shuffle instructions.", "",
+           "| " + " | ".join(LOOP_COLUMNS) + " |", "|---|---|" + "---:|" * 6]
+    out += ["| " + " | ".join(str(r[c]) for c in LOOP_COLUMNS) + " |" for r in rows]
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("binary", help="a built library (.a, .so), Python extension or executable")
     ap.add_argument("--kernel", default="prefill_attention_kernel",
                     help="the kernels whose mangled name holds this (default %(default)s)")
     ap.add_argument("--cuobjdump", help="the cuobjdump to run")
     ap.add_argument("--markdown", help="file to append the table to")
-    args = ap.parse_args()
+    ap.add_argument("--loops", action="store_true", help="also the table of MMA loops")
+    args = ap.parse_args(argv)
     cuobjdump = find_cuobjdump(args.cuobjdump)
     rows = table_rows(cuobjdump, args.binary, args.kernel)
     if not rows:
         sys.exit(f"kernel_resources.py: no kernel named *{args.kernel}* in {args.binary}")
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in COLUMNS}
-    for r in [dict(zip(COLUMNS, COLUMNS))] + rows:
-        print("  ".join(f"{str(r[c]):<{widths[c]}}" for c in COLUMNS))
+    print_table(rows, COLUMNS)
+    loops = loop_rows(cuobjdump, args.binary, args.kernel) if args.loops else []
+    if loops:
+        print()
+        print_table(loops, LOOP_COLUMNS)
     if args.markdown:
         with open(args.markdown, "a") as f:
             f.write(markdown(args.binary, rows, cuobjdump))
-        print(f"appended the table to {args.markdown}")
+            if loops:
+                f.write(loops_markdown(loops))
+        print(f"appended the table{'s' if loops else ''} to {args.markdown}")
     return 0
 
 
