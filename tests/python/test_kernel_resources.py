@@ -16,7 +16,7 @@ def sass(program):
     for address, text, stall in program:
         lines.append(f"        /*{address:04x}*/                   {text} ;"
                      f"                  /* 0x000000000000{address:04x} */")
-        lines.append(f"                                                   /* {stall << 41:#018x} */")
+        lines.append(f"{' ' * 40}/* {stall << 41:#018x} */")
     return lines
 
 
