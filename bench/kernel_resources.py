@@ -44,7 +44,8 @@ COLUMNS = ["kernel", "source", "arch", "REG", "STACK", "LOCAL", "SHARED", "STL",
 # holding /* high */, whose bits 41-44 are the stall count (bits 105-108 of the instruction).
 SASS_LINE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;\s*/\* 0x[0-9a-f]+ \*/\s*$")
 HIGH_WORD = re.compile(r"^\s*/\* (0x[0-9a-f]+) \*/\s*$")
-BACK_BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)")
+# A branch and its target (ncu_source.py reads the same SASS text).
+BRANCH_TARGET = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)")
 LOOP_COLUMNS = ["kernel", "SASS", "instructions", "stall cycles", "MMA", "MUFU", "LDSM/STSM",
                 "SHFL"]
 
@@ -145,7 +146,7 @@ def mma_loops(ins):
     the function's body, branches back into it."""
     loops = []
     for address, text, _ in ins:
-        m = BACK_BRANCH.search(text)
+        m = BRANCH_TARGET.search(text)
         if m and int(m.group(1), 16) <= address:
             first = int(m.group(1), 16)
             body = [t for a, t, _ in ins if first <= a <= address]

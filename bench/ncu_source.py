@@ -25,12 +25,12 @@ import argparse
 import csv
 import io
 import math
-import re
 import sys
+
+from kernel_resources import BRANCH_TARGET
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
-BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?(0x[0-9a-f]+)")
 
 
 def read_kernels(text):
@@ -100,7 +100,7 @@ def retry_loops(rows):
     address_of = {r["Address"]: i for i, r in enumerate(rows)}
     entries = {}  # branch target row -> rows that branch there
     for i, r in enumerate(rows):
-        m = BRANCH.search(r["Source"])
+        m = BRANCH_TARGET.search(r["Source"])
         if m and m.group(1) in address_of:
             entries.setdefault(address_of[m.group(1)], []).append(i)
     loops = []
