@@ -235,7 +235,7 @@ class PrefillConsumer {
     if constexpr (kQkParts == 1) {
       scores_then_pv(t, it, prev);
     } else {
-      pv_then_scores(t, it, prev);
+      parts_then_pv(t, it, prev);
     }
     p_to_operand<Traits>(t.s, t.p);
   }
@@ -247,6 +247,26 @@ class PrefillConsumer {
     pass_turn(false);
     cute::warpgroup_wait<1>();
     sm90::fence_registers(t.s);
+    softmax_under_pv(t, it, prev);
+  }
+
+  // The e4m3 LSE's turn: S's first two promoted parts (their wait holds the turn), then its third
+  // with P V, so that the softmax overlaps P V as in scores_then_pv; the same sums as compute_qk.
+  __device__ __forceinline__ void parts_then_pv(Tile& t, int it, Stage<Traits> prev) const {
+    constexpr int kPart = Traits::kQkSteps / kQkParts;
+    float u[64];
+    issue_qk_steps<Traits, 0, kPart>(smem_, t.stage.index, t.q, t.s);
+    issue_qk_steps<Traits, kPart, kPart>(smem_, t.stage.index, t.q, u);
+    add_promoted_part<0>(t.s, u);
+    issue_qk_steps<Traits, 2 * kPart, kPart>(smem_, t.stage.index, t.q, u);
+    issue_pv<Traits>(smem_, prev.index, t.p, t.o, /*accumulate=*/!restarts_o(it));
+    pass_turn(false);
+    add_promoted_part<1>(t.s, u);
+    softmax_under_pv(t, it, prev);
+  }
+
+  // S of tile it is complete and the previous tile's P V in flight: the softmax around its wait.
+  __device__ __forceinline__ void softmax_under_pv(Tile& t, int it, Stage<Traits> prev) const {
     release(smem_.barriers.k_empty(t.stage.index));
     // Both maxima and row half 0's exp2s overlap P V; half 1's follow its wait, where ptxas can
     // interleave them with O's rescale and P's conversion (64 exp2s in a row issue 8 cycles
@@ -281,19 +301,6 @@ class PrefillConsumer {
       cute::warpgroup_fence_operand(s[4 * j + 2 * h]);
       cute::warpgroup_fence_operand(s[4 * j + 2 * h + 1]);
     }
-  }
-
-  // P V first, then S in its promoted parts (the e4m3 LSE).
-  __device__ __forceinline__ void pv_then_scores(Tile& t, int it, Stage<Traits> prev) const {
-    issue_pv<Traits>(smem_, prev.index, t.p, t.o, /*accumulate=*/!restarts_o(it));
-    compute_qk<Traits, kQkParts>(smem_, t.stage.index, t.q, t.s, [&] { pass_turn(false); });
-    release(smem_.barriers.k_empty(t.stage.index));
-    pv_done(t, prev);
-    if (needs_mask(t, it)) mask(t, it);
-    // O is rescaled even where a promotion follows (the next P V overwrites it): a branch here
-    // would split the softmax and keep ptxas from interleaving the rescale with the exp2s.
-    t.softmax.update(t.s, t.o);
-    if constexpr (Traits::kPromoteTiles > 0) t.partial.rescale(t.softmax.correction);
   }
 
   // The previous tile's P V (in stage prev) is complete: O may be read again.

@@ -125,6 +125,17 @@ __device__ __forceinline__ void issue_qk_steps(const SharedStorage<Traits>& smem
 //    second accumulator is reused, so the turn is held across one wait and the first add.
 // (The register fences after each wait keep the compiler from moving reads of the results above
 // it.)
+// Adds promoted part t of S into s once this warpgroup's wgmmas but the newest kPending are
+// complete.
+template <int kPending>
+__device__ __forceinline__ void add_promoted_part(float (&s)[64], float (&t)[64]) {
+  cute::warpgroup_wait<kPending>();
+  sm90::fence_registers(s);
+  sm90::fence_registers(t);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] += t[i];
+}
+
 template <typename Traits, int kParts, typename Q, typename PassTurn>
 __device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, int stage, const Q& q,
                                            float (&s)[64], PassTurn&& pass_turn) {
@@ -137,18 +148,11 @@ __device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, in
     sm90::fence_registers(s);
   } else {
     float t[64];
-    const auto add_t = [&] {
-      cute::warpgroup_wait<0>();
-      sm90::fence_registers(s);
-      sm90::fence_registers(t);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) s[i] += t[i];
-    };
     issue_qk_steps<Traits, kPart, kPart>(smem, stage, q, t);
-    add_t();
+    add_promoted_part<0>(s, t);
     issue_qk_steps<Traits, 2 * kPart, kPart>(smem, stage, q, t);
     pass_turn();
-    add_t();
+    add_promoted_part<0>(s, t);
   }
 }
 

@@ -78,11 +78,11 @@ struct OnlineSoftmax {
   // Folds tile s into the running max and sum and turns s into P = exp2((s - max) * scale_log2)
   // * 2^kPShift; `correction` is then the factor that earlier sums and O must take (rescale).
   __device__ void update(float (&s)[64]) {
-    update<false>(s, nullptr);
-  }
-  // The same, rescaling o too, interleaved with the exp2s.
-  __device__ void update(float (&s)[64], float (&o)[Traits::kORegs]) {
-    update<true>(s, &o);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      fold_max(s, h);
+      exponentiate(s, h);
+    }
   }
 
   // update(s) in its two steps, per row half h (rows r and r + 8 are independent): the running
@@ -163,16 +163,6 @@ struct OnlineSoftmax {
   }
 
  private:
-  template <bool kRescaleO>
-  __device__ void update(float (&s)[64], float (*o)[Traits::kORegs]) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      fold_max(s, h);
-      exponentiate(s, h);
-      if constexpr (kRescaleO) rescale_half(*o, h);
-    }
-  }
-
   __device__ void rescale_half(float (&o)[Traits::kORegs], int h) const {
 #pragma unroll
     for (int j = 0; j < Traits::kPvN / 8; ++j) {
