@@ -79,8 +79,8 @@ constexpr int kTurnBarrier = 0;
 // The two consumer warpgroups take turns on the tensor cores (ping-pong): in its turn one issues
 // S = Q K^T of its next tile and P V of its previous one and passes the turn; its softmax then
 // runs while its own P V and the other one's products do. (With an e4m3 LSE, S takes three
-// promoted runs, which wait for every wgmma of the warpgroup: there P V goes first and the
-// softmax overlaps only the other's products.) Warpgroup 0 goes first; each pass is matched by
+// promoted runs: the first two are waited for and added within the turn, the third is issued
+// with P V.) Warpgroup 0 goes first; each pass is matched by
 // one wait of the other warpgroup (warpgroup 1 skips the pass after its last turn, and passes
 // before the first turn of each work tile: the turns alternate without a break from one work
 // tile to the next).
