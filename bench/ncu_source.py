@@ -8,6 +8,8 @@ report taken with `--section SourceCounters`; one section per profiled launch). 
   kernel that runs key tile after key tile, the code of a key tile, of a work tile and of a CTA
   fall into separate bands; an inner loop meant to run once a tile shows as a band of its own;
 - regions: the largest runs of consecutive instructions of one band, with their samples;
+- opcodes: the largest band's instructions by opcode, per run of the band (what a key tile's
+  turn is made of, where the band is the main loop);
 - retry loops: each mbarrier wait (`SYNCS.PHASECHK ... TRYWAIT`) that sleeps and tries again
   (NANOSLEEP after it), how often it ran, and how often the first try that branches to it ran:
   a wait meant to pass at once that retries is the sign of a role waiting for another.
@@ -79,6 +81,25 @@ def bands(rows):
     return sorted(((b, n, lines) for b, (n, lines) in totals.items()), key=lambda t: -t[1])
 
 
+def opcode(source):
+    """The mnemonic of a SASS line without its predicate and modifiers (`FADD` of
+    `@!P0 FADD.FTZ R1, R2, R3`)."""
+    words = source.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else ""
+
+
+def opcodes(rows, band):
+    """[(opcode, instructions per run, samples)] of the SASS lines of `band`, most first."""
+    totals = {}
+    for r in rows:
+        if band_of(executed(r)) == band:
+            n, s = totals.get(opcode(r["Source"]), (0.0, 0.0))
+            totals[opcode(r["Source"])] = (n + executed(r) / band, s + samples(r))
+    return sorted(((op, n, s) for op, (n, s) in totals.items()), key=lambda t: -t[1])
+
+
 def regions(rows):
     """[(first, last, band, instructions, samples)] of the runs of one band, largest first."""
     runs, current = [], None
@@ -135,6 +156,11 @@ def report(name, rows, top):
            "| runs per instruction | instructions | share | SASS lines |", "|---:|---:|---:|---:|"]
     for b, n, lines in bands(rows)[:top]:
         out.append(f"| {b:.3g} | {millions(n)} | {100 * n / total:.1f} % | {lines} |")
+    top_band = bands(rows)[0][0] if total else 0.0
+    by_op = opcodes(rows, top_band)
+    out += ["", f"| opcode (band {top_band:.3g}) | per run | samples |", "|---|---:|---:|"]
+    out += [f"| {op} | {n:.0f} | {s:.0f} |" for op, n, s in by_op[:top]]
+    out.append(f"| all | {sum(n for _, n, _ in by_op):.0f} | {sum(s for _, _, s in by_op):.0f} |")
     out += ["", "| SASS lines | runs per instruction | instructions | samples | first / last |",
             "|---|---:|---:|---:|---|"]
     for first, last, b, n, s in regions(rows)[:top]:
