@@ -71,6 +71,18 @@ def test_bands_separate_the_tile_code_from_the_cta_code_and_an_inner_loop(csv_fi
     assert (first, last, band, n) == (9, 12, 9000, 36000.0)
 
 
+def test_opcodes_count_the_largest_band_per_run(csv_file):
+    assert ncu_source.opcode("@!P1 BRA 0x200 ;") == "BRA"
+    assert ncu_source.opcode("MUFU.EX2 R3, R3 ;") == "MUFU"
+    rows = ncu_source.read_kernels(csv_file.read_text())[0][1]
+    # Launch 0's largest band is the key-tile code run 1,000 times: one of each a run.
+    assert ncu_source.opcodes(rows, 1000) == [("SYNCS", 1.0, 3.0), ("BRA", 1.0, 40.0),
+                                              ("FFMA", 1.0, 100.0), ("MUFU", 1.0, 300.0)]
+    out = ncu_source.report("kernel<1>", rows, 12)
+    assert "| opcode (band 1e+03) | per run | samples |" in out
+    assert "| all | 4 | 443 |" in out
+
+
 def test_retry_loops_count_retries_against_first_tries(csv_file):
     kernels = ncu_source.read_kernels(csv_file.read_text())
     assert ncu_source.retry_loops(kernels[0][1]) == []  # it never ran
