@@ -80,10 +80,9 @@ constexpr int kTurnBarrier = 0;
 // S = Q K^T of its next tile and P V of its previous one and passes the turn; its softmax then
 // runs while its own P V and the other one's products do. (With an e4m3 LSE, S takes three
 // promoted runs: the first two are waited for and added within the turn, the third is issued
-// with P V.) Warpgroup 0 goes first; each pass is matched by
-// one wait of the other warpgroup (warpgroup 1 skips the pass after its last turn, and passes
-// before the first turn of each work tile: the turns alternate without a break from one work
-// tile to the next).
+// with P V.) Warpgroup 0 goes first; each pass is matched by one wait of the other warpgroup
+// (warpgroup 1 skips the pass after its last turn, and passes before the first turn of each
+// work tile: the turns alternate without a break from one work tile to the next).
 template <typename Traits, bool kRowSum>
 class PrefillConsumer {
  public:

@@ -113,18 +113,6 @@ __device__ __forceinline__ void issue_qk_steps(const SharedStorage<Traits>& smem
   sm90::fence_registers(s);
 }
 
-// S = Q K^T for the consumer warpgroup's rows: issues the wgmmas, calls pass_turn() once the last
-// one is issued (the other consumer warpgroup may then issue its own), and returns with S
-// complete (and any earlier wgmma of this warpgroup). e4m3 wgmma adds into its accumulator
-// keeping only about 14 bits, which moves the scores by about 1e-3:
-//  - kParts = 1, all 192 dims in the one accumulator: bf16 always, and e4m3 without an LSE. The
-//    scores then only feed P, whose e4m3 rounding (2^-4 relative) dwarfs that; O's error and
-//    the layer's cosine were unchanged against three parts.
-//  - kParts = 3 (64 dims each, each run into a fresh accumulator, added in f32), e4m3 with an
-//    LSE: it stays within 1e-3 of the exact one (one part measured 3.4e-3, two 1.3e-3). The
-//    second accumulator is reused, so the turn is held across one wait and the first add.
-// (The register fences after each wait keep the compiler from moving reads of the results above
-// it.)
 // Adds promoted part t of S into s once this warpgroup's wgmmas but the newest kPending are
 // complete.
 template <int kPending>
@@ -136,6 +124,19 @@ __device__ __forceinline__ void add_promoted_part(float (&s)[64], float (&t)[64]
   for (int i = 0; i < 64; ++i) s[i] += t[i];
 }
 
+// S = Q K^T for the consumer warpgroup's rows: issues the wgmmas, calls pass_turn() once the last
+// one is issued (the other consumer warpgroup may then issue its own), and returns with S
+// complete (and any earlier wgmma of this warpgroup). e4m3 wgmma adds into its accumulator
+// keeping only about 14 bits, which moves the scores by about 1e-3:
+//  - kParts = 1, all 192 dims in the one accumulator: bf16 always, and e4m3 without an LSE. The
+//    scores then only feed P, whose e4m3 rounding (2^-4 relative) dwarfs that; O's error and
+//    the layer's cosine were unchanged against three parts.
+//  - kParts = 3 (64 dims each, each run into a fresh accumulator, added in f32), e4m3 with an
+//    LSE: it stays within 1e-3 of the exact one (one part measured 3.4e-3, two 1.3e-3). The
+//    second accumulator is reused, so the turn is held across one wait and the first add. (The
+//    LSE's middle turns issue the same parts, in the same order, around P V: parts_then_pv.)
+// (The register fences after each wait keep the compiler from moving reads of the results above
+// it.)
 template <typename Traits, int kParts, typename Q, typename PassTurn>
 __device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, int stage, const Q& q,
                                            float (&s)[64], PassTurn&& pass_turn) {
