@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   pdl_wait();  // cu_seqlens, q, k, v may come from the previous kernel
   PrefillEpilogue<Traits>::write_untiled(p);
   using Scheduler = PrefillScheduler<Traits>;
+  if (!Scheduler::has_rows(p)) return;
 
   // Read through a shuffle from lane 0, which the compiler knows to be warp-uniform: values
   // derived from it (the consumers' Q descriptors) then live in uniform registers.

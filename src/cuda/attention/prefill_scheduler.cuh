@@ -125,6 +125,15 @@ struct ZigzagTileScheduler {
     return o;
   }
 
+  // Whether this CTA has a work tile with rows. Only a grid of one CTA a tile has CTAs without
+  // (a ragged batch's shorter sequences: the index gives every sequence max_seqlen_q's blocks);
+  // they can leave before the roles start.
+  __device__ static bool has_rows(const PrefillKernelParams& p) {
+    if (int(gridDim.x) < p.order.tiles) return true;  // persistent: every CTA has tiles
+    const Slot s = slot_of(p, int(blockIdx.x));
+    return s.rank * Traits::kBlockM < p.cu_seqlens_q[s.seq + 1] - p.cu_seqlens_q[s.seq];
+  }
+
   // Calls fn(work) for each of this CTA's work tiles that has rows, in its order. Every role of
   // the CTA calls it and sees the same tiles.
   template <typename Fn>
@@ -139,24 +148,35 @@ struct ZigzagTileScheduler {
   }
 
  private:
-  __device__ static TileWork work_of(const PrefillKernelParams& p, int tile) {
+  // Where tile `tile` of the order sits: its sequence, its rank within its section (causal: 0 is
+  // the sequence's last m block) and its head.
+  struct Slot {
+    int seq, rank, head;
+  };
+  __device__ static Slot slot_of(const PrefillKernelParams& p, int tile) {
     const TileOrder& o = p.order;
     int in_sequence, local, head_in_section;
-    const int seq = o.sequence_tiles.divmod(in_sequence, tile);
+    Slot s;
+    s.seq = o.sequence_tiles.divmod(in_sequence, tile);
     int section = o.section_tiles.divmod(local, in_sequence);
     const bool last = section >= o.small_sections;
     if (last) {  // the last section's tiles, counted from its start
       local += (section - o.small_sections) * o.section_tiles.divisor;
       section = o.small_sections;
     }
-    const int rank = o.heads[last].divmod(head_in_section, local);
-    const int head = section * o.section_heads + head_in_section;
-    const int q_start = p.cu_seqlens_q[seq];
-    const int q_len = p.cu_seqlens_q[seq + 1] - q_start;
+    s.rank = o.heads[last].divmod(head_in_section, local);
+    s.head = section * o.section_heads + head_in_section;
+    return s;
+  }
+
+  __device__ static TileWork work_of(const PrefillKernelParams& p, int tile) {
+    const Slot s = slot_of(p, tile);
+    const int q_start = p.cu_seqlens_q[s.seq];
+    const int q_len = p.cu_seqlens_q[s.seq + 1] - q_start;
     const int blocks = (q_len + Traits::kBlockM - 1) / Traits::kBlockM;
     // Past the sequence's blocks, m_block is out of range and has_rows false.
-    const int m_block = Traits::kIsCausal && rank < blocks ? blocks - 1 - rank : rank;
-    return make_tile_work<Traits>(p, m_block, head, seq, q_start, q_len);
+    const int m_block = Traits::kIsCausal && s.rank < blocks ? blocks - 1 - s.rank : s.rank;
+    return make_tile_work<Traits>(p, m_block, s.head, s.seq, q_start, q_len);
   }
 
   static std::int64_t m_blocks(const PrefillAttentionParams& p) {
