@@ -127,7 +127,8 @@ struct ZigzagTileScheduler {
 
   // Whether this CTA has a work tile with rows. Only a grid of one CTA a tile has CTAs without
   // (a ragged batch's shorter sequences: the index gives every sequence max_seqlen_q's blocks);
-  // they can leave before the roles start.
+  // they can leave before the roles start. The test is make_tile_work's has_rows on the rank (a
+  // causal m block counts from the other end, over the same blocks), without the key offsets.
   __device__ static bool has_rows(const PrefillKernelParams& p) {
     if (int(gridDim.x) < p.order.tiles) return true;  // persistent: every CTA has tiles
     const Slot s = slot_of(p, int(blockIdx.x));
