@@ -187,9 +187,22 @@ class PrefillConsumer {
     return it == 1;
   }
 
+  // Whether this warpgroup's rows see keys of key tile n in its first 64 keys only: the rest lie
+  // past the sequence's keys or (causal) past the diagonal of the warpgroup's last row, so their
+  // P is 0 for every row. The causal diagonal's tile is such a tile for one of the two warpgroups
+  // wherever the diagonal crosses it in its first half (warpgroup 0 without a prefix).
+  __device__ __forceinline__ bool sees_first_half(const TileWork& w, int n) const {
+    int end = w.k_len;  // keys [0, end) are seen by some row of the warpgroup
+    if constexpr (Traits::kIsCausal) {
+      end = min(end, w.m_block * Traits::kBlockM + row0_ + 64 + w.k_len - w.q_len);
+    }
+    return end <= tile_first_key(w, n, Traits::kBlockN) + 64;
+  }
+
   // First turn: S of tile 0.
   __device__ __forceinline__ void first_turn(Tile& t, std::uint32_t q_phase) const {
     PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
+    const bool half = sees_first_half(t.w, t.w.n_blocks - 1);
     sm90::Barrier::wait(bar.q_full(), q_phase);
     t.q.load(smem_, row0_);
     if constexpr (QOperand::kInRegisters) {
@@ -199,10 +212,28 @@ class PrefillConsumer {
     if (cw_ == 1) cutlass::arch::NamedBarrier::arrive(256, kTurnBarrier);  // 0 goes first
     sm90::Barrier::wait(bar.k_full(t.stage.index), t.stage.phase);
     wait_turn();
-    compute_qk<Traits, kQkParts>(smem_, t.stage.index, t.q, t.s, [&] { pass_turn(false); });
-    release(bar.k_empty(t.stage.index));
-    if (needs_mask(t, 0)) mask(t, 0);
-    t.softmax.update(t.s);
+    if (half) {
+      first_scores<true>(t);
+    } else {
+      first_scores<false>(t);
+    }
+  }
+
+  // The first turn's S, softmax and P. kHalf: S of the tile's first 64 keys only, whose P are
+  // the only ones exponentiated; the others are masked for every row (see sees_first_half) and
+  // their P made 0 from the mask's -inf (P V still reads every key: a branch around its last
+  // k-steps, or P registers that are constants, costs ptxas the wgmma pipeline's registers and it
+  // serializes the wgmmas).
+  template <bool kHalf>
+  __device__ __forceinline__ void first_scores(Tile& t) const {
+    compute_qk<Traits, kQkParts, kHalf>(smem_, t.stage.index, t.q, t.s, [&] { pass_turn(false); });
+    release(smem_.barriers.k_empty(t.stage.index));
+    if (kHalf || needs_mask(t, 0)) mask(t, 0);
+    t.softmax.template update<kHalf ? 8 : 16>(t.s);
+    if constexpr (kHalf) {
+#pragma unroll
+      for (int i = 32; i < 64; ++i) t.s[i] = fmaxf(t.s[i], 0.0f);  // -inf: P = 0
+    }
     p_to_operand<Traits>(t.s, t.p);
   }
 

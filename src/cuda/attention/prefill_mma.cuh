@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/attention/prefill_shared_storage.cuh"
 #include "cuda/common/sm90.cuh"
@@ -10,22 +11,43 @@
 namespace fp8mla::cuda::attention {
 
 // wgmma instruction shapes: m64 n128, k32 (e4m3) or k16 (bf16). S = Q K^T takes Q from shared
-// memory (QK) or from registers (QKFromRegisters).
+// memory (QK) or from registers (QKFromRegisters); kHalf: n64, the first 64 keys of a tile only.
 template <bool kFp8>
 struct MmaOps;
 template <>
 struct MmaOps<true> {
-  using QK = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
-  using QKFromRegisters = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>;
+  template <bool kHalf>
+  using QK = std::conditional_t<kHalf, cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_SS_TN<>,
+                                cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>>;
+  template <bool kHalf>
+  using QKFromRegisters =
+      std::conditional_t<kHalf, cute::SM90::GMMA::MMA_64x64x32_F32E4M3E4M3_RS_TN<>,
+                         cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>>;
   using PV = cute::SM90::GMMA::MMA_64x136x32_F32E4M3E4M3_RS_TN<>;  // + 8 ones columns
 };
 template <>
 struct MmaOps<false> {
-  using QK = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<sm90::Major::K, sm90::Major::K>;
-  using QKFromRegisters =
-      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<sm90::Major::K, sm90::Major::K>;
+  template <bool kHalf>
+  using QK = std::conditional_t<
+      kHalf, cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<sm90::Major::K, sm90::Major::K>,
+      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<sm90::Major::K, sm90::Major::K>>;
+  template <bool kHalf>
+  using QKFromRegisters = std::conditional_t<
+      kHalf, cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<sm90::Major::K, sm90::Major::K>,
+      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<sm90::Major::K, sm90::Major::K>>;
   using PV = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<sm90::Major::K, sm90::Major::MN>;
 };
+
+// S's accumulators that a wgmma writes: all 64 of a thread, or (kHalf, n64) the first 32, which
+// hold columns 0-63 (prefill_softmax.cuh gives the layout).
+template <bool kHalf>
+__device__ __forceinline__ auto& score_columns(float (&s)[64]) {
+  if constexpr (kHalf) {
+    return reinterpret_cast<float(&)[32]>(s);
+  } else {
+    return s;
+  }
+}
 
 // Q, the A operand of S = Q K^T, for one consumer warpgroup's 64 rows (`row0` = 0 or 64 of the
 // block). Each wgmma k-step reads 32 bytes of every row; step i lies in head-dim chunk
@@ -56,11 +78,13 @@ struct QInShared {
     desc = sm90::smem_descriptor(sm90::smem_address(smem.q) + row0 * Traits::kChunkRowBytes,
                                  QkSteps<Traits>::kSwizzle, 16, QkSteps<Traits>::kGroupStride);
   }
+  template <bool kHalf>
   __device__ __forceinline__ void issue(int i, std::uint64_t k, float (&s)[64],
                                         bool accumulate) const {
     const std::uint64_t a =
         sm90::advance_descriptor(desc, QkSteps<Traits>::offset(i, Traits::kQChunkBytes));
-    sm90::mma_ss<typename MmaOps<Traits::kFp8>::QK>(a, k, s, accumulate);
+    sm90::mma_ss<typename MmaOps<Traits::kFp8>::template QK<kHalf>>(a, k, score_columns<kHalf>(s),
+                                                                    accumulate);
   }
 };
 
@@ -87,16 +111,18 @@ struct QInRegisters {
       sm90::ldmatrix_x4(base + (i / kStepsPerChunk) * Traits::kQChunkBytes + 16 * unit, r[i]);
     }
   }
+  template <bool kHalf>
   __device__ __forceinline__ void issue(int i, std::uint64_t k, float (&s)[64],
                                         bool accumulate) const {
-    sm90::mma_rs<typename MmaOps<Traits::kFp8>::QKFromRegisters>(r[i], k, s, accumulate);
+    sm90::mma_rs<typename MmaOps<Traits::kFp8>::template QKFromRegisters<kHalf>>(
+        r[i], k, score_columns<kHalf>(s), accumulate);
   }
 };
 
 // Issues (and commits) k-steps [first, first + count) of S = Q K^T for the consumer warpgroup's
 // rows (Q: a QInShared or QInRegisters) against the K tile in `stage`, the first of them
-// overwriting s.
-template <typename Traits, int kFirst, int kCount, typename Q>
+// overwriting s (kHalf: the tile's first 64 keys only, into s's first 32 registers).
+template <typename Traits, int kFirst, int kCount, bool kHalf = false, typename Q>
 __device__ __forceinline__ void issue_qk_steps(const SharedStorage<Traits>& smem, int stage,
                                                const Q& q, float (&s)[64]) {
   const std::uint64_t k =
@@ -107,21 +133,21 @@ __device__ __forceinline__ void issue_qk_steps(const SharedStorage<Traits>& smem
   for (int i = kFirst; i < kFirst + kCount; ++i) {
     const std::uint64_t b =
         sm90::advance_descriptor(k, QkSteps<Traits>::offset(i, Traits::kKChunkBytes));
-    q.issue(i, b, s, i > kFirst);
+    q.template issue<kHalf>(i, b, s, i > kFirst);
   }
   cute::warpgroup_commit_batch();
   sm90::fence_registers(s);
 }
 
 // Adds promoted part t of S into s once this warpgroup's wgmmas but the newest kPending are
-// complete.
-template <int kPending>
+// complete (kHalf: the first 32 registers, a tile's first 64 keys).
+template <int kPending, bool kHalf = false>
 __device__ __forceinline__ void add_promoted_part(float (&s)[64], float (&t)[64]) {
   cute::warpgroup_wait<kPending>();
   sm90::fence_registers(s);
   sm90::fence_registers(t);
 #pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] += t[i];
+  for (int i = 0; i < (kHalf ? 32 : 64); ++i) s[i] += t[i];
 }
 
 // S = Q K^T for the consumer warpgroup's rows: issues the wgmmas, calls pass_turn() once the last
@@ -137,23 +163,24 @@ __device__ __forceinline__ void add_promoted_part(float (&s)[64], float (&t)[64]
 //    LSE's middle turns issue the same parts, in the same order, around P V: parts_then_pv.)
 // (The register fences after each wait keep the compiler from moving reads of the results above
 // it.)
-template <typename Traits, int kParts, typename Q, typename PassTurn>
+// kHalf: the tile's first 64 keys only (s's first 32 registers; the rest are left as they were).
+template <typename Traits, int kParts, bool kHalf, typename Q, typename PassTurn>
 __device__ __forceinline__ void compute_qk(const SharedStorage<Traits>& smem, int stage, const Q& q,
                                            float (&s)[64], PassTurn&& pass_turn) {
   constexpr int kPart = Traits::kQkSteps / kParts;
   static_assert(Traits::kQkSteps % kParts == 0 && (kParts == 1 || (kParts == 3 && Traits::kFp8)));
-  issue_qk_steps<Traits, 0, kPart>(smem, stage, q, s);
+  issue_qk_steps<Traits, 0, kPart, kHalf>(smem, stage, q, s);
   if constexpr (kParts == 1) {
     pass_turn();
     cute::warpgroup_wait<0>();
     sm90::fence_registers(s);
   } else {
     float t[64];
-    issue_qk_steps<Traits, kPart, kPart>(smem, stage, q, t);
-    add_promoted_part<0>(s, t);
-    issue_qk_steps<Traits, 2 * kPart, kPart>(smem, stage, q, t);
+    issue_qk_steps<Traits, kPart, kPart, kHalf>(smem, stage, q, t);
+    add_promoted_part<0, kHalf>(s, t);
+    issue_qk_steps<Traits, 2 * kPart, kPart, kHalf>(smem, stage, q, t);
     pass_turn();
-    add_promoted_part<0>(s, t);
+    add_promoted_part<0, kHalf>(s, t);
   }
 }
 

@@ -77,23 +77,28 @@ struct OnlineSoftmax {
 
   // Folds tile s into the running max and sum and turns s into P = exp2((s - max) * scale_log2)
   // * 2^kPShift; `correction` is then the factor that earlier sums and O must take (rescale).
+  // kBlocks = 8: the tile's first 64 keys only (s's first 32 registers; the caller sees to the
+  // others, whose keys no row sees).
+  template <int kBlocks = 16>
   __device__ void update(float (&s)[64]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      fold_max(s, h);
-      exponentiate(s, h);
+      fold_max<kBlocks>(s, h);
+      scale_scores<kBlocks>(s, h);
+      exp2_scores<kBlocks>(s, h);
     }
   }
 
   // update(s) in its two steps, per row half h (rows r and r + 8 are independent): the running
   // max (and the correction), then the exp2s. A consumer can so place the steps around its P V's
   // wait.
+  template <int kBlocks = 16>
   __device__ __forceinline__ void fold_max(const float (&s)[64], int h) {
     // Four chains of 4 and a tree of them: 7 dependent steps where one chain takes 17, with
     // few live temporaries (a full tree of 16 spills).
     float v[4];
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kBlocks; ++j) {
       const float pair = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
       v[j % 4] = j < 4 ? pair : fmaxf(v[j % 4], pair);
     }
@@ -112,9 +117,10 @@ struct OnlineSoftmax {
     exp2_scores(s, h);
   }
   // exponentiate(s, h) in its two steps: the exponents, then their exp2s (and the row sum).
+  template <int kBlocks = 16>
   __device__ __forceinline__ void scale_scores(float (&s)[64], int h) const {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * j + 2 * h + e];
@@ -122,10 +128,11 @@ struct OnlineSoftmax {
       }
     }
   }
+  template <int kBlocks = 16>
   __device__ __forceinline__ void exp2_scores(float (&s)[64], int h) {
     float sum = kRowSum ? __fmul_rn(row_sum[h], correction[h]) : 0.0f;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kBlocks; ++j) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * j + 2 * h + e];
