@@ -37,4 +37,9 @@ endif()
 function(fp8mla_cuda_options target)
   target_compile_options(${target} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo>)
+  if(FP8MLA_WGMMA_GUARD)
+    # Before any launcher already set (ccache): cmake/wgmma_guard.sh runs the rest of the line.
+    set_property(TARGET ${target} PROPERTY CUDA_COMPILER_LAUNCHER
+      "${PROJECT_SOURCE_DIR}/cmake/wgmma_guard.sh" ${CMAKE_CUDA_COMPILER_LAUNCHER})
+  endif()
 endfunction()

@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-build}
 scripts/setup.sh
-cmake -S . -B "$build" -G Ninja -DFP8MLA_CUDA="${FP8MLA_CUDA:-AUTO}" >/dev/null
+# The wgmma guard: a kernel whose wgmmas ptxas serialized fails the build (cmake/wgmma_guard.sh).
+cmake -S . -B "$build" -G Ninja -DFP8MLA_CUDA="${FP8MLA_CUDA:-AUTO}" -DFP8MLA_WGMMA_GUARD=ON \
+  >/dev/null
 start=$(date +%s)
 cmake --build "$build"
 echo "build: $(($(date +%s) - start)) s"
