@@ -7,7 +7,8 @@
 #       build is a commit on a scratch branch; DIR is carried to the GPU machine.
 #   scripts/attention-ab.sh run DIR OUT [--shapes LIST] [--laps N] [--rounds R] [--settle-ms MS]
 #                              [--anchors PATH] [--accuracy LENGTHS] [--digest]
-#       on the GPU machine: builds every DIR/* in parallel (CUTLASS from .deps), installs the FA3
+#       on the GPU machine: builds every DIR/* in parallel (CUTLASS from .deps; a build whose
+#       wgmmas ptxas serialized fails, FP8MLA_WGMMA_GUARD), installs the FA3
 #       wheel of .whl/ if there, runs the laps (bench/attention.py of this tree, --json
 #       OUT/ab_LAP_NAME.json) and prints bench/ab_table.py's table of them; --accuracy runs
 #       bench/attention_long_accuracy.py --lengths LENGTHS on every build (OUT/acc_NAME.json);
@@ -21,7 +22,7 @@
 # about 10 s a build.
 set -uo pipefail
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
-usage() { sed -n '2,21p' "$self"; }
+usage() { sed -n '2,22p' "$self"; }
 cd "$(dirname "$0")/.." || exit 1
 
 pack() {
@@ -80,7 +81,7 @@ common.find_anchors(sys.argv[1] or None, "attention-ab.sh")' "${anchors[1]:-}" >
     (cd "$dir/$name" && CMAKE_BUILD_PARALLEL_LEVEL=$jobs FP8MLA_CUDA=ON python3 -m pip install -q \
       --root-user-action=ignore --no-build-isolation --no-deps --target "$site/$name" . \
       -C build-dir="/tmp/ab-build/$name" -C cmake.define.FP8MLA_CUTLASS_INCLUDE_DIR="$cutlass" \
-      >"$out/pip_$name.log" 2>&1 ||
+      -C cmake.define.FP8MLA_WGMMA_GUARD=ON >"$out/pip_$name.log" 2>&1 ||
       echo "attention-ab.sh: build $name failed, see $out/pip_$name.log") &
   done
   wait
