@@ -189,8 +189,9 @@ class PrefillConsumer {
 
   // Whether this warpgroup's rows see keys of key tile n in its first 64 keys only: the rest lie
   // past the sequence's keys or (causal) past the diagonal of the warpgroup's last row, so their
-  // P is 0 for every row. The causal diagonal's tile is such a tile for one of the two warpgroups
-  // wherever the diagonal crosses it in its first half (warpgroup 0 without a prefix).
+  // P is 0 for every row. Warpgroup 0's rows end 64 keys before warpgroup 1's, so on a causal
+  // work tile the last key tile is such a tile for warpgroup 0 wherever the diagonal bounds its
+  // rows, and for warpgroup 1 too where its own rows end in the tile's first half.
   __device__ __forceinline__ bool sees_first_half(const TileWork& w, int n) const {
     int end = w.k_len;  // keys [0, end) are seen by some row of the warpgroup
     if constexpr (Traits::kIsCausal) {
