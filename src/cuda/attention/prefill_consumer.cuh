@@ -187,23 +187,10 @@ class PrefillConsumer {
     return it == 1;
   }
 
-  // Whether this warpgroup's rows see keys of key tile n in its first 64 keys only: the rest lie
-  // past the sequence's keys or (causal) past the diagonal of the warpgroup's last row, so their
-  // P is 0 for every row. Warpgroup 0's rows end 64 keys before warpgroup 1's, so on a causal
-  // work tile the last key tile is such a tile for warpgroup 0 wherever the diagonal bounds its
-  // rows, and for warpgroup 1 too where its own rows end in the tile's first half.
-  __device__ __forceinline__ bool sees_first_half(const TileWork& w, int n) const {
-    int end = w.k_len;  // keys [0, end) are seen by some row of the warpgroup
-    if constexpr (Traits::kIsCausal) {
-      end = min(end, w.m_block * Traits::kBlockM + row0_ + 64 + w.k_len - w.q_len);
-    }
-    return end <= tile_first_key(w, n, Traits::kBlockN) + 64;
-  }
-
   // First turn: S of tile 0.
   __device__ __forceinline__ void first_turn(Tile& t, std::uint32_t q_phase) const {
     PipelineBarriers<Traits::kStages>& bar = smem_.barriers;
-    const bool half = sees_first_half(t.w, t.w.n_blocks - 1);
+    const bool half = sees_first_half<Traits>(t.w, t.w.n_blocks - 1, row0_);
     sm90::Barrier::wait(bar.q_full(), q_phase);
     t.q.load(smem_, row0_);
     if constexpr (QOperand::kInRegisters) {

@@ -11,11 +11,16 @@
 #include <string>
 
 #include "fp8mla/error.hpp"
+#include "fp8mla/numerics.hpp"
 
 #include "cuda/attention/prefill_kernel_params.hpp"
 #include "ops/prefill_attention_params.hpp"
 
 namespace fp8mla::cuda::attention {
+
+// The arithmetic here is host-callable too (FP8MLA_HOST_DEVICE):
+// tests/cpp/prefill_scheduler_test.cu checks it on the CPU against a direct reading of the causal
+// rule, for any batch.
 
 // One work tile: kBlockM query rows of one (sequence, head) against the keys they can see.
 struct TileWork {
@@ -33,8 +38,8 @@ struct TileWork {
 
 // The work tile of (m block, head, sequence).
 template <typename Traits>
-__device__ __forceinline__ TileWork make_tile_work(const PrefillKernelParams& p, int m_block,
-                                                   int head, int seq, int q_start, int q_len) {
+FP8MLA_HOST_DEVICE TileWork make_tile_work(const PrefillKernelParams& p, int m_block, int head,
+                                           int seq, int q_start, int q_len) {
   TileWork w;
   w.m_block = m_block;
   w.head = head;
@@ -131,7 +136,13 @@ struct ZigzagTileScheduler {
   // causal m block counts from the other end, over the same blocks), without the key offsets.
   __device__ static bool has_rows(const PrefillKernelParams& p) {
     if (int(gridDim.x) < p.order.tiles) return true;  // persistent: every CTA has tiles
-    const Slot s = slot_of(p, int(blockIdx.x));
+    return tile_has_rows(p, int(blockIdx.x));
+  }
+  // Whether tile `tile` of the order has rows, from its slot alone (work_of's has_rows). (The grid
+  // test above stays in has_rows, ahead of the slot: with both read first, as arguments of one
+  // call, ptxas serialized the e4m3 causal kernel's wgmmas for want of registers.)
+  FP8MLA_HOST_DEVICE static bool tile_has_rows(const PrefillKernelParams& p, int tile) {
+    const Slot s = slot_of(p, tile);
     return s.rank * Traits::kBlockM < p.cu_seqlens_q[s.seq + 1] - p.cu_seqlens_q[s.seq];
   }
 
@@ -141,11 +152,27 @@ struct ZigzagTileScheduler {
   __device__ static void for_each_tile(const PrefillKernelParams& p, Fn&& fn) {
     const int ctas = int(gridDim.x), cta = int(blockIdx.x);
     for (int round = 0;; ++round) {
-      const int tile = round * ctas + (round & 1 ? ctas - 1 - cta : cta);
+      const int tile = tile_of(round, ctas, cta);
       if (tile >= p.order.tiles) return;
       const TileWork w = work_of(p, tile);
       if (w.has_rows) fn(w);
     }
+  }
+
+  // The tile that CTA `cta` of a grid of `ctas` runs in round `round` (past the last: >= tiles).
+  FP8MLA_HOST_DEVICE static int tile_of(int round, int ctas, int cta) {
+    return round * ctas + (round & 1 ? ctas - 1 - cta : cta);
+  }
+
+  // The work tile at position `tile` of the order.
+  FP8MLA_HOST_DEVICE static TileWork work_of(const PrefillKernelParams& p, int tile) {
+    const Slot s = slot_of(p, tile);
+    const int q_start = p.cu_seqlens_q[s.seq];
+    const int q_len = p.cu_seqlens_q[s.seq + 1] - q_start;
+    const int blocks = (q_len + Traits::kBlockM - 1) / Traits::kBlockM;
+    // Past the sequence's blocks, m_block is out of range and has_rows false.
+    const int m_block = Traits::kIsCausal && s.rank < blocks ? blocks - 1 - s.rank : s.rank;
+    return make_tile_work<Traits>(p, m_block, s.head, s.seq, q_start, q_len);
   }
 
  private:
@@ -154,7 +181,7 @@ struct ZigzagTileScheduler {
   struct Slot {
     int seq, rank, head;
   };
-  __device__ static Slot slot_of(const PrefillKernelParams& p, int tile) {
+  FP8MLA_HOST_DEVICE static Slot slot_of(const PrefillKernelParams& p, int tile) {
     const TileOrder& o = p.order;
     int in_sequence, local, head_in_section;
     Slot s;
@@ -168,16 +195,6 @@ struct ZigzagTileScheduler {
     s.rank = o.heads[last].divmod(head_in_section, local);
     s.head = section * o.section_heads + head_in_section;
     return s;
-  }
-
-  __device__ static TileWork work_of(const PrefillKernelParams& p, int tile) {
-    const Slot s = slot_of(p, tile);
-    const int q_start = p.cu_seqlens_q[s.seq];
-    const int q_len = p.cu_seqlens_q[s.seq + 1] - q_start;
-    const int blocks = (q_len + Traits::kBlockM - 1) / Traits::kBlockM;
-    // Past the sequence's blocks, m_block is out of range and has_rows false.
-    const int m_block = Traits::kIsCausal && s.rank < blocks ? blocks - 1 - s.rank : s.rank;
-    return make_tile_work<Traits>(p, m_block, s.head, s.seq, q_start, q_len);
   }
 
   static std::int64_t m_blocks(const PrefillAttentionParams& p) {
@@ -197,18 +214,33 @@ struct ZigzagTileScheduler {
 };
 
 // The sequence-local key of column 0 of key tile n.
-__device__ __forceinline__ int tile_first_key(const TileWork& w, int n, int block_n) {
+FP8MLA_HOST_DEVICE int tile_first_key(const TileWork& w, int n, int block_n) {
   return n * block_n - w.key_shift;
 }
 
 // Whether key tile n needs the per-element mask: it starts before the sequence's keys or runs
 // past them, or (causal) some key of it lies beyond the first row's diagonal.
 template <typename Traits>
-__device__ __forceinline__ bool tile_needs_mask(const TileWork& w, int n) {
+FP8MLA_HOST_DEVICE bool tile_needs_mask(const TileWork& w, int n) {
   const int first = tile_first_key(w, n, Traits::kBlockN);
   const int end = first + Traits::kBlockN;
   if (first < 0 || end > w.k_len) return true;
   return Traits::kIsCausal && end - 1 > w.m_block * Traits::kBlockM + w.k_len - w.q_len;
+}
+
+// Whether the 64 rows from `row0` of the work tile's block (a consumer warpgroup's) see keys of
+// key tile n in its first 64 keys only: the rest lie past the sequence's keys or (causal) past
+// the diagonal of the last of those rows, so their P is 0 for every row. Warpgroup 0's rows end
+// 64 keys before warpgroup 1's, so on a causal work tile the last key tile is such a tile for
+// warpgroup 0 wherever the diagonal bounds its rows, and for warpgroup 1 too where its own rows
+// end in the tile's first half.
+template <typename Traits>
+FP8MLA_HOST_DEVICE bool sees_first_half(const TileWork& w, int n, int row0) {
+  int end = w.k_len;  // keys [0, end) are seen by some of the rows
+  if constexpr (Traits::kIsCausal) {
+    end = min(end, w.m_block * Traits::kBlockM + row0 + 64 + w.k_len - w.q_len);
+  }
+  return end <= tile_first_key(w, n, Traits::kBlockN) + 64;
 }
 
 }  // namespace fp8mla::cuda::attention
