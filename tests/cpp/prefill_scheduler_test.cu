@@ -1,7 +1,8 @@
 // The Hopper prefill kernel's work division, on the CPU (host code only: no GPU needed). The
-// scheduler's order, grid and per-CTA tiles (ZigzagTileScheduler) and the per-tile decisions the
+// scheduler's order, grid and per-CTA tiles (ZigzagTileScheduler), the per-tile decisions the
 // roles take from a TileWork (how many key tiles to visit, which need the element mask, where a
-// warpgroup computes S over the first 64 keys only) are checked against the causal rule read
+// warpgroup computes S over the first 64 keys only) and the element mask itself (every lane of
+// both consumer warpgroups on the accumulator layout) are checked against the causal rule read
 // directly (docs/design.md op 8: row i of a sequence sees key j when j < k_len and, causal,
 // j <= i + k_len - q_len), on seeded random ragged batches with prefixes, empty and one-token
 // sequences, padded max_seqlen_q, many heads and small and large grids. The kernel's own tests
@@ -10,7 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <random>
 #include <sstream>
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "cuda/attention/prefill_scheduler.cuh"
+#include "cuda/attention/prefill_softmax.cuh"
 #include "cuda/attention/prefill_traits.cuh"
 #include "fp8mla/error.hpp"
 
@@ -106,6 +110,29 @@ void expect_tile_follows_the_rule(const TileWork& w) {
         const int limit = visible_limit(causal, first_row + r, w.q_len, w.k_len);
         EXPECT_LE(limit, first + 64) << "key tile " << n << ", row " << r << " sees past its half";
       }
+    }
+  }
+}
+
+// Key tile n of work tile w masked by every thread of both consumer warpgroups, against the rule.
+template <typename Traits>
+void expect_mask_follows_the_rule(const TileWork& w, int n) {
+  const int first = tile_first_key(w, n, Traits::kBlockN);
+  for (int thread = 0; thread < 256; ++thread) {  // warpgroup thread / 128, its rows from 64 x it
+    const int t = thread % 128, lane = t % 4;
+    const int row =
+        w.m_block * Traits::kBlockM + 64 * (thread / 128) + 16 * (t / 32) + (t % 32) / 4;
+    float s[64];
+    std::fill(std::begin(s), std::end(s), 1.0f);
+    OnlineSoftmax<Traits>::mask_lane(s, w, n, row, lane);
+    for (int i = 0; i < 64; ++i) {
+      const int r = row + 8 * ((i / 2) % 2);
+      const int key = first + Traits::key_of_column(8 * (i / 4) + 2 * lane + i % 2);
+      const bool seen =
+          key >= 0 && key < w.k_len && (!Traits::kIsCausal || key <= r + w.k_len - w.q_len);
+      ASSERT_EQ(s[i], seen ? 1.0f : -INFINITY)
+          << "key tile " << n << ", thread " << thread << ", element " << i << ": row " << r
+          << ", key " << key << " (k_len " << w.k_len << ", q_len " << w.q_len << ")";
     }
   }
 }
@@ -283,6 +310,32 @@ TEST(PrefillSchedulerOrder, LargestIndexAgreesWithPlainDivision) {
   too_many.q_lens.assign(16384 + 1, 65536);  // 2^30 + 512 x 128 tiles
   too_many.k_lens = too_many.q_lens;
   EXPECT_THROW(Launch<Traits>{too_many}, Error);
+}
+
+// The element mask of every thread of both consumer warpgroups (OnlineSoftmax::mask_lane, on the
+// accumulator layout of prefill_softmax.cuh) sets -inf on exactly the scores whose key its row
+// does not see, on the key tiles where masks fall (the first two and last two a work tile visits,
+// and one between), for work tiles of random batches.
+TYPED_TEST(PrefillScheduler, ElementMaskHidesExactlyTheKeysARowDoesNotSee) {
+  using Traits = TypeParam;
+  using Scheduler = ZigzagTileScheduler<Traits>;
+  std::mt19937 rng(31);
+  for (int batch = 0; batch < 40; ++batch) {
+    const BatchShape b = random_batch(rng);
+    SCOPED_TRACE(b.describe());
+    const Launch<Traits> l(b);
+    if (l.ctas == 0) continue;
+    std::uniform_int_distribution<int> any_tile(0, l.kp.order.tiles - 1);
+    for (int pick = 0; pick < 12; ++pick) {
+      const TileWork w = Scheduler::work_of(l.kp, any_tile(rng));
+      if (!w.has_rows) continue;
+      for (int n : {0, 1, w.n_blocks / 2, w.n_blocks - 2, w.n_blocks - 1}) {
+        if (n < 0 || n >= w.n_blocks) continue;
+        expect_mask_follows_the_rule<Traits>(w, n);
+        if (::testing::Test::HasFailure()) return;
+      }
+    }
+  }
 }
 
 // The element mask finds a register's key as lane c's first key plus the register's column in

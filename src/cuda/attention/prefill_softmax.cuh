@@ -52,10 +52,15 @@ struct OnlineSoftmax {
   // one select an element. Keys before the sequence only occur in its first tile when that starts
   // early for alignment (key0 < 0).
   __device__ void mask(float (&s)[64], const TileWork& w, int n, int row) const {
+    mask_lane(s, w, n, row, int(threadIdx.x % 4));
+  }
+  // The same for the thread whose lane in its quad is `lane` (host-callable: the CPU tests
+  // check it on every lane of a warpgroup).
+  FP8MLA_HOST_DEVICE static void mask_lane(float (&s)[64], const TileWork& w, int n, int row,
+                                           int lane) {
     // Element i is column 8 * (i / 4) + 2c + i % 2 of row half (i / 2) % 2.
     constexpr auto offset = [](int i) { return Traits::key_of_column(8 * (i / 4) + i % 2); };
-    const int key0 =
-        tile_first_key(w, n, Traits::kBlockN) + Traits::kLaneKeyStep * int(threadIdx.x % 4);
+    const int key0 = tile_first_key(w, n, Traits::kBlockN) + Traits::kLaneKeyStep * lane;
     int end[2];  // per row half: offsets from key0 at or past this are masked
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
