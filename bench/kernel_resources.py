@@ -11,14 +11,16 @@ whose body holds a QGMMA or HGMMA and no such loop inside), their instructions, 
 stall counts (the control field's cycles before the next instruction of the warp may issue: what
 one warp needs to issue the body with nothing else waiting), and their MMA, MUFU, ldmatrix /
 stmatrix and shuffle instructions. A body holds every arm of its branches, so this compares builds
-of one kernel, statically, without a GPU.
+of one kernel, statically, without a GPU. --loop-sass FILE writes those loops' instructions, each
+with its stall count, to read a turn's schedule in.
 
 From `cuobjdump -res-usage` and `cuobjdump -sass` (the CUDA toolkit's; found on PATH, under
 $CUDA_HOME/bin or /usr/local/cuda/bin, or given with --cuobjdump); names demangled by c++filt.
 The dynamic shared memory a kernel runs with is set at launch (cudaFuncSetAttribute), so the
 binary does not hold it: the table shows the static part only.
 
-    python3 bench/kernel_resources.py build/libfp8mla.a [--loops] [--markdown bench/analysis/F.md]
+    python3 bench/kernel_resources.py build/libfp8mla.a [--loops] [--loop-sass F.txt]
+        [--markdown bench/analysis/F.md]
 """
 from __future__ import annotations
 
@@ -157,26 +159,40 @@ def mma_loops(ins):
 
 
 def loop_rows(cuobjdump, path, kernel):
-    """One dict per MMA loop of each kernel (LOOP_COLUMNS)."""
+    """One dict per MMA loop of each kernel (LOOP_COLUMNS), and each loop's instructions under
+    "listing": [(address, stall count, text)]."""
     rows, named = [], []
     for _, _, name, body in sections(lines_of([cuobjdump, "-sass", path]), FUNCTION_SASS):
         if kernel not in name:
             continue
         ins = instructions(body)
         for first, last in mma_loops(ins):
-            loop = [(t, stall) for a, t, stall in ins if first <= a <= last]
-            ops = [t.split()[1] if t.startswith("@") else t.split()[0] for t, _ in loop]
+            loop = [(a, stall, t) for a, t, stall in ins if first <= a <= last]
+            ops = [t.split()[1] if t.startswith("@") else t.split()[0] for _, _, t in loop]
             rows.append({"kernel": name, "SASS": f"{first:#x}-{last:#x}",
-                         "instructions": len(loop), "stall cycles": sum(s for _, s in loop),
+                         "instructions": len(loop), "stall cycles": sum(s for _, s, _ in loop),
                          "MMA": sum("GMMA" in o for o in ops),
                          "MUFU": sum(o.startswith("MUFU") for o in ops),
                          "LDSM/STSM": sum(o.startswith(("LDSM", "STSM")) for o in ops),
-                         "SHFL": sum(o.startswith("SHFL") for o in ops)})
+                         "SHFL": sum(o.startswith("SHFL") for o in ops), "listing": loop})
             named.append(name)
     names = demangle(sorted(set(named)))
     for r in rows:
         r["kernel"] = names[r["kernel"]]
     return rows
+
+
+def loop_listing(rows):
+    """The loops' instructions as text: a header a loop, then one line an instruction with its
+    address and stall count (the cycles before the warp's next instruction may issue), the form
+    to read a turn's schedule in (runs of MUFU.EX2 at 8 cycles each with nothing between, where
+    the warp's chain waits on the XU)."""
+    out = []
+    for r in rows:
+        out.append(f"# {r['kernel']} {r['SASS']}: {r['instructions']} instructions, "
+                   f"{r['stall cycles']} stall cycles")
+        out += [f"{a:#07x} {stall:2d}  {text}" for a, stall, text in r["listing"]]
+    return "\n".join(out) + "\n"
 
 
 def demangle(names):
@@ -245,13 +261,19 @@ def main(argv=None):
     ap.add_argument("--cuobjdump", help="the cuobjdump to run")
     ap.add_argument("--markdown", help="file to append the table to")
     ap.add_argument("--loops", action="store_true", help="also the table of MMA loops")
+    ap.add_argument("--loop-sass", metavar="FILE",
+                    help="write each MMA loop's instructions with their stall counts to FILE")
     args = ap.parse_args(argv)
     cuobjdump = find_cuobjdump(args.cuobjdump)
     rows = table_rows(cuobjdump, args.binary, args.kernel)
     if not rows:
         sys.exit(f"kernel_resources.py: no kernel named *{args.kernel}* in {args.binary}")
     print_table(rows, COLUMNS)
-    loops = loop_rows(cuobjdump, args.binary, args.kernel) if args.loops else []
+    want_loops = args.loops or args.loop_sass
+    loops = loop_rows(cuobjdump, args.binary, args.kernel) if want_loops else []
+    if args.loop_sass:
+        with open(args.loop_sass, "w") as f:
+            f.write(loop_listing(loops))
     if loops:
         print()
         print_table(loops, LOOP_COLUMNS)

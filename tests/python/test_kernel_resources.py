@@ -64,6 +64,18 @@ def test_loop_rows_count_the_body(monkeypatch):
             "\t\tFunction : the_kernel", *sass(PROGRAM)]
     monkeypatch.setattr(kernel_resources, "lines_of", lambda cmd: dump)
     [row] = kernel_resources.loop_rows("cuobjdump", "lib.a", "the_kernel")
+    listing = row.pop("listing")
     assert row == {"kernel": "the_kernel", "SASS": "0x10-0x60", "instructions": 6,
                    "stall cycles": 2 + 1 + 1 + 4 + 8 + 5, "MMA": 1, "MUFU": 1, "LDSM/STSM": 0,
                    "SHFL": 1}
+    assert listing == [(a, stall, text) for a, text, stall in PROGRAM[1:7]]
+
+
+def test_loop_listing_gives_each_instruction_its_stall_count(monkeypatch):
+    dump = ["\t\tFunction : the_kernel", *sass(PROGRAM)]
+    monkeypatch.setattr(kernel_resources, "lines_of", lambda cmd: dump)
+    text = kernel_resources.loop_listing(kernel_resources.loop_rows("cuobjdump", "x", "the_kernel"))
+    lines = text.splitlines()
+    assert lines[0] == "# the_kernel 0x10-0x60: 6 instructions, 21 stall cycles"
+    assert lines[5] == "0x00050  8  MUFU.EX2 R5, R5"
+    assert len(lines) == 7
