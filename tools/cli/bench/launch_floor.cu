@@ -1,11 +1,17 @@
 // The floor under `fp8mla bench host`'s CUDA rows: the host time of launching a kernel that does
 // nothing, with a small and with an attention-sized parameter block, through a plain
-// triple-chevron launch and through the library's launch path (cudaLaunchKernelEx with the PDL
-// attribute, src/cuda/common/launch.cuh). An op's row minus this floor is what fp8mla adds.
+// triple-chevron launch, through the library's launch path (cudaLaunchKernelEx with the PDL
+// attribute, src/cuda/common/launch.cuh) and through the driver's cuLaunchKernelEx with the same
+// attribute (what the runtime's own layer costs on top). An op's row minus the library's floor is
+// what fp8mla adds.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <cstring>
 
 #include "bench/launch_floor.hpp"
 #include "cuda/common/launch.cuh"
+#include "fp8mla/error.hpp"
 
 namespace fp8mla::cli {
 namespace {
@@ -30,6 +36,49 @@ void launch_empty(bool library_path) {
   }
 }
 
+PFN_cuLaunchKernelEx_v11060 driver_launch_function() {
+  static const PFN_cuLaunchKernelEx_v11060 fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    cuda::check(cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &ptr, 11060, cudaEnableDefault,
+                                                 &found),
+                "cudaGetDriverEntryPointByVersion(cuLaunchKernelEx)");
+    if (found != cudaDriverEntryPointSuccess || ptr == nullptr) {
+      throw Error(ErrorCategory::kCuda, "the CUDA driver has no cuLaunchKernelEx");
+    }
+    return reinterpret_cast<PFN_cuLaunchKernelEx_v11060>(ptr);
+  }();
+  return fn;
+}
+
+// The driver's launch of the same kernel on the same (legacy default) stream, its handle and the
+// entry point looked up once.
+template <int kBytes>
+void launch_empty_driver() {
+  static const CUfunction function = [] {
+    cudaFunction_t f = nullptr;
+    cuda::check(cudaGetFuncBySymbol(&f, reinterpret_cast<const void*>(&empty_kernel<kBytes>)),
+                "cudaGetFuncBySymbol(empty_kernel)");
+    return reinterpret_cast<CUfunction>(f);
+  }();
+  Payload<kBytes> payload;
+  std::memset(payload.bytes, 0, kBytes);
+  void* params[] = {&payload};
+  CUlaunchAttribute attribute{};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = 32;
+  config.blockDimY = config.blockDimZ = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  const CUresult r = driver_launch_function()(&config, function, params, nullptr);
+  if (r != CUDA_SUCCESS) {
+    throw Error(ErrorCategory::kCuda, concat("cuLaunchKernelEx(empty_kernel) failed: ", int(r)));
+  }
+}
+
 }  // namespace
 
 std::vector<LaunchFloorCase> launch_floor_cases() {
@@ -38,6 +87,8 @@ std::vector<LaunchFloorCase> launch_floor_cases() {
       {"empty kernel <<<>>>, 1 KiB", [] { launch_empty<1024>(false); }},
       {"empty kernel, fp8mla launch, 16 B", [] { launch_empty<16>(true); }},
       {"empty kernel, fp8mla launch, 1 KiB", [] { launch_empty<1024>(true); }},
+      {"empty kernel, driver launch, 16 B", [] { launch_empty_driver<16>(); }},
+      {"empty kernel, driver launch, 1 KiB", [] { launch_empty_driver<1024>(); }},
   };
 }
 
