@@ -41,8 +41,9 @@ void quantize_fp8_dynamic(const TensorView& input, const TensorView& out, const 
 // For each group of `group_size` contiguous elements of a row: amax = max(eps, max |x|),
 // s = amax / 448, rounded up to a power of two with UE8M0 scales; out = e4m3(x / s).
 //
-// `scales` is 2-d [rows, groups] where rows is the folded row count of `input` and
-// groups = cols / group_size; its dtype and strides choose the layout:
+// `scales` is 2-d [rows, groups] where rows is the folded row count of `input` (for an input of
+// width 0, the product of its leading dims) and groups = cols / group_size; its dtype and strides
+// choose the layout:
 //   f32 (any strides): row-major (G, 1), column-major (1, rows), TMA-aligned column-major
 //     (1, round_up(rows, 4)), ... Values are s (powers of two when round_scale_to_pow2).
 //   ue8m0 (any strides): one exponent byte per group.
@@ -50,7 +51,7 @@ void quantize_fp8_dynamic(const TensorView& input, const TensorView& out, const 
 //     group g in byte g % 4 of word g / 4 (little-endian); bytes past the last group are zero.
 struct GroupQuantOptions {
   int group_size = 128;  // 64 or 128
-  float eps = 1e-10f;
+  float eps = 1e-10f;  // finite, > 0
   bool round_scale_to_pow2 = false;  // UE8M0 rounding for f32 scales; implied by ue8m0 and i32
 };
 

@@ -1,6 +1,7 @@
 // Argument checks and CPU/CUDA dispatch of the quantization ops (fp8mla/quantize.hpp).
 #include "fp8mla/quantize.hpp"
 
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -16,6 +17,15 @@ namespace {
 Rows rows_of(const ArgChecker& check, const TensorView& t, std::string_view name) {
   const RowLayout r = check.rows(t, name);
   return {t.data(), t.dtype(), r.rows, r.cols, r.row_stride};
+}
+
+// The rows of an input with scales per row: a view of width 0 folds to no rows, but its scale
+// tensor still has a row (of no groups) for each row of its leading dims.
+std::int64_t scale_rows(const TensorView& input, const Rows& rows) {
+  if (rows.cols != 0) return rows.rows;
+  std::int64_t leading = 1;
+  for (int d = 0; d + 1 < input.ndim(); ++d) leading *= input.size(d);
+  return leading;
 }
 
 // `out` has exactly the shape of `input`.
@@ -119,16 +129,18 @@ void quantize_fp8_per_token_group(const TensorView& input, const TensorView& out
     return concat("`input`: expected the last dim to be a multiple of group_size ",
                   options.group_size, ", got ", input.describe());
   });
-  check.require(options.eps > 0.0f, ErrorCategory::kInvalidArgument,
-                [&] { return concat("expected eps > 0, got ", options.eps); });
+  // An infinite eps would make every scale infinite and every value 0.
+  check.require(options.eps > 0.0f && std::isfinite(options.eps), ErrorCategory::kInvalidArgument,
+                [&] { return concat("expected a finite eps > 0, got ", options.eps); });
   p.group_size = options.group_size;
   p.eps = options.eps;
 
+  p.input.rows = scale_rows(input, p.input);
   set_group_scales(check, p, scales, "scales", input.device(), options.round_scale_to_pow2);
   check.apart(out, "out", input, "input");
   check.apart(scales, "scales", input, "input");
   check.apart(scales, "scales", out, "out");
-  if (p.input.rows == 0) return;
+  if (p.input.rows == 0 || p.input.cols == 0) return;
   dispatch(
       input.device(), [&] { cpu::quantize_fp8_per_token_group(p); },
       [&](auto) { cuda::quantize_fp8_per_token_group(p, stream); });
@@ -160,11 +172,12 @@ void quantize_nvfp4(const TensorView& input, const TensorView& out, const Tensor
   });
   p.out = rows_of(check, out, "out");
   p.global_scale = scalar_f32(check, global_scale, "global_scale", input.device());
+  p.input.rows = scale_rows(input, p.input);
   set_nvfp4_scales(check, p, block_scales, "block_scales", layout);
   check.apart(out, "out", input, "input");
   check.apart(block_scales, "block_scales", input, "input");
   check.apart(block_scales, "block_scales", out, "out");
-  if (p.input.rows == 0) return;
+  if (p.input.rows == 0 || p.input.cols == 0) return;
   dispatch(
       input.device(),
       [&] {

@@ -146,13 +146,19 @@ std::vector<BadInput> group_bad_inputs() {
          group(a, a.output(DType::kF32, {4, 2}), {128, kNaN});
        },
        kInvalid,
-       {"expected eps > 0", "got nan"}},
+       {"expected a finite eps > 0", "got nan"}},
       {"quantize_fp8_per_token_group: negative eps",
        [=](Arena& a) {
          group(a, a.output(DType::kF32, {4, 2}), {128, -1.0f});
        },
        kInvalid,
-       {"expected eps > 0", "got -1"}},
+       {"expected a finite eps > 0", "got -1"}},
+      {"quantize_fp8_per_token_group: infinite eps",
+       [=](Arena& a) {
+         group(a, a.output(DType::kF32, {4, 2}), {128, std::numeric_limits<float>::infinity()});
+       },
+       kInvalid,
+       {"expected a finite eps > 0", "got inf"}},
       {"quantize_fp8_per_token_group: row not a multiple of the group",
        [](Arena& a) {
          quantize_fp8_per_token_group(a.input(DType::kBF16, {4, 200}),

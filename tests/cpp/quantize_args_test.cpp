@@ -126,7 +126,7 @@ TEST(QuantizeArgs, ColsNotMultipleOfGroupSize) {
 }
 
 TEST(QuantizeArgs, EpsMustBePositive) {
-  expect_group_rejected({"expected eps > 0", "got 0"}, fake(DType::kBF16, {4, 128}),
+  expect_group_rejected({"expected a finite eps > 0", "got 0"}, fake(DType::kBF16, {4, 128}),
                         fake(DType::kE4M3, {4, 128}), fake(DType::kF32, {4, 1}), {128, 0.0f});
 }
 
@@ -335,6 +335,23 @@ TEST(QuantizeArgs, ZeroRowsWriteNothing) {
   EXPECT_NO_THROW(quantize_nvfp4(nvfp4_in, nvfp4_out,
                                  TensorView(scales.data(), DType::kE4M3, {0, 5}), scale_view,
                                  Nvfp4ScaleLayout::kLinear));
+  EXPECT_TRUE(untouched(out, "out"));
+  EXPECT_TRUE(untouched(scales, "scales"));
+
+  // Rows of width 0: their scale tensors keep a row (of no groups) for each of the 5 rows.
+  const TensorView narrow_in(in.data(), DType::kBF16, {5, 0});
+  EXPECT_NO_THROW(
+      quantize_fp8_per_token_group(narrow_in, TensorView(out.data(), DType::kE4M3, {5, 0}),
+                                   TensorView(scales.data(), DType::kF32, {5, 0}), {128}));
+  EXPECT_THROW(quantize_fp8_per_token_group(narrow_in, TensorView(out.data(), DType::kE4M3, {5, 0}),
+                                            TensorView(scales.data(), DType::kF32, {0, 0}), {128}),
+               Error);
+  const TensorView narrow_fp4(out.data(), DType::kE2M1x2, {5, 0});
+  EXPECT_NO_THROW(quantize_nvfp4(narrow_in, narrow_fp4,
+                                 TensorView(scales.data(), DType::kE4M3, {5, 0}), scale_view,
+                                 Nvfp4ScaleLayout::kLinear));
+  EXPECT_NO_THROW(quantize_nvfp4(narrow_in, narrow_fp4,
+                                 TensorView(scales.data(), DType::kE4M3, {128, 0}), scale_view));
   EXPECT_TRUE(untouched(out, "out"));
   EXPECT_TRUE(untouched(scales, "scales"));
 

@@ -111,6 +111,22 @@ def test_quantize_fp8_empty():
     assert out.shape == (0, 128)
 
 
+@pytest.mark.parametrize("layout", ["row_major", "column_major", "tma_aligned", "ue8m0",
+                                    "packed_ue8m0"])
+def test_group_quant_rows_of_width_zero(layout):
+    """Rows of width 0 keep their rows in the allocated scales (of no groups)."""
+    out, scales = fp8mla.quantize_fp8_per_token_group(np.zeros((8, 0), BF16),
+                                                      scale_layout=layout)
+    assert out.shape == (8, 0) and scales.shape[0] == 8 and scales.size == 0
+
+
+@pytest.mark.parametrize("layout", ["swizzled", "linear"])
+def test_nvfp4_rows_of_width_zero(layout):
+    out, block_scales = fp8mla.quantize_nvfp4(np.zeros((8, 0), BF16), 1.0, layout=layout)
+    assert out.shape == (8, 0)
+    assert block_scales.shape == ((128, 0) if layout == "swizzled" else (8, 0))
+
+
 # ---- per-token-group ---------------------------------------------------------------------------
 
 
