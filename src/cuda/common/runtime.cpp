@@ -27,6 +27,18 @@ void check_launch(const char* kernel, std::source_location where) {
   if (status != cudaSuccess) check(status, concat("launch of ", kernel).c_str(), where);
 }
 
+void* driver_entry_point(const char* name, int cuda_version) {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  check(cudaGetDriverEntryPointByVersion(name, &ptr, unsigned(cuda_version), cudaEnableDefault,
+                                         &found),
+        concat("cudaGetDriverEntryPointByVersion(", name, ")").c_str());
+  if (found != cudaDriverEntryPointSuccess || ptr == nullptr) {
+    throw Error(ErrorCategory::kCuda, concat("the CUDA driver has no ", name));
+  }
+  return ptr;
+}
+
 namespace {
 
 DeviceProps query_props(int ordinal) {

@@ -16,6 +16,10 @@ void check(cudaError_t status, const char* what,
 // Checks the status of the last launch on this thread (a bad configuration shows up here).
 void check_launch(const char* kernel, std::source_location where = std::source_location::current());
 
+// The CUDA driver's function `name` in the ABI of `cuda_version` (e.g. 12000), looked up through
+// the runtime (no link against libcuda); throws Error{kCuda} where the driver lacks it.
+void* driver_entry_point(const char* name, int cuda_version);
+
 struct DeviceProps {
   int ordinal = 0;
   std::string name;

@@ -14,17 +14,8 @@ namespace fp8mla::cuda {
 namespace {
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_function() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
-                                           &found),
-          "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
-    if (found != cudaDriverEntryPointSuccess || ptr == nullptr) {
-      throw Error(ErrorCategory::kCuda, "the CUDA driver has no cuTensorMapEncodeTiled");
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
+  static const auto fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(
+      driver_entry_point("cuTensorMapEncodeTiled", 12000));
   return fn;
 }
 

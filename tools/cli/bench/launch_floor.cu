@@ -37,17 +37,8 @@ void launch_empty(bool library_path) {
 }
 
 PFN_cuLaunchKernelEx_v11060 driver_launch_function() {
-  static const PFN_cuLaunchKernelEx_v11060 fn = [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    cuda::check(cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &ptr, 11060, cudaEnableDefault,
-                                                 &found),
-                "cudaGetDriverEntryPointByVersion(cuLaunchKernelEx)");
-    if (found != cudaDriverEntryPointSuccess || ptr == nullptr) {
-      throw Error(ErrorCategory::kCuda, "the CUDA driver has no cuLaunchKernelEx");
-    }
-    return reinterpret_cast<PFN_cuLaunchKernelEx_v11060>(ptr);
-  }();
+  static const auto fn = reinterpret_cast<PFN_cuLaunchKernelEx_v11060>(
+      cuda::driver_entry_point("cuLaunchKernelEx", 11060));
   return fn;
 }
 
