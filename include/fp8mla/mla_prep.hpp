@@ -31,7 +31,8 @@ enum class RopeStyle {
   kNeox,         // pairs (i, i + rope_dim / 2)
 };
 
-// DeepSeek-V3's rope_scaling (type "yarn").
+// DeepSeek-V3's rope_scaling (type "yarn"). A config that leaves mscale or mscale_all_dim out has
+// 0 there (transformers reads an absent one as false).
 struct YarnScaling {
   double factor = 40.0;
   std::int64_t original_max_position = 4096;
@@ -52,6 +53,12 @@ struct RopeConfig {
 // blocking copy: this is set-up work, not a per-request op).
 void make_cos_sin_cache(const TensorView& cos_sin, const RopeConfig& config,
                         CudaStream stream = nullptr);
+
+// The factor YaRN multiplies cos and sin by (transformers' attention_factor from DeepSeek's keys):
+// mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are non-zero, else
+// mscale(factor, 1), where mscale(f, m) = 0.1 * m * ln(f) + 1 (1 for f <= 1). 1 for DeepSeek's
+// configs, which set the two equal.
+double yarn_attention_factor(const YarnScaling& yarn);
 
 // The factor YaRN applies to the softmax scale: scale = qk_dim^-0.5 * mscale^2, where mscale =
 // 0.1 * mscale_all_dim * ln(factor) + 1 (1 without YaRN or with factor <= 1).

@@ -152,9 +152,9 @@ del _op
 
 
 def softmax_mscale(*, yarn=None) -> float:
-    """The factor YaRN applies to the softmax scale: scale = qk_dim**-0.5 * mscale**2 with
-    mscale = 0.1 * mscale_all_dim * ln(factor) + 1 (1.0 without YaRN or with factor <= 1).
-    `yarn` as for make_cos_sin_cache."""
+    """YaRN's mscale, whose square multiplies the softmax scale: scale = qk_dim**-0.5 *
+    mscale**2 with mscale = 0.1 * mscale_all_dim * ln(factor) + 1 (1.0 without YaRN, with
+    factor <= 1 or without mscale_all_dim). `yarn` as for make_cos_sin_cache."""
     return _C.softmax_mscale(_yarn_tuple(_yarn_list("softmax_mscale", yarn)))
 
 

@@ -80,8 +80,9 @@ _YARN_TYPE_KEYS = ("type", "rope_type")
 _YARN_FIXED_KEYS = ("rope_theta", "attention_factor", "truncate", "partial_rotary_factor")
 
 
-def _yarn_mscale(factor: float, mscale: float) -> float:
-    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+# A dict's missing mscale keys are absent, as transformers reads a config (YarnScaling's 0); its
+# other missing keys take DeepSeek-V3's values (_C.YARN_DEFAULTS).
+_YARN_ABSENT = {"mscale": 0.0, "mscale_all_dim": 0.0}
 
 
 def _check_fixed_yarn_keys(op: str, fixed: dict, values: dict, theta) -> None:
@@ -100,19 +101,20 @@ def _check_fixed_yarn_keys(op: str, fixed: dict, values: dict, theta) -> None:
         raise invalid_argument(f"{op}: yarn['partial_rotary_factor']: expected 1.0 (rope_dim "
                                f"gives the rotated dims), got {fixed['partial_rotary_factor']!r}")
     if fixed.get("attention_factor") is not None:
-        factor = float(values["factor"])
-        want = _yarn_mscale(factor, float(values["mscale"])) / _yarn_mscale(
-            factor, float(values["mscale_all_dim"]))
+        want = _C.yarn_attention_factor(
+            (float(values["factor"]), 0, 0.0, 0.0, float(values["mscale"]),
+             float(values["mscale_all_dim"])))
         if not math.isclose(float(fixed["attention_factor"]), want, rel_tol=1e-12):
             raise invalid_argument(
-                f"{op}: yarn['attention_factor']: expected {want!r} (mscale(factor, mscale) / "
-                f"mscale(factor, mscale_all_dim), what the table applies), got "
-                f"{fixed['attention_factor']!r}")
+                f"{op}: yarn['attention_factor']: expected {want!r} (what the table applies: "
+                f"mscale(factor, mscale) / mscale(factor, mscale_all_dim), or mscale(factor, 1) "
+                f"where either is absent or 0), got {fixed['attention_factor']!r}")
 
 
 def yarn_list(op: str, yarn, theta=None):
-    """None, or the six numbers of a YaRN dict (missing keys: DeepSeek-V3's values) as floats,
-    in YarnScaling's order (what the torch op takes; yarn_tuple makes _C's tuple of them).
+    """None, or the six numbers of a YaRN dict (missing keys: DeepSeek-V3's values, but a missing
+    mscale or mscale_all_dim is absent, 0, as transformers reads a config) as floats, in
+    YarnScaling's order (what the torch op takes; yarn_tuple makes _C's tuple of them).
 
     Accepts a model config's dict as it is: rope_scaling (original_max_position_embeddings, type
     / rope_type "yarn") and transformers 5's rope_parameters, which also hold rope_theta (must
@@ -123,7 +125,7 @@ def yarn_list(op: str, yarn, theta=None):
         return None
     if not isinstance(yarn, dict):
         raise invalid_argument(f"{op}: expected yarn a dict or None, got {type(yarn).__name__}")
-    values = dict(_C.YARN_DEFAULTS)
+    values = {**_C.YARN_DEFAULTS, **_YARN_ABSENT}
     given, fixed, plain = set(), {}, False
     for key, value in yarn.items():
         if key in _YARN_TYPE_KEYS:

@@ -224,11 +224,14 @@ OPS = (
 
     `yarn`: None (plain RoPE with base `theta`) or DeepSeek-V3's YaRN rope_scaling as a dict with
     keys factor, original_max_position, beta_fast, beta_slow, mscale, mscale_all_dim (missing
-    keys take DeepSeek-V3's values: 40, 4096, 32, 1, 1, 1); a model config's rope_scaling dict
-    (original_max_position_embeddings, type "yarn") and transformers 5's rope_parameters
-    (rope_type "yarn" or "default", with rope_theta, which must equal `theta`; attention_factor,
-    truncate and partial_rotary_factor are checked against what the table applies) are accepted
-    as they are.
+    factor, original_max_position, beta_fast, beta_slow take DeepSeek-V3's values 40, 4096, 32,
+    1; a missing mscale or mscale_all_dim is absent, as transformers reads a config: cos and sin
+    are scaled by mscale(factor, mscale) / mscale(factor, mscale_all_dim) only when both are
+    given and non-zero, else by mscale(factor, 1), with mscale(f, m) = 0.1 * m * ln(f) + 1); a
+    model config's rope_scaling dict (original_max_position_embeddings, type "yarn") and
+    transformers 5's rope_parameters (rope_type "yarn" or "default", with rope_theta, which must
+    equal `theta`; attention_factor, truncate and partial_rotary_factor are checked against what
+    the table applies) are accepted as they are.
 
     Allocated (when `out` is not given) as a numpy array for `device=None`, as a torch tensor on
     `device` otherwise ("cpu", "cuda", a torch.device; numpy for "cpu" without torch). A CUDA

@@ -263,6 +263,10 @@ nb::dict yarn_defaults() {
                    "mscale_all_dim"_a = y.mscale_all_dim);
 }
 
+double yarn_attention_factor(const YarnTuple& yarn) {
+  return fp8mla::yarn_attention_factor(*yarn_scaling(yarn));
+}
+
 double softmax_mscale(const std::optional<YarnTuple>& yarn) {
   return fp8mla::softmax_mscale({fp8mla::kMlaRopeDim, 10000.0, yarn_scaling(yarn)});
 }
@@ -350,4 +354,6 @@ NB_MODULE(_C, m) {
                 "kv_lora_rank"_a = fp8mla::kMlaKvLoraRank, "latent"_a = fp8mla::kMlaLatentDim);
   m.attr("YARN_DEFAULTS") = yarn_defaults();
   m.def("softmax_mscale", &softmax_mscale, nb::arg("yarn").none());
+  m.def("yarn_attention_factor", &yarn_attention_factor, nb::arg("yarn"),
+        "The factor the RoPE table's YaRN scales cos and sin by (fp8mla/mla_prep.hpp)");
 }

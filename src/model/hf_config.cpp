@@ -1,6 +1,7 @@
 // mla_config_from_json (fp8mla/hf_model.hpp): a Hugging Face config.json of a DeepSeek-V2/V3 or
 // Kimi-K2 model as an MlaConfig.
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -8,6 +9,7 @@
 
 #include "fp8mla/error.hpp"
 #include "fp8mla/hf_model.hpp"
+#include "fp8mla/mla_prep.hpp"
 
 namespace fp8mla {
 namespace {
@@ -75,7 +77,9 @@ void check_fixed_dims(const Keys& keys, const std::string& source) {
 }
 
 // rope_scaling (or rope_parameters): none, "default", or YaRN with DeepSeek's keys. The YaRN
-// defaults are transformers': beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 0.
+// defaults are transformers': beta_fast 32, beta_slow 1, mscale and mscale_all_dim absent (0). An
+// attention_factor, which transformers applies in place of the mscale rule, must be the one
+// the table applies (yarn_attention_factor).
 std::optional<YarnScaling> rope_scaling(const json& scaling, const std::string& source,
                                         const std::string& prefix) {
   if (scaling.is_null()) return std::nullopt;
@@ -98,8 +102,17 @@ std::optional<YarnScaling> rope_scaling(const json& scaling, const std::string& 
   y.original_max_position = keys.integer("original_max_position_embeddings");
   y.beta_fast = keys.number_or("beta_fast", 32.0);
   y.beta_slow = keys.number_or("beta_slow", 1.0);
-  y.mscale = keys.number_or("mscale", 1.0);
+  y.mscale = keys.number_or("mscale", 0.0);
   y.mscale_all_dim = keys.number_or("mscale_all_dim", 0.0);
+  if (keys.has("attention_factor")) {
+    const double given = keys.number("attention_factor"), applied = yarn_attention_factor(y);
+    if (std::abs(given - applied) > 1e-12 * std::abs(applied)) {
+      throw Error(ErrorCategory::kInvalidArgument,
+                  concat("'", source, "': key '", prefix, ".attention_factor' is ", given,
+                         " but fp8mla's YaRN applies ", applied,
+                         " (from factor, mscale and mscale_all_dim)"));
+    }
+  }
   return y;
 }
 

@@ -49,7 +49,7 @@ std::vector<double> inverse_frequencies(const RopeConfig& config, double& magnit
     const double mask = 1.0 - ramp;
     inv_freq[i] = freq_inter * (1.0 - mask) + freq_extra * mask;
   }
-  magnitude = yarn_get_mscale(y.factor, y.mscale) / yarn_get_mscale(y.factor, y.mscale_all_dim);
+  magnitude = yarn_attention_factor(y);
   return inv_freq;
 }
 
@@ -150,6 +150,11 @@ void check_scales_and_overlaps(const ArgChecker& check, const MlaRopeQuantizeArg
 }
 
 }  // namespace
+
+double yarn_attention_factor(const YarnScaling& y) {
+  if (y.mscale == 0.0 || y.mscale_all_dim == 0.0) return yarn_get_mscale(y.factor, 1.0);
+  return yarn_get_mscale(y.factor, y.mscale) / yarn_get_mscale(y.factor, y.mscale_all_dim);
+}
 
 double softmax_mscale(const RopeConfig& config) {
   return config.yarn ? yarn_get_mscale(config.yarn->factor, config.yarn->mscale_all_dim) : 1.0;

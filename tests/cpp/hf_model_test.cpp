@@ -18,6 +18,7 @@
 #include "fp8mla/error.hpp"
 #include "fp8mla/hf_model.hpp"
 #include "fp8mla/mla_parallel.hpp"
+#include "fp8mla/mla_prep.hpp"
 #include "fp8mla/mla_weights.hpp"
 #include "fp8mla/safetensors.hpp"
 
@@ -149,6 +150,45 @@ TEST(HfConfig, ReadsV2LiteKimiAndTransformers5Styles) {
   EXPECT_EQ(p.softmax_scale(), parse(v3_config()).softmax_scale());
   t5["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "default"}};
   EXPECT_FALSE(parse(t5).rope.yarn.has_value());
+}
+
+// transformers' YaRN rule: cos and sin are scaled by mscale(f, mscale) / mscale(f, mscale_all_dim)
+// only when the config gives both non-zero, else by mscale(f, 1); the softmax by
+// mscale(f, mscale_all_dim)^2, or not at all without mscale_all_dim. An attention_factor must be
+// the one the table applies.
+TEST(HfConfig, YarnKeysAConfigLeavesOutFollowTransformers) {
+  const auto mscale = [](double m) { return 0.1 * m * std::log(40.0) + 1.0; };
+  struct Case {
+    json keys;
+    double table, softmax;  // expected attention factor and softmax mscale
+  };
+  const Case cases[] = {
+      {json::object(), mscale(1.0), 1.0},
+      {{{"mscale", 0.707}}, mscale(1.0), 1.0},
+      {{{"mscale_all_dim", 0.707}}, mscale(1.0), mscale(0.707)},
+      {{{"mscale", 0.0}, {"mscale_all_dim", 1.0}}, mscale(1.0), mscale(1.0)},
+      {{{"mscale", 1.0}, {"mscale_all_dim", 0.707}}, mscale(1.0) / mscale(0.707), mscale(0.707)},
+      {{{"mscale", 0.707}, {"mscale_all_dim", 0.707}}, 1.0, mscale(0.707)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.keys.dump());
+    json j = v3_config();
+    j["rope_scaling"].erase("mscale");
+    j["rope_scaling"].erase("mscale_all_dim");
+    j["rope_scaling"].update(c.keys);
+    const MlaConfig config = parse(j);
+    EXPECT_NEAR(yarn_attention_factor(*config.rope.yarn), c.table, 1e-15);
+    EXPECT_NEAR(softmax_mscale(config.rope), c.softmax, 1e-15);
+    // The table's first row holds cos(0) = the attention factor.
+    std::vector<float> table(2 * kMlaRopeDim);
+    make_cos_sin_cache(TensorView(table.data(), DType::kF32, {2, kMlaRopeDim}), config.rope);
+    EXPECT_EQ(table[0], float(c.table));
+    j["rope_scaling"]["attention_factor"] = c.table;
+    EXPECT_NO_THROW(parse(j));
+    j["rope_scaling"]["attention_factor"] = c.table * 1.01;
+    expect_error([&] { parse(j); }, ErrorCategory::kInvalidArgument,
+                 {"'rope_scaling.attention_factor' is", "fp8mla's YaRN applies"});
+  }
 }
 
 TEST(HfConfig, UnsupportedOrIncompleteConfigsAreClearErrors) {

@@ -16,8 +16,10 @@ from fp8mla_reference import cast_fp8
 
 F32 = np.float32
 NOPE, ROPE, QK, V, KV_LORA, LATENT = 128, 64, 192, 128, 512, 576
+# A YaRN dict's missing keys: DeepSeek-V3's values, but mscale and mscale_all_dim absent (0), as
+# transformers reads a config.
 YARN_DEFAULTS = dict(factor=40.0, original_max_position=4096, beta_fast=32.0, beta_slow=1.0,
-                     mscale=1.0, mscale_all_dim=1.0)
+                     mscale=0.0, mscale_all_dim=0.0)
 
 
 def f32(x) -> np.ndarray:
@@ -54,8 +56,12 @@ def inv_freq_and_magnitude(rope_dim: int, theta: float, yarn: dict | None):
     ramp = np.clip((np.arange(rope_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
     mask = 1.0 - ramp
     inv_freq = freq_inter * (1 - mask) + freq_extra * mask
-    magnitude = (yarn_get_mscale(y["factor"], y["mscale"])
-                 / yarn_get_mscale(y["factor"], y["mscale_all_dim"]))
+    # transformers' attention_factor: the mscale ratio only where both are given and non-zero.
+    if y["mscale"] and y["mscale_all_dim"]:
+        magnitude = (yarn_get_mscale(y["factor"], y["mscale"])
+                     / yarn_get_mscale(y["factor"], y["mscale_all_dim"]))
+    else:
+        magnitude = yarn_get_mscale(y["factor"], 1.0)
     return inv_freq, magnitude
 
 

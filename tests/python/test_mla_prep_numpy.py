@@ -49,8 +49,11 @@ def random_cache(num_pages, page_size, seed, page_stride=None):
 
 @pytest.mark.parametrize("yarn", [None, {}, DEEPSEEK_V3_ROPE_SCALING,
                                   {"factor": 4.0, "original_max_position": 2048, "mscale": 0.707,
-                                   "mscale_all_dim": 0.5}], ids=["plain", "yarn-defaults",
-                                                                 "deepseek-v3-config", "yarn-other"])
+                                   "mscale_all_dim": 0.5},
+                                  {"factor": 8.0, "mscale": 0.707},
+                                  {"factor": 8.0, "mscale_all_dim": 0.5}],
+                         ids=["plain", "yarn-defaults", "deepseek-v3-config", "yarn-other",
+                              "mscale-only", "mscale-all-dim-only"])
 def test_cos_sin_cache(yarn):
     max_pos = 5000
     table = fp8mla.make_cos_sin_cache(max_pos, yarn=yarn)
@@ -143,11 +146,37 @@ def test_cos_sin_cache_takes_rope_parameters():
                                       if "rope_type" not in bad else dict(bad, rope_theta=1e4))
 
 
+@pytest.mark.parametrize("keys", [{}, {"mscale": 0.707}, {"mscale_all_dim": 0.707},
+                                  {"mscale": 0.0, "mscale_all_dim": 1.0},
+                                  {"mscale": 1.0, "mscale_all_dim": 0.707},
+                                  {"mscale": 0.707, "mscale_all_dim": 0.707}])
+def test_yarn_dict_reads_as_the_config_loader_does(keys):
+    """A config's rope_scaling passed to the ops as it is gives the table and softmax scale of the
+    same config read by mla_config (transformers' rule for the mscale keys it leaves out)."""
+    rope_scaling = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                    **keys}
+    config = fp8mla.mla_config({
+        "model_type": "deepseek_v3", "hidden_size": 256, "num_attention_heads": 2,
+        "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000, "rope_scaling": rope_scaling})
+    table = fp8mla.make_cos_sin_cache(64, yarn=rope_scaling)
+    assert table.tobytes() == fp8mla.make_cos_sin_cache(64, yarn=config.yarn).tobytes()
+    mscale = fp8mla.softmax_mscale(yarn=rope_scaling)
+    assert mscale * mscale / math.sqrt(192) == pytest.approx(config.softmax_scale, rel=1e-12)
+    np.testing.assert_allclose(table, ref.cos_sin_cache(64, yarn={
+        ("original_max_position" if k == "original_max_position_embeddings" else k): v
+        for k, v in rope_scaling.items() if k != "type"}), rtol=0, atol=4e-7)
+
+
 def test_softmax_mscale():
     assert fp8mla.softmax_mscale() == 1.0
     assert fp8mla.softmax_mscale(yarn=None) == 1.0
     expected = 0.1 * math.log(40) + 1
-    assert fp8mla.softmax_mscale(yarn={}) == pytest.approx(expected, rel=1e-15)
+    # Without mscale_all_dim (transformers reads a missing one as 0) the softmax keeps its scale.
+    assert fp8mla.softmax_mscale(yarn={}) == 1.0
+    assert fp8mla.softmax_mscale(yarn={"mscale_all_dim": 1.0}) == pytest.approx(expected,
+                                                                                rel=1e-15)
     assert fp8mla.softmax_mscale(yarn=DEEPSEEK_V3_ROPE_SCALING) == pytest.approx(expected, rel=1e-15)
     assert fp8mla.softmax_mscale(yarn=DEEPSEEK_V3_ROPE_PARAMETERS) == \
         fp8mla.softmax_mscale(yarn=DEEPSEEK_V3_ROPE_SCALING)
