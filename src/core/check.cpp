@@ -1,5 +1,6 @@
 #include "core/check.hpp"
 
+#include <array>
 #include <cmath>
 #include <utility>
 
@@ -118,6 +119,31 @@ void ArgChecker::all_apart(std::span<const Named> outputs, std::span<const Named
       }
     }
   }
+}
+
+void ArgChecker::elements_apart(const TensorView& t, std::string_view name) const {
+  if (t.empty()) return;
+  // (stride, size) of the dims of size > 1, in increasing order (insertion sort: at most kMaxDims).
+  std::array<std::pair<std::int64_t, std::int64_t>, kMaxDims> dims;
+  int n = 0;
+  for (int d = 0; d < t.ndim(); ++d) {
+    if (t.size(d) <= 1) continue;
+    const std::pair<std::int64_t, std::int64_t> dim{t.stride(d), t.size(d)};
+    int i = n++;
+    for (; i > 0 && dim < dims[i - 1]; --i) dims[i] = dims[i - 1];
+    dims[i] = dim;
+  }
+  bool ok = true;
+  std::int64_t span = 1;  // elements covered by the dims so far
+  for (int i = 0; i < n; ++i) {
+    const auto& [stride, size] = dims[i];
+    ok = ok && stride > 0 && stride >= span;
+    span = stride * (size - 1) + span;
+  }
+  require(ok, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", name, "`: expected strides that keep every element apart, got ",
+                  t.describe());
+  });
 }
 
 void ArgChecker::require_apart(const Named& out, ByteRange out_range, const Named& in,

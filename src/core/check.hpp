@@ -44,6 +44,9 @@ class ArgChecker {
   // overlaps nothing.
   void apart(const TensorView& out, std::string_view out_name, const TensorView& in,
              std::string_view in_name) const;
+  // No two elements of `t` share memory (an output written through it would lose writes): taken
+  // in increasing stride order, each dim of size > 1 steps at least over the dims before it.
+  void elements_apart(const TensorView& t, std::string_view name) const;
   // apart() for every (output, input) pair, each view's address range computed once.
   struct Named {
     const TensorView* view;

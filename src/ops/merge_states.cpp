@@ -133,10 +133,11 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
                   return concat("`out_lse`: expected strides that keep every element apart, got ",
                                 out_lse.describe());
                 });
+  // Only the running state may be merged into in place (docs/design.md, op 9).
   check_alias(check, out, "out", o_a, "o_a");
-  check_alias(check, out, "out", o_b, "o_b");
+  check.apart(out, "out", o_b, "o_b");
   check_alias(check, out_lse, "out_lse", lse_a, "lse_a");
-  check_alias(check, out_lse, "out_lse", lse_b, "lse_b");
+  check.apart(out_lse, "out_lse", lse_b, "lse_b");
   check.apart(out, "out", lse_a, "lse_a");
   check.apart(out, "out", lse_b, "lse_b");
   check.apart(out_lse, "out_lse", o_a, "o_a");

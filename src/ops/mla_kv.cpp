@@ -86,6 +86,7 @@ void v_params(const ArgChecker& check, const TensorView& v, const TensorView& v_
   same_count(check, p.v.heads, heads, "heads", "v", like_name, v);
   same_count(check, p.v_out.heads, heads, "heads", "v_out", like_name, v_out);
   check_devices(check, ref.device(), {{&v, "v"}, {&v_out, "v_out"}});
+  check.elements_apart(v_out, "v_out");
 }
 
 // The cache, the slots of `tokens` tokens and the optional error flag, all on `device`.
@@ -158,6 +159,7 @@ void mla_kv_cache_write(const TensorView& kv_c, const TensorView& k_pe,
   p.cache = latent_cache(check, write.cache, write.slot_mapping, "slot_mapping", write.error_flag,
                          tokens, "kv_c", kv_c.device());
   check.positive_scale(write.scale_inv, "scale_inv");
+  check.elements_apart(write.cache, "cache");
   check.apart(write.cache, "cache", kv_c, "kv_c");
   check.apart(write.cache, "cache", k_pe, "k_pe");
   p.cache.scale_inv = write.scale_inv;
@@ -188,6 +190,7 @@ void mla_kv_gather(const TensorView& cache, const TensorView& slots, float scale
       latent_cache(check, cache, slots, "slots", error_flag, tokens, "kv_c_out", cache.device());
   check.positive_scale(scale, "scale");
   for (const auto& [t, name] : {std::pair{&kv_c_out, "kv_c_out"}, {&k_pe_out, "k_pe_out"}}) {
+    check.elements_apart(*t, name);
     check.apart(*t, name, cache, "cache");
     check.apart(*t, name, slots, "slots");
   }
@@ -226,6 +229,8 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream) {
                  {p.k_split ? &args.k_rope_out : &args.k_out, p.k_split ? "k_rope_out" : "k_out"}});
   check.positive_scale(args.k_scale_inv, "k_scale_inv");
   check.positive_scale(args.v_scale_inv, "v_scale_inv");
+  check.elements_apart(args.k_out, "k_out");
+  if (p.k_split) check.elements_apart(args.k_rope_out, "k_rope_out");
   const ArgChecker::Named inputs[] = {
       {&args.k_nope, "k_nope"}, {&args.k_pe, "k_pe"}, {&args.v, "v"}};
   const ArgChecker::Named outputs[] = {

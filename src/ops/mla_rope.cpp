@@ -222,7 +222,10 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
   if (p.k_split) {
     p.k_rope_out = token_heads(check, args.k_rope_out, "k_rope_out", DType::kE4M3, tokens, 1,
                                kMlaRopeDim, true);
+    check.elements_apart(args.k_rope_out, "k_rope_out");
   }
+  check.elements_apart(args.q_out, "q_out");
+  check.elements_apart(args.k_out, "k_out");
 
   p.positions = index_vector(check, args.positions, "positions", tokens);
   p.position_dtype = args.positions.dtype();
@@ -262,6 +265,7 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
     check.require(c.size(1) >= 1 && c.size(1) <= 128, ErrorCategory::kUnsupported, [&] {
       return concat("`cache`: expected a page size from 1 to 128, got ", c.describe());
     });
+    check.elements_apart(c, "cache");
     p.cache.cache = c.data_as<std::uint8_t>();
     p.cache.num_pages = c.size(0);
     p.cache.page_size = c.size(1);

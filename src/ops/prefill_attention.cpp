@@ -1,6 +1,5 @@
 // Argument checks of prefill_attention (fp8mla/attention.hpp), then the CPU reference or the
 // Hopper kernel (src/cuda/attention), whose TMA loads add alignment and layout requirements.
-#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdint>
@@ -46,33 +45,6 @@ void check_shape(const ArgChecker& check, const TensorView& t, std::string_view 
     std::string expected;
     for (std::int64_t s : shape) expected += concat(expected.empty() ? "" : ", ", s);
     return concat("`", name, "`: expected [", expected, "] (", what, "), got ", t.describe());
-  });
-}
-
-// No two elements of `t` share memory: ordered by stride, each dim of size > 1 has a positive
-// stride at least the span of the dims before it.
-void check_no_overlap(const ArgChecker& check, const TensorView& t, std::string_view name) {
-  if (t.empty()) return;
-  // (stride, size) of the dims of size > 1, in increasing order (insertion sort: at most kMaxDims).
-  std::array<std::pair<std::int64_t, std::int64_t>, kMaxDims> dims;
-  int n = 0;
-  for (int d = 0; d < t.ndim(); ++d) {
-    if (t.size(d) <= 1) continue;
-    const std::pair<std::int64_t, std::int64_t> dim{t.stride(d), t.size(d)};
-    int i = n++;
-    for (; i > 0 && dim < dims[i - 1]; --i) dims[i] = dims[i - 1];
-    dims[i] = dim;
-  }
-  bool ok = true;
-  std::int64_t span = 1;  // elements covered by the dims so far
-  for (int i = 0; i < n; ++i) {
-    const auto& [stride, size] = dims[i];
-    ok = ok && stride > 0 && stride >= span;
-    span = stride * (size - 1) + span;
-  }
-  check.require(ok, ErrorCategory::kInvalidArgument, [&] {
-    return concat("`", name, "`: expected strides that keep every element apart, got ",
-                  t.describe());
   });
 }
 
@@ -207,7 +179,7 @@ OutputQuantParams check_out(const ArgChecker& check, const PrefillAttentionArgs&
   }
   check_token_head_dim(check, args.out, "out");
   check_shape(check, args.out, "out", {tq, heads, dv}, "[Tq, H, Dv]");
-  check_no_overlap(check, args.out, "out");
+  check.elements_apart(args.out, "out");
   return {};
 }
 
@@ -399,7 +371,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   if (has_lse) {
     check_shape(check, args.lse, "lse", {tq, heads}, "[Tq, H]");
     check.aligned(args.lse, "lse", 4);
-    check_no_overlap(check, args.lse, "lse");
+    check.elements_apart(args.lse, "lse");
   }
   check_cu_seqlens(check, args.cu_seqlens_q, "cu_seqlens_q");
   check_cu_seqlens(check, args.cu_seqlens_k, "cu_seqlens_k");

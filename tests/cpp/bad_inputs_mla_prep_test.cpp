@@ -390,12 +390,61 @@ std::vector<BadInput> pack_bad_inputs() {
   };
 }
 
+// Outputs two of whose elements share memory (a zero or too short stride): the op would write
+// one element over another.
+std::vector<BadInput> self_overlapping_output_bad_inputs() {
+  constexpr auto kApart = "expected strides that keep every element apart";
+  return {
+      {"mla_rope_quantize_fp8: q_out with head stride 0",
+       rope_call(false,
+                 [](Arena& a, auto& r) {
+                   r.q_out = a.output(DType::kE4M3, {kT, kH, 192}, {.strides = {192, 0, 1}});
+                 }),
+       kInvalid,
+       {concat("`q_out`: ", kApart), "e4m3fn[2, 2, 192]"}},
+      {"mla_rope_quantize_fp8: cache rows with stride 0",
+       rope_call(
+           true,
+           [](Arena& a, auto& r) {
+             r.cache_write->cache = a.output(DType::kE4M3, {2, 4, 576}, {.strides = {2304, 0, 1}});
+           }),
+       kInvalid,
+       {concat("`cache`: ", kApart), "e4m3fn[2, 4, 576]"}},
+      {"mla_kv_cache_write: pages a row apart",
+       cache_write_call([](Arena& a, auto&, auto&, auto& w) {
+         w.cache = a.output(DType::kE4M3, {2, 4, 576}, {.strides = {576, 576, 1}});
+       }),
+       kInvalid,
+       {concat("`cache`: ", kApart), "e4m3fn[2, 4, 576]"}},
+      {"mla_kv_gather: kv_c_out with token stride 0",
+       gather_call([](Arena& a, auto&, auto&, auto& kv_c, auto&, auto&) {
+         kv_c = a.output(DType::kBF16, {kT, 512}, {.strides = {0, 1}});
+       }),
+       kInvalid,
+       {concat("`kv_c_out`: ", kApart), "bf16[2, 512]"}},
+      {"mla_kv_pack_quantize_fp8: k_out with head stride 0",
+       pack_call([](Arena& a, auto& p) {
+         p.k_out = a.output(DType::kE4M3, {kT, kH, 192}, {.strides = {192, 0, 1}});
+       }),
+       kInvalid,
+       {concat("`k_out`: ", kApart), "e4m3fn[2, 2, 192]"}},
+      {"mla_v_quantize_fp8: v_out with token stride 0",
+       [](Arena& a) {
+         mla_v_quantize_fp8(a.input(DType::kBF16, {kT, kH, 128}),
+                            a.output(DType::kE4M3, {kT, kH, 128}, {.strides = {0, 128, 1}}), 1.0f,
+                            VLayout::kTokenMajor);
+       },
+       kInvalid,
+       {concat("`v_out`: ", kApart), "e4m3fn[2, 2, 128]"}},
+  };
+}
+
 }  // namespace
 
 std::vector<BadInput> mla_prep_bad_inputs() {
   std::vector<BadInput> all = rope_bad_inputs();
   for (auto part : {rope_cache_bad_inputs(), cache_write_bad_inputs(), gather_bad_inputs(),
-                    pack_bad_inputs()}) {
+                    pack_bad_inputs(), self_overlapping_output_bad_inputs()}) {
     all.insert(all.end(), part.begin(), part.end());
   }
   return all;

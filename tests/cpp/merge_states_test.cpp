@@ -170,6 +170,16 @@ TEST(MergeStatesArgs, AliasWithOtherStrides) {
   expect_bad(a, ErrorCategory::kInvalidArgument, {"`out` aliases `o_a`"});
 }
 
+// Only (o_a, lse_a) is the in-place form: out on o_b, or out_lse on lse_b, is an overlap.
+TEST(MergeStatesArgs, OutputOnTheSecondStateIsAnOverlap) {
+  Args a;
+  a.out = a.o_b;
+  expect_bad(a, ErrorCategory::kInvalidArgument, {"`out`", "`o_b`"});
+  Args b;
+  b.out_lse = b.lse_b;
+  expect_bad(b, ErrorCategory::kInvalidArgument, {"`out_lse`", "`lse_b`"});
+}
+
 TEST(MergeStatesArgs, EmptyCallWritesNothing) {
   HostBuffer buf(64);
   const TensorView o(buf.data(), DType::kBF16, {0, 2, 128});

@@ -282,6 +282,14 @@ def prep_entries():
             b, kv_c=lambda b: b.input((T, 512))), INVALID,
             ("`kv_c`, `slot_mapping` and `error_flag` belong to the latent cache write",
              "pass `cache` too")),
+        Bad("mla_rope_quantize_fp8 q_out with head stride 0", lambda b: rope(
+            b, q_out=lambda b: np.lib.stride_tricks.as_strided(
+                b.output((T, H, 192), E4M3), strides=(192, 0, 1))), INVALID,
+            ("`q_out`: expected strides that keep every element apart", "e4m3fn[2, 2, 192]")),
+        Bad("mla_kv_cache_write pages a row apart", lambda b: cache_write(
+            b, cache=np.lib.stride_tricks.as_strided(
+                b.output((2, 4, 576), E4M3), strides=(576, 576, 1))), INVALID,
+            ("`cache`: expected strides that keep every element apart", "e4m3fn[2, 4, 576]")),
         Bad("mla_kv_cache_write kv_c of width 256",
             lambda b: cache_write(b, kv_c=b.input((T, 256))), INVALID,
             ("`kv_c`: expected [tokens, 512]", "bf16[2, 256]")),
@@ -436,6 +444,9 @@ def attention_entries():
             b, out=lambda b, args: np.lib.stride_tricks.as_strided(
                 args["o_a"], strides=(128 * 2, 512 * 2, 2))), INVALID,
             ("`out` aliases `o_a` with different strides", "strides [128, 512, 1]")),
+        Bad("merge_attention_states out on o_b", lambda b: merge(
+            b, out=lambda b, args: args["o_b"]), INVALID,
+            ("`out`: expected memory apart from `o_b`",)),
         Bad("merge_attention_states num_tokens past the tokens",
             lambda b: merge(b, num_tokens=lambda b, _: b.ints([TQ + 1])), INVALID,
             ("`num_tokens`: expected 0 to 4 (the tokens of `o_a`)", "got 5")),
