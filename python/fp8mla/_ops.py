@@ -179,7 +179,9 @@ OPS = (
     Op("quantize_fp8", """Per-tensor FP8: out = fp8(x * scale_inv), nearest-even, saturating.
 
     `scale_inv` is a float or a one-element f32 tensor on x's device (read by the kernel, so a
-    captured CUDA graph sees its current value). `dtype` "e4m3" or "e5m2".""", [
+    captured CUDA graph sees its current value). `dtype` "e4m3" or "e5m2": the format of an
+    allocated `out`, or of the bytes of a given uint8 `out`; a given fp8 `out` is written in its
+    own dtype.""", [
         Arg("x", TENSOR),
         Arg("out", OUT, dtype=lambda dtype: dtype, alloc=_fp8_out),
         Arg("scale_inv", SCALE, keyword=False),
