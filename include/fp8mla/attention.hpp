@@ -98,9 +98,9 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream = nul
 // (o_a, lse_a) (+) (o_b, lse_b): m = max(lse_a, lse_b); w_a = exp(lse_a - m), w_b = exp(lse_b - m);
 // o = (w_a * o_a + w_b * o_b) / (w_a + w_b), lse = m + ln(w_a + w_b). Natural-log LSE. Two empty
 // states (-inf, -inf) merge to (0, -inf), never NaN; one empty state leaves the other unchanged,
-// byte for byte (a side whose weight is exactly 0 is not read, so its o may hold anything). A NaN
-// lse propagates; +inf is not a valid lse. The CPU and CUDA results differ only through exp/log
-// (a few ulp).
+// byte for byte (a side whose weight is exactly 0 is not read, so its o may hold anything). An
+// lse of +inf (FlashAttention-3's empty row) is an empty state, as -inf. A NaN lse propagates. The
+// CPU and CUDA results differ only through exp/log (a few ulp).
 // o_* are [T, H, D] bf16 or f32 (any token/head strides, contiguous last dim), lse_* f32 [T, H]
 // (any strides; each input is read with its own strides). `out`/`out_lse` may be `o_a`/`lse_a`
 // themselves (same data and strides); other overlaps of outputs with inputs are not allowed.

@@ -375,7 +375,8 @@ OPS = (
     ], result=lambda out, lse: (out, lse) if lse is not None else out),
     Op("merge_attention_states", """(o_a, lse_a) merged with (o_b, lse_b) (natural-log LSE):
     returns (out, out_lse), allocated when not given; `out`/`out_lse` may be o_a/lse_a for an
-    in-place merge. `output_scale` / `output_block_scale` quantize the merged output as for
+    in-place merge. An empty state has lse -inf, or +inf as FlashAttention-3 writes it; two merge
+    to (0, -inf). `output_scale` / `output_block_scale` quantize the merged output as for
     prefill_attention (T tokens of H * D values, f32 states rounded to bf16 first): give them on
     the last merge of a chunked prefix only. Fused on both devices; under torch.compile,
     fp8mla.enable_output_quant_fusion() fuses a standalone quantization of the output here.

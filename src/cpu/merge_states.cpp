@@ -21,10 +21,12 @@ void merge_attention_states(const MergeStatesParams& p) {
     return l.data + t * l.token_stride + h * l.head_stride;
   };
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  // +inf is how FlashAttention-3 reports a row without keys: an empty state, as -inf.
+  const auto state_lse = [](float lse) { return std::isinf(lse) ? kNegInf : lse; };
   parallel_for(p.tokens * p.heads, 64, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t r = begin; r < end; ++r) {
       const std::int64_t t = r / p.heads, h = r % p.heads;
-      const float la = *at(p.lse_a, t, h), lb = *at(p.lse_b, t, h);
+      const float la = state_lse(*at(p.lse_a, t, h)), lb = state_lse(*at(p.lse_b, t, h));
       const char* a = row(p.o_a, t, h);
       const char* b = row(p.o_b, t, h);
       char* o = row(p.out, t, h);

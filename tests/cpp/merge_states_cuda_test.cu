@@ -86,6 +86,20 @@ TEST(MergeStatesCuda, EmptyRowsScalarFallbackOddDims) {
   }
 }
 
+TEST(MergeStatesCuda, PositiveInfinityIsAnEmptyState) {
+  FP8MLA_REQUIRE_HOPPER();
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    for (int empty : {30, 100}) {
+      MergeCase c;
+      c.dtype = dtype;
+      c.empty_as_pos_inf = true;
+      c.empty_a_percent = empty;
+      c.empty_b_percent = 40;
+      expect_cuda_matches_cpu(c);
+    }
+  }
+}
+
 TEST(MergeStatesCuda, PdlOnOffIdenticalBytes) {
   FP8MLA_REQUIRE_HOPPER();
   for (DType dtype : {DType::kBF16, DType::kF32}) {

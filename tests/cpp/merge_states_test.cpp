@@ -39,6 +39,17 @@ TEST(MergeStatesCpu, ShapesDtypesForms) {
   test::for_each_sweep_case(20000, [](const MergeCase& c) { run_case(c); });
 }
 
+// FlashAttention-3 writes +inf for a row without keys: such states merge as empty ones, never NaN.
+TEST(MergeStatesCpu, PositiveInfinityIsAnEmptyState) {
+  for (int empty : {30, 100}) {
+    MergeCase c;
+    c.empty_as_pos_inf = true;
+    c.empty_a_percent = empty;
+    c.empty_b_percent = 40;
+    run_case(c);
+  }
+}
+
 TEST(MergeStatesCpu, LargeTokensManyHeads) {
   MergeCase c;
   c.tokens = 1000;

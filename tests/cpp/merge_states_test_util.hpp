@@ -30,6 +30,7 @@ struct MergeCase {
   enum class Form { kGeneral, kInplace, kGeneralAliased } form = Form::kGeneral;
   bool misalign = false;
   int empty_a_percent = 20, empty_b_percent = 20;
+  bool empty_as_pos_inf = false;  // empty states as FlashAttention-3 writes them (+inf)
   std::uint64_t seed = 1;
 
   std::vector<Spec> specs() const {
@@ -55,7 +56,8 @@ struct MergeCase {
     for (int i : {1, 3}) {
       const int empty = i == 1 ? empty_a_percent : empty_b_percent;
       for (std::int64_t e = 0; e < s[i].buffer_elems; ++e) {
-        const float v = int(rng.below(100)) < empty ? kNegInf : (rng.uniform() * 2.0f - 1.0f) * 20;
+        const float v = int(rng.below(100)) < empty ? (empty_as_pos_inf ? -kNegInf : kNegInf)
+                                                    : (rng.uniform() * 2.0f - 1.0f) * 20;
         std::memcpy(buffers[i].data() + e * 4, &v, 4);
       }
     }
@@ -108,7 +110,9 @@ inline MergeRef merge_reference(const MergeCase& c, std::span<void* const> bases
   for (std::int64_t t = 0; t < c.tokens; ++t) {
     for (std::int64_t h = 0; h < c.heads; ++h) {
       const std::int64_t row = t * c.heads + h;
-      const double x = r.la[row] = elem(la, t, h), y = r.lb[row] = elem(lb, t, h);
+      // An lse of +inf is an empty state, as -inf.
+      const auto state = [](float v) { return std::isinf(v) ? kNegInf : v; };
+      const double x = r.la[row] = state(elem(la, t, h)), y = r.lb[row] = state(elem(lb, t, h));
       const bool empty = std::isinf(x) && std::isinf(y);
       const double m = std::max(x, y);
       const double wa = empty ? 0 : std::exp(x - m), wb = empty ? 0 : std::exp(y - m);

@@ -94,6 +94,22 @@ def test_numpy_transposed_v_and_merge():
     np.testing.assert_allclose(o.astype(np.float32), full_out.astype(np.float32), atol=1e-2)
 
 
+def test_merge_reads_positive_infinity_as_an_empty_state():
+    """FlashAttention-3 writes lse +inf for a row without keys: merged as an empty state."""
+    rng = np.random.default_rng(5)
+    o_a = rng.standard_normal((3, 2, 128)).astype(np.float32)
+    o_b = rng.standard_normal((3, 2, 128)).astype(np.float32)
+    lse_a = np.array([[np.inf, 0.5], [np.inf, -np.inf], [1.0, np.inf]], np.float32)
+    lse_b = np.array([[0.25, np.inf], [np.inf, np.inf], [2.0, -1.0]], np.float32)
+    o, lse = fp8mla.merge_attention_states(o_a, lse_a, o_b, lse_b)
+    np.testing.assert_array_equal(o[0, 0], o_b[0, 0])
+    np.testing.assert_array_equal(o[0, 1], o_a[0, 1])
+    assert lse[0, 0] == lse_b[0, 0] and lse[0, 1] == lse_a[0, 1]
+    assert np.all(o[1] == 0) and np.all(lse[1] == -np.inf)
+    np.testing.assert_array_equal(o[2, 1], o_b[2, 1])
+    assert not np.isnan(o).any() and not np.isnan(lse).any()
+
+
 def test_errors_are_clear():
     q, k, v, cu_q, cu_k = ragged([4], [4], 1, BF16, 3)
     with pytest.raises(fp8mla.InvalidArgumentError, match="max_seqlen_q"):

@@ -95,6 +95,9 @@ struct MergeWeights {
 };
 
 __device__ __forceinline__ MergeWeights merge_weights(float la, float lb) {
+  // +inf is how FlashAttention-3 reports a row without keys: an empty state, as -inf.
+  la = la == INFINITY ? -INFINITY : la;
+  lb = lb == INFINITY ? -INFINITY : lb;
   MergeWeights w;
   w.empty = la == -INFINITY && lb == -INFINITY;
   w.m = la > lb ? la : lb;
