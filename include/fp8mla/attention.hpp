@@ -38,7 +38,7 @@ struct PrefillAttentionArgs {
   TensorView cu_seqlens_k;  // i32 [batch + 1]
   int max_seqlen_q = 0;     // upper bounds the caller knows, so the CUDA path never syncs
   int max_seqlen_k = 0;
-  float softmax_scale = 0.0f;
+  float softmax_scale = 0.0f;  // finite and > 0 (set it: 0 is an error)
   bool causal = true;
   // Per-tensor descales of FP8 inputs (one f32 each on q's device); ignored for bf16.
   TensorView q_descale;
@@ -86,7 +86,7 @@ struct PrefillAttentionArgs {
 //    multiples of 16 bytes: token and head strides of q, k and token-major v; k_rope's token
 //    stride; head and dim strides of a transposed e4m3 v. e4m3 V in either layout (transposed is
 //    faster), bf16 V token-major;
-//  - out with even token and head strides; softmax_scale > 0 (and positive descales);
+//  - out with even token and head strides (and positive descales);
 //  - max_seqlen_q at least every sequence's query count (it sizes the grid: rows beyond it are not
 //    computed). The device path does not read cu_seqlens on the host; it rejects only bounds
 //    that no offsets allow (max_seqlen * batch < tokens).

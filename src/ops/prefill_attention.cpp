@@ -146,10 +146,6 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
                                 args.max_seqlen_k, ") cannot bound ", batch, " sequences of ",
                                 args.q.size(0), " queries and ", args.k.size(0), " keys in all");
                 });
-  // The kernel takes each row's max on unscaled scores (scale folded into the exponent).
-  check.require(args.softmax_scale > 0.0f, ErrorCategory::kInvalidArgument, [&] {
-    return concat("the CUDA kernel needs softmax_scale > 0, got ", args.softmax_scale);
-  });
   // The epilogue stores pairs of bf16 (a quantized `out` takes any stride).
   if (!quantized) {
     check.aligned(args.out, "out", 4);
@@ -385,9 +381,12 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
                   return concat("expected max_seqlen_q and max_seqlen_k >= 0, got ",
                                 args.max_seqlen_q, " and ", args.max_seqlen_k);
                 });
-  check.require(std::isfinite(args.softmax_scale), ErrorCategory::kInvalidArgument, [&] {
-    return concat("expected a finite softmax_scale, got ", args.softmax_scale);
-  });
+  // > 0 on both devices (the CUDA kernel takes each row's max on unscaled scores, the scale
+  // folded into the exponent); 0 is also what an unset PrefillAttentionArgs holds.
+  check.require(std::isfinite(args.softmax_scale) && args.softmax_scale > 0.0f,
+                ErrorCategory::kInvalidArgument, [&] {
+                  return concat("expected a finite softmax_scale > 0, got ", args.softmax_scale);
+                });
 
   // devices
   const Device device = q.device();

@@ -416,6 +416,9 @@ def attention_entries():
             ("`max_seqlen_q` (3) is smaller than the length 4 of sequence 0", "`cu_seqlens_q`")),
         Bad("prefill_attention NaN softmax_scale", lambda b: attention(b, softmax_scale=NAN),
             INVALID, ("expected a finite softmax_scale", "got nan")),
+        Bad("prefill_attention negative softmax_scale",
+            lambda b: attention(b, softmax_scale=-0.1), INVALID,
+            ("expected a finite softmax_scale > 0", "got -0.1")),
         Bad("prefill_attention e4m3 without descales", lambda b: attention(
             b, E4M3, q_descale=None, k_descale=None, v_descale=None), INVALID,
             ("`q_descale`: expected one f32 for FP8 inputs", "got none")),
