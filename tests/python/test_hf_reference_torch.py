@@ -37,27 +37,34 @@ BACKENDS = {("cpu", "bf16"): "cpu-bf16", ("cpu", "fp8"): "cpu",
             ("cuda", "bf16"): "bf16-hopper", ("cuda", "fp8"): "fp8-hopper"}
 
 
-def hf_config() -> DeepseekV3Config:
-    """V3's attention shapes and YaRN with 4 heads, hidden 256, two dense layers (no MoE)."""
+V3_YARN = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+           "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def hf_config(rope_scaling=None) -> DeepseekV3Config:
+    """V3's attention shapes and YaRN (or `rope_scaling`) with 4 heads, hidden 256, two dense
+    layers (no MoE)."""
     config = DeepseekV3Config(
         vocab_size=64, hidden_size=256, intermediate_size=64, moe_intermediate_size=32,
         num_hidden_layers=2, first_k_dense_replace=2, num_attention_heads=4,
         num_key_value_heads=4, q_lora_rank=96, kv_lora_rank=512, qk_nope_head_dim=128,
         qk_rope_head_dim=64, v_head_dim=128, max_position_embeddings=163840, rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
-                      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0})
+        rope_theta=10000.0, rope_scaling=dict(rope_scaling or V3_YARN))
     config._attn_implementation = "eager"  # the plain softmax(QK^T * scale + mask) V
     return config
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
+    return build_model(tmp_path_factory.mktemp("deepseek-v3-small"))
+
+
+def build_model(path, rope_scaling=None):
     """(model directory, float32 DeepseekV3Model). The attention weights are drawn with unit-gain
     scales and non-trivial norm weights so that the attention is peaked and every weight
     matters; transformers' default init (std 0.02) makes the attention nearly uniform."""
     torch.manual_seed(0)
-    model = DeepseekV3ForCausalLM(hf_config())
+    model = DeepseekV3ForCausalLM(hf_config(rope_scaling))
     attn = model.model.layers[LAYER].self_attn
     with torch.no_grad():
         for linear in (attn.q_a_proj, attn.q_b_proj, attn.kv_a_proj_with_mqa, attn.kv_b_proj,
@@ -66,7 +73,6 @@ def model(tmp_path_factory):
         for norm in (attn.q_a_layernorm, attn.kv_a_layernorm):
             norm.weight.normal_(1.0, 0.2)
     model = model.to(torch.bfloat16)
-    path = tmp_path_factory.mktemp("deepseek-v3-small")
     model.save_pretrained(path)
     return path, model.float().model
 
@@ -112,3 +118,23 @@ def test_layer_matches_transformers(model, device, path_kind, prefix):
     ref = hf_attention(hf, hidden[prefix:], prefix, hf_cache)
     assert out.shape == ref.shape and out.dtype == torch.bfloat16
     assert cosine(out, ref) >= BOUND[path_kind, prefix]
+
+
+# YaRN keys a config may leave out: transformers scales cos and sin by the mscale ratio only when
+# both mscale keys are given (and non-zero), else by mscale(factor, 1), and the softmax by
+# mscale(factor, mscale_all_dim)^2 only with mscale_all_dim.
+@pytest.mark.parametrize("keys", [{}, {"mscale": 0.707}, {"mscale_all_dim": 0.707},
+                                  {"mscale": 1.0, "mscale_all_dim": 0.707}],
+                         ids=["neither", "mscale", "mscale_all_dim", "both-unequal"])
+def test_yarn_keys_left_out_read_as_transformers_does(tmp_path, keys):
+    rope_scaling = {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                    **keys}
+    path, hf = build_model(tmp_path, rope_scaling)
+    hidden = torch.randn(EXTEND, 256, generator=torch.Generator().manual_seed(3))
+    hidden = hidden.to(torch.bfloat16)
+    slots = list(range(EXTEND))
+    layer = fp8mla.MlaLayer(fp8mla.mla_config(path), fp8mla.load_mla_weights(path, LAYER),
+                            device="cpu", backend="cpu-bf16")
+    cache = torch.zeros(PAGES, PAGE, 576, dtype=torch.float8_e4m3fn)
+    out = layer.prefill(hidden, [fp8mla.MlaSequence(0, EXTEND, slots)], cache)
+    assert cosine(out, hf_attention(hf, hidden, 0)) >= BOUND["bf16", 0]
