@@ -14,6 +14,13 @@ namespace fp8mla::model {
 // A projection's weight as f32 [out, in]: bf16 widened, or e4m3 times its block scale.
 std::vector<float> dequantize(const MlaProjection& projection);
 
+// Whether a projection runs as DeepSeek's FP8 GEMM, its input quantized per token and group of
+// 128: e4m3 weights whose input dim is a multiple of 128. Other e4m3 weights (small test configs)
+// run as a bf16 GEMM on the dequantized weight, as the CUDA layer runs what cuBLASLt declines.
+inline bool quantizes_input(const MlaProjection& projection) {
+  return projection.weight.dtype() == DType::kE4M3 && projection.weight.size(1) % kWeightBlock == 0;
+}
+
 // y[t, o] = bf16(sum_i x[t, i] * w[o, i]); x bf16 [rows, in], w f32 [out, in]. With fp8_input,
 // x is first quantized to e4m3 per token and group of 128 (in % 128 == 0) and used dequantized,
 // as the FP8 GEMM of e4m3 weights sees it.

@@ -43,6 +43,11 @@ class Keys {
   double number_or(const char* key, double fallback) const {
     return has(key) ? number(key) : fallback;
   }
+  bool boolean(const char* key) const {
+    const json& v = at(key);
+    if (!v.is_boolean()) throw error(key, concat("must be true or false, got ", v.dump()));
+    return v.get<bool>();
+  }
   std::string string(const char* key) const {
     const json& v = at(key);
     if (!v.is_string()) throw error(key, concat("must be a string, got ", v.dump()));
@@ -102,6 +107,20 @@ std::optional<YarnScaling> rope_scaling(const json& scaling, const std::string& 
   y.original_max_position = keys.integer("original_max_position_embeddings");
   y.beta_fast = keys.number_or("beta_fast", 32.0);
   y.beta_slow = keys.number_or("beta_slow", 1.0);
+  // What transformers reads from these keys and fp8mla's table fixes: a differing one is an
+  // error, never ignored.
+  if (keys.has("truncate") && !keys.boolean("truncate")) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("'", source, "': ", prefix,
+                       ".truncate false is not supported: fp8mla's YaRN rounds the correction "
+                       "range to whole dims, as DeepSeek does"));
+  }
+  if (keys.has("partial_rotary_factor") && keys.number("partial_rotary_factor") != 1.0) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("'", source, "': ", prefix, ".partial_rotary_factor ",
+                       keys.number("partial_rotary_factor"),
+                       " is not supported: fp8mla rotates all 64 RoPE dims"));
+  }
   y.mscale = keys.number_or("mscale", 0.0);
   y.mscale_all_dim = keys.number_or("mscale_all_dim", 0.0);
   if (keys.has("attention_factor")) {
@@ -114,6 +133,23 @@ std::optional<YarnScaling> rope_scaling(const json& scaling, const std::string& 
     }
   }
   return y;
+}
+
+// Keys of DeepSeek's attention in transformers that the layer does not model: a value other than
+// the one it implements is kUnsupported, never ignored.
+void check_attention_keys(const Keys& keys, const std::string& source) {
+  if (keys.has("rope_interleave") && !keys.boolean("rope_interleave")) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("'", source,
+                       "': rope_interleave false (RoPE on rotate_half pairs) is not supported: "
+                       "the MLA layer rotates DeepSeek's interleaved pairs"));
+  }
+  if (keys.has("attention_bias") && keys.boolean("attention_bias")) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("'", source,
+                       "': attention_bias true is not supported: the MLA layer's projections "
+                       "have no bias"));
+  }
 }
 
 void check_positive(std::int64_t value, const char* key, const std::string& source) {
@@ -144,6 +180,7 @@ MlaConfig mla_config_from_json(std::string_view text, const std::string& source)
                        "' is not supported (supported: deepseek_v2, deepseek_v3, kimi_k2)"));
   }
   check_fixed_dims(keys, source);
+  check_attention_keys(keys, source);
   MlaConfig c;
   c.name = type;
   c.hidden = keys.integer("hidden_size");

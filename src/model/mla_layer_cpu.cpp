@@ -31,17 +31,18 @@ struct KeysValues {
 };
 
 // A projection as the CPU runs it: f32 weights, and whether its input is quantized per token
-// and group of 128 first (e4m3 weights: the FP8 GEMM's input).
+// and group of 128 first (the FP8 GEMM's input: model::quantizes_input).
 struct CpuProjection {
   std::vector<float> w;
   std::int64_t out = 0, in = 0;
-  bool fp8_input = false;
+  bool fp8_weight = false, fp8_input = false;
 
   explicit CpuProjection(const MlaProjection& p)
       : w(model::dequantize(p)),
         out(p.weight.size(0)),
         in(p.weight.size(1)),
-        fp8_input(p.weight.dtype() == DType::kE4M3) {}
+        fp8_weight(p.weight.dtype() == DType::kE4M3),
+        fp8_input(model::quantizes_input(p)) {}
   CpuProjection() = default;
 
   void operator()(std::span<const std::uint16_t> x, std::int64_t rows,
@@ -52,8 +53,10 @@ struct CpuProjection {
 
 std::string note(const char* name, const CpuProjection& p) {
   return concat(name, " [", p.out, ", ", p.in, "]: ",
-                p.fp8_input ? "fp8 block-scaled GEMM (input quantized per 128-group), f32 math"
-                            : "bf16 GEMM, f32 math");
+                p.fp8_input    ? "fp8 block-scaled GEMM (input quantized per 128-group), f32 math"
+                : p.fp8_weight ? "bf16 GEMM on the dequantized e4m3 weight (its input dim is not "
+                                 "a multiple of 128), f32 math"
+                               : "bf16 GEMM, f32 math");
 }
 
 // The buffers of one prefill.

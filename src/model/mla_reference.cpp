@@ -47,8 +47,7 @@ struct Matrix {
 };
 
 Matrix matrix(const MlaProjection& p) {
-  return {model::dequantize(p), p.weight.size(0), p.weight.size(1),
-          p.weight.dtype() == DType::kE4M3};
+  return {model::dequantize(p), p.weight.size(0), p.weight.size(1), model::quantizes_input(p)};
 }
 
 Vec rms_norm(const Vec& x, const TensorView& weight, double eps) {

@@ -220,6 +220,26 @@ TEST(HfConfig, UnsupportedOrIncompleteConfigsAreClearErrors) {
   j = v3_config();
   j["rope_scaling"]["type"] = "linear";
   expect_error([&] { parse(j); }, ErrorCategory::kUnsupported, {"RoPE scaling 'linear'"});
+  // What transformers' attention reads and the layer does not model is refused, not ignored.
+  j = v3_config();
+  j["rope_interleave"] = false;
+  expect_error([&] { parse(j); }, ErrorCategory::kUnsupported,
+               {"rope_interleave false", "interleaved pairs"});
+  j["rope_interleave"] = true;
+  j["attention_bias"] = true;
+  expect_error([&] { parse(j); }, ErrorCategory::kUnsupported,
+               {"attention_bias true is not supported"});
+  j["attention_bias"] = false;
+  EXPECT_NO_THROW(parse(j));
+  j["rope_scaling"]["truncate"] = false;
+  expect_error([&] { parse(j); }, ErrorCategory::kUnsupported,
+               {"rope_scaling.truncate false is not supported"});
+  j["rope_scaling"]["truncate"] = true;
+  j["rope_scaling"]["partial_rotary_factor"] = 0.5;
+  expect_error([&] { parse(j); }, ErrorCategory::kUnsupported,
+               {"rope_scaling.partial_rotary_factor 0.5 is not supported"});
+  j["rope_scaling"]["partial_rotary_factor"] = 1.0;
+  EXPECT_NO_THROW(parse(j));
   expect_error([] { mla_config_from_json("{oops", "config.json"); },
                ErrorCategory::kInvalidArgument, {"not valid JSON"});
   expect_error([] { load_mla_config("/nonexistent/config.json"); }, ErrorCategory::kIo,

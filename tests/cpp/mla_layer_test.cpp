@@ -62,6 +62,36 @@ TEST_P(MlaLayerCpu, PathsAndChunkingMatchTheReference) {
   accuracy.check_paths_agree();
 }
 
+// e4m3 weights whose input dim is not a multiple of 128 (hidden 200, q_lora_rank 96): those
+// projections run as bf16 GEMMs on the dequantized weight, in the layer and in the reference.
+TEST(MlaLayerCpuFp8Weights, InputDimsNotMultiplesOf128) {
+  Fixture f({{0, 20}, {40, 12}}, 5);
+  f.config.hidden = 200;
+  f.config.q_lora_rank = 96;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  f.hidden.resize(std::size_t(f.tokens * f.config.hidden));
+  for (auto& h : f.hidden) h = encode_bf16(normal(rng));
+  const MlaWeights w = generate_mla_weights(f.config, WeightFormat::kFp8Block, 4);
+  const std::vector<std::uint8_t> cache_before = f.cache;
+  std::vector<double> ref(f.hidden.size());
+  mla_prefill_reference(f.config, w, f.hidden_view(), f.batch, f.cache_view(), 1.0f, ref.data());
+  MlaLayer layer(f.config, w);
+  int dequantized = 0;
+  for (const std::string& n : layer.projection_notes()) {
+    dequantized += n.find("not a multiple of 128") != std::string::npos;
+  }
+  EXPECT_EQ(dequantized, 3);  // q_a_proj and kv_a_proj_with_mqa (in 200), q_b_proj (in 96)
+  LayerAccuracy accuracy(WeightFormat::kFp8Block, ref);
+  for (const char* name : {"cpu", "cpu-bf16"}) {
+    SCOPED_TRACE(name);
+    f.cache = cache_before;
+    const std::unique_ptr<AttentionBackend> backend = make_attention_backend(name);
+    const bool fp8 = backend->capabilities().prepare_prefill_qkv;
+    accuracy.check(name, fp8, 0, run(layer, f, *backend, prefix_mode(0)), f, cache_before);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Weights, MlaLayerCpu,
                          ::testing::Values(WeightFormat::kBf16, WeightFormat::kFp8Block),
                          [](const auto& info) {

@@ -157,6 +157,14 @@ def test_config_sources_and_fields(tmp_path):
         fp8mla.mla_config("no-such-preset")
     with pytest.raises(fp8mla.UnsupportedError, match="llama"):
         fp8mla.mla_config({**V3_CONFIG, "model_type": "llama"})
+    # What transformers' attention reads and the layer does not model is refused, not ignored.
+    for changed, message in [({"rope_interleave": False}, "rope_interleave false"),
+                             ({"attention_bias": True}, "attention_bias true"),
+                             ({"rope_scaling": {**V3_CONFIG["rope_scaling"], "truncate": False}},
+                              "truncate false")]:
+        with pytest.raises(fp8mla.UnsupportedError, match=message):
+            fp8mla.mla_config({**V3_CONFIG, **changed})
+    assert fp8mla.mla_config({**V3_CONFIG, "rope_interleave": True, "attention_bias": False})
 
 
 def tensor_names(path) -> list:
