@@ -18,6 +18,10 @@
 
 namespace fp8mla {
 
+// Whether an optional tensor argument was passed: a default view is not; a view with dims is,
+// even without data (no elements: torch's empty tensors have no data pointer).
+inline bool given(const TensorView& t) { return t.data() != nullptr || t.ndim() > 0; }
+
 class ArgChecker {
  public:
   explicit ArgChecker(std::string_view op,

@@ -62,7 +62,7 @@ void check_alias(const ArgChecker& check, const TensorView& out, std::string_vie
 
 // `num_tokens`: one i32 on `device`, the real token count of a padded batch.
 const std::int32_t* num_tokens_of(const ArgChecker& check, const TensorView& t, Device device) {
-  if (t.data() == nullptr && t.ndim() == 0) return nullptr;
+  if (!given(t)) return nullptr;
   check.dtype(t, "num_tokens", {DType::kI32});
   check.require(t.numel() == 1 && t.ndim() <= 1, ErrorCategory::kInvalidArgument, [&] {
     return concat("`num_tokens`: expected one i32 of shape [] or [1], got ", t.describe());

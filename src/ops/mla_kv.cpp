@@ -210,7 +210,7 @@ void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream) {
   check.dtype(args.k_out, "k_out", {DType::kE4M3});
   p.k_nope = per_head(check, args.k_nope, "k_nope", kMlaNopeDim);
   p.k_pe = shared_rows(check, args.k_pe, "k_pe", kMlaRopeDim);
-  p.k_split = args.k_rope_out.data() != nullptr;
+  p.k_split = given(args.k_rope_out);
   p.k_out = per_head(check, args.k_out, "k_out", p.k_split ? kMlaNopeDim : kMlaQkDim);
   v_params(check, args.v, args.v_out, args.v_layout, &args.k_nope, "k_nope", p);
   const std::int64_t tokens = p.k_nope.tokens, heads = p.k_nope.heads;

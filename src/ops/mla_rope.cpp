@@ -216,7 +216,7 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
   p.k_nope = token_heads(check, args.k_nope, "k_nope", in, tokens, heads, kMlaNopeDim, false);
   p.k_pe = token_heads(check, args.k_pe, "k_pe", in, tokens, 1, kMlaRopeDim, true);
   p.q_out = token_heads(check, args.q_out, "q_out", DType::kE4M3, tokens, heads, kMlaQkDim, false);
-  p.k_split = args.k_rope_out.data() != nullptr;
+  p.k_split = given(args.k_rope_out);
   p.k_out = token_heads(check, args.k_out, "k_out", DType::kE4M3, tokens, heads,
                         p.k_split ? kMlaNopeDim : kMlaQkDim, false);
   if (p.k_split) {

@@ -12,12 +12,6 @@ namespace {
 constexpr std::string_view kScale = "output_scale";
 constexpr std::string_view kBlockScale = "output_block_scale";
 
-// Not given: a default view. A view with dims is given even without data (no tokens: torch's
-// empty tensors have no data pointer).
-bool given(const TensorView& t) {
-  return t.data() != nullptr || t.ndim() > 0;
-}
-
 std::int64_t round_up(std::int64_t value, std::int64_t multiple) {
   return (value + multiple - 1) / multiple * multiple;
 }

@@ -117,7 +117,7 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
   const bool fp8 = args.q.dtype() == DType::kE4M3;
   check_tma_operand(check, args.q, "q", {0, 1});
   check_tma_operand(check, args.k, "k", {0, 1});
-  if (args.k_rope.data() != nullptr) check_tma_operand(check, args.k_rope, "k_rope", {0});
+  if (given(args.k_rope)) check_tma_operand(check, args.k_rope, "k_rope", {0});
   if (fp8) {
     // FP8 wgmma reads V^T (keys contiguous): the transposed layout lands as it reads it; a
     // token-major tile is transposed in shared memory first (the slower path). TMA reads either
@@ -281,7 +281,7 @@ void set_tensors(PrefillAttentionParams& p, const PrefillAttentionArgs& args, Ou
   p.q_head_stride = q.stride(1);
   p.k_token_stride = k.stride(0);
   p.k_head_stride = k.stride(1);
-  if (args.k_rope.data() != nullptr) {
+  if (given(args.k_rope)) {
     p.k_rope = args.k_rope.data();
     p.k_rope_dim = int(kRopeDims);
     p.k_rope_token_stride = args.k_rope.stride(0);
@@ -307,7 +307,7 @@ void set_tensors(PrefillAttentionParams& p, const PrefillAttentionArgs& args, Ou
     p.out_head_stride = out.stride(1);
   }
   p.quant = quant;
-  if (args.lse.data() != nullptr) {
+  if (given(args.lse)) {
     p.lse = args.lse.data_as<float>();
     p.lse_token_stride = args.lse.stride(0);
     p.lse_head_stride = args.lse.stride(1);
@@ -322,7 +322,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   const TensorView& k = args.k;
   const TensorView& v = args.v;
   const TensorView& out = args.out;
-  const bool has_lse = args.lse.data() != nullptr;
+  const bool has_lse = given(args.lse);
 
   // dtypes
   check.dtype(q, "q", {DType::kE4M3, DType::kBF16});
@@ -347,7 +347,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   check.require(dqk == 192 || dqk == 128 || dqk == 64, ErrorCategory::kUnsupported, [&] {
     return concat("`q`: expected a head dim of 192, 128 or 64, got ", q.describe());
   });
-  const bool split_k = args.k_rope.data() != nullptr;
+  const bool split_k = given(args.k_rope);
   if (split_k) {
     check_k_rope(check, args, tk, dqk);
     check_shape(check, k, "k", {tk, heads, dqk - kRopeDims},

@@ -581,6 +581,11 @@ TEST(MlaKvArgs, EmptyCallsWriteNothing) {
                 fake(DType::kBF16, {0, 1, 64}));
   mla_kv_pack_quantize_fp8(fake_pack(0, 16));
   mla_kv_pack_quantize_fp8(fake_pack(3, 0));
+  // A split K of no keys: the empty k_rope_out (no data, as torch's) is given all the same.
+  MlaKvPackArgs split = fake_pack(0, 16);
+  split.k_out = fake(DType::kE4M3, {0, 16, 128});
+  split.k_rope_out = TensorView(nullptr, DType::kE4M3, {0, 64});
+  mla_kv_pack_quantize_fp8(split);
   for (VLayout layout : {VLayout::kTokenMajor, VLayout::kTransposed}) {
     const bool t = layout == VLayout::kTransposed;
     mla_v_quantize_fp8(fake(DType::kBF16, {0, 16, 128}),

@@ -384,6 +384,24 @@ TEST_F(MlaRopeBadInput, SplitK) {
   EXPECT_NO_THROW(mla_rope_quantize_fp8(a));
 }
 
+// No tokens with a split K: torch's empty tensors have no data, and are given all the same.
+TEST_F(MlaRopeBadInput, SplitKOfNoTokens) {
+  MlaRopeQuantizeArgs a = args();
+  a.q_nope = TensorView(nullptr, DType::kBF16, {0, 2, 128});
+  a.q_pe = TensorView(nullptr, DType::kBF16, {0, 2, 64});
+  a.k_nope = TensorView(nullptr, DType::kBF16, {0, 2, 128});
+  a.k_pe = TensorView(nullptr, DType::kBF16, {0, 64});
+  a.positions = TensorView(nullptr, DType::kI64, {0});
+  a.q_out = TensorView(nullptr, DType::kE4M3, {0, 2, 192});
+  a.k_out = TensorView(nullptr, DType::kE4M3, {0, 2, 128});
+  a.k_rope_out = TensorView(nullptr, DType::kE4M3, {0, 64});
+  a.cache_write.reset();
+  a.kv_c = {};
+  EXPECT_NO_THROW(mla_rope_quantize_fp8(a));
+  a.k_out = TensorView(nullptr, DType::kE4M3, {0, 2, 192});  // the split's k_out is 128 wide
+  expect_rejected(a, ErrorCategory::kInvalidArgument, {"`k_out`", "[0, 2, 128]"});
+}
+
 TEST_F(MlaRopeBadInput, OutputDtypeAndShape) {
   MlaRopeQuantizeArgs a = args();
   a.q_out = TensorView(bases_[test::kQOut], DType::kE5M2, {5, 2, 192});

@@ -416,6 +416,28 @@ TEST(PrefillAttentionCpu, ZeroTokens) {
   run_case(c);
 }
 
+// No keys with a split K: an empty k_rope without data (as torch's empty tensors are) is given
+// all the same, so k is [0, H, Dqk - 64]; every row is empty (0, -inf).
+TEST(PrefillAttentionCpu, SplitKOfNoKeys) {
+  std::int32_t cu_q[2] = {0, 2}, cu_k[2] = {0, 0};
+  std::vector<std::uint16_t> q(2 * 4 * 192, 0x3F80), out(2 * 4 * 128, 0xFFFF);
+  std::vector<float> lse(2 * 4, 1.0f);
+  PrefillAttentionArgs a;
+  a.q = TensorView(q.data(), DType::kBF16, {2, 4, 192});
+  a.k = TensorView(nullptr, DType::kBF16, {0, 4, 128});
+  a.k_rope = TensorView(nullptr, DType::kBF16, {0, 64});
+  a.v = TensorView(nullptr, DType::kBF16, {0, 4, 128});
+  a.cu_seqlens_q = TensorView(cu_q, DType::kI32, {2});
+  a.cu_seqlens_k = TensorView(cu_k, DType::kI32, {2});
+  a.max_seqlen_q = 2;
+  a.softmax_scale = 0.1f;
+  a.out = TensorView(out.data(), DType::kBF16, {2, 4, 128});
+  a.lse = TensorView(lse.data(), DType::kF32, {2, 4});
+  prefill_attention(a);
+  for (std::uint16_t o : out) EXPECT_EQ(o, 0);
+  for (float l : lse) EXPECT_EQ(l, -std::numeric_limits<float>::infinity());
+}
+
 // K as its per-head dims and the shared last 64 once per key (k_rope) gives the bytes of the whole
 // K with those 64 in every head; the per-head view's rows hold noise past its dims.
 void expect_split_k_equals_whole(DType dtype, int dqk, bool causal, bool rope_3d) {
