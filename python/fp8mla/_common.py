@@ -68,6 +68,12 @@ def nvfp4_shapes(shape, layout: str):
     return out_shape, (rows, blocks)
 
 
+def as_int(value):
+    """`value` as an int, or as it is where it is a torch.SymInt (a value torch.compile keeps
+    symbolic; int() would fix the compiled graph to the value it has now)."""
+    return value if type(value).__name__ == "SymInt" else int(value)
+
+
 # ---- MLA prefill preparation ---------------------------------------------------------------------
 
 MLA = _C.MLA_DIMS  # nope 128, rope 64, qk 192, v 128, kv_lora_rank 512, latent 576

@@ -35,7 +35,7 @@ import numpy as np
 from . import _C
 from ._arrays import adapter_for
 from ._backend import _device, make_attention_backend
-from ._common import invalid_argument
+from ._common import as_int, invalid_argument
 from ._parallel import ContextParallelBatch, MlaCommunicator
 
 MlaConfig = _C.MlaConfig
@@ -245,7 +245,8 @@ class MlaLayer:
         if out is None:
             out = arrays.empty((hidden.shape[0], self._hidden_size), "bf16", hidden)
         values = (hidden, cu_seqlens_q, positions, slot_mapping, cache, out, workspace,
-                  int(max_seqlen_q), cu_seqlens_prefix, prefix_slots, int(max_seqlen_prefix),
+                  as_int(max_seqlen_q), cu_seqlens_prefix, prefix_slots,
+                  as_int(max_seqlen_prefix),
                   int(one_shot_max_prefix), int(chunk_capacity), float(cache_scale_inv),
                   float(q_scale_inv), float(k_scale_inv), float(v_scale_inv),
                   bool(fuse_output_quant), int(stream or 0))

@@ -44,7 +44,7 @@ import inspect
 import linecache
 
 from ._arrays import Plan
-from ._common import FP8_DTYPES, check_choice, yarn_list, yarn_tuple
+from ._common import FP8_DTYPES, as_int, check_choice, yarn_list, yarn_tuple
 
 TENSOR, OPT_TENSOR, OUT, INOUT, OPT_INOUT = "tensor", "tensor?", "out", "inout", "inout?"
 SCALE, SCALAR_TENSOR, OPT_SCALAR_TENSOR = "scale", "scalar_tensor", "scalar_tensor?"
@@ -165,7 +165,11 @@ class Op:
     def _schema_value(self, a) -> str:
         """The expression of argument `a` as the torch op and c_args take it."""
         v, first = a.public, self.first_tensor.public
-        if a.kind in (FLOAT, INT, BOOL):
+        if a.kind == INT:
+            # A torch.SymInt (torch.compile's symbolic value) passes as it is: int() would fix the
+            # graph to one value.
+            return f"({v} if {v}.__class__ is int else _as_int({v}))"
+        if a.kind in (FLOAT, BOOL):
             # Converted only where not of that type already: each conversion is a call.
             return f"({v} if {v}.__class__ is {a.kind} else {a.kind}({v}))"
         if a.kind == OPT_INT:
@@ -218,6 +222,7 @@ class Op:
         filename = f"<fp8mla._ops {self.name}.{name}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         namespace = {"_op": self, "_check_choice": check_choice, "_FP8_DTYPES": FP8_DTYPES,
+                     "_as_int": as_int,
                      "_Plan": Plan,
                      "_yarn_list": yarn_list, "_yarn_tuple": yarn_tuple, **self._rules, **extra}
         exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - built from the table

@@ -81,7 +81,9 @@ def _tensor(t: torch.Tensor, raw_dtype: str | None = None):
 
 # ---- custom ops ----------------------------------------------------------------------------------
 
-_SCHEMA_TYPES = {FLOAT: "float", INT: "int", BOOL: "bool", STR: "str", DTYPE: "str",
+# Integers are SymInt: under torch.compile a value that changes between calls (an engine's
+# max_seqlen per batch) stays symbolic instead of recompiling the graph for each value.
+_SCHEMA_TYPES = {FLOAT: "float", INT: "SymInt", BOOL: "bool", STR: "str", DTYPE: "str",
                  YARN: "float[]?"}
 
 
@@ -201,8 +203,8 @@ for _op in (*OPS, *BACKEND_OPS):
 # CUDA, allocated when too small, as in eager mode; give it to capture a CUDA graph).
 _LAYER_SCHEMA = ("(int layer, Tensor hidden, Tensor cu_seqlens_q, Tensor positions, "
                  "Tensor slot_mapping, Tensor(a!) cache, Tensor(b!) out, Tensor(c!)? workspace, "
-                 "int max_seqlen_q, Tensor? cu_seqlens_prefix, Tensor? prefix_slots, "
-                 "int max_seqlen_prefix, int one_shot_max_prefix, int chunk_capacity, "
+                 "SymInt max_seqlen_q, Tensor? cu_seqlens_prefix, Tensor? prefix_slots, "
+                 "SymInt max_seqlen_prefix, int one_shot_max_prefix, int chunk_capacity, "
                  "float cache_scale_inv, float q_scale_inv, float k_scale_inv, "
                  "float v_scale_inv, bool fuse_output_quant, int stream) -> ()")
 

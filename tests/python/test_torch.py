@@ -180,6 +180,30 @@ def test_gpu_device_mismatch_error():
         fp8mla.quantize_fp8(x, 1.0, out=torch.empty(4, 128, dtype=torch.float8_e4m3fn))
 
 
+def test_torch_compile_max_seqlen_stays_symbolic():
+    """An engine passes max_seqlen per batch: the compiled graph takes each new value without
+    recompiling (a SymInt in the op's schema), and gives eager's bytes."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(40, 2, 192, generator=gen).to(torch.bfloat16)
+    k = torch.randn(40, 2, 192, generator=gen).to(torch.bfloat16)
+    v = torch.randn(40, 2, 128, generator=gen).to(torch.bfloat16)
+    cu = torch.tensor([0, 40], dtype=torch.int32)
+
+    def attend(q, k, v, cu, max_seqlen):
+        return fp8mla.prefill_attention(q, k, v, cu, cu, max_seqlen, max_seqlen,
+                                        softmax_scale=0.08, return_lse=True)
+
+    counter = CompileCounter()
+    compiled = torch.compile(attend, backend=counter, fullgraph=True)
+    for max_seqlen in range(40, 52):
+        for got, want in zip(compiled(q, k, v, cu, max_seqlen), attend(q, k, v, cu, max_seqlen)):
+            assert_identical(got, want)
+    assert counter.frame_count <= 2  # the first value, then one symbolic graph
+
+
 @needs_gpu
 def test_torch_compile_fullgraph():
     def fn(x, scale_inv):
