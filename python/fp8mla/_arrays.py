@@ -189,19 +189,27 @@ class DLPack(Arrays):
 
 _BY_MODULE = {"numpy": Numpy}
 _BY_TYPE: dict = {}  # array type -> its adapter, as adapter_for found it
+# torch.Tensor and its adapter once torch_ops is loaded. A plain tensor is routed by them without
+# reading _BY_TYPE: torch.compile guards on what a traced function reads, and a guard on that
+# cache would recompile every graph each time another array type reached fp8mla.
+_TORCH_TENSOR = _TORCH_ADAPTER = None
 
 
 def load_torch():
     """Imports torch_ops (registering the custom ops) and routes torch tensors to it."""
+    global _TORCH_TENSOR, _TORCH_ADAPTER
     from . import torch_ops
 
     _BY_MODULE["torch"] = torch_ops.Torch
+    _TORCH_TENSOR, _TORCH_ADAPTER = torch_ops.torch.Tensor, torch_ops.Torch
     return torch_ops.Torch
 
 
 def adapter_for(x):
     """The adapter of array x, by the top-level module of its type or, for a subclass of
     torch.Tensor defined elsewhere, torch's (looked up once per type)."""
+    if type(x) is _TORCH_TENSOR:
+        return _TORCH_ADAPTER
     adapter = _BY_TYPE.get(type(x))
     if adapter is None:
         root = type(x).__module__.partition(".")[0]

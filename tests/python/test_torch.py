@@ -204,6 +204,25 @@ def test_torch_compile_max_seqlen_stays_symbolic():
     assert counter.frame_count <= 2  # the first value, then one symbolic graph
 
 
+def test_torch_compile_not_invalidated_by_other_array_types():
+    """fp8mla called on numpy arrays or a Parameter elsewhere in the process does not make
+    compiled graphs on tensors recompile (their routing reads no per-type cache)."""
+    import numpy as np
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    compiled = torch.compile(lambda x: fp8mla.quantize_fp8(x, 0.5), backend=counter,
+                             fullgraph=True)
+    x = make_input((8, 256), torch.bfloat16, seed=2)
+    compiled(x)
+    frames = counter.frame_count
+    fp8mla.quantize_fp8(np.ones((8, 256), np.float32), 1.0)
+    fp8mla.quantize_fp8(torch.nn.Parameter(torch.ones(8, 256), requires_grad=False), 1.0)
+    assert_identical(compiled(x), fp8mla.quantize_fp8(x, 0.5))
+    assert counter.frame_count == frames
+
+
 @needs_gpu
 def test_torch_compile_fullgraph():
     def fn(x, scale_inv):
