@@ -155,14 +155,28 @@ def _eager_source(op) -> str:
         # isinstance, not __class__: this line is also traced by torch.compile.
         custom = f"(_custom if isinstance({scale}, float) else _custom_scale_tensor)"
     condition = "\n            and ".join(plain)
+    # The custom op takes UE8M0 tensors as their bytes: Inductor (torch 2.11) fails on a graph
+    # passing a float8_e8m0fnu tensor to a custom op, and takes a uint8 view of it.
+    tensors = [a.name for a in op.schema_args if a.kind in TENSOR_KINDS]
+    as_bytes = [f"        {name} = _e8m0_bytes({name})" for name in tensors]
     return "\n".join(["def eager(values, stream):",
                       f"    ({params},) = values",
                       f"    if not ({condition}):",
+                      *as_bytes,
                       f"        return {custom}({params}, stream)",
                       *_call_lines(op)]) + "\n"
 
 
+_E8M0 = getattr(torch, "float8_e8m0fnu", None)
+
+
+def _e8m0_bytes(t):
+    """A float8_e8m0fnu tensor as its uint8 view (the same bytes), anything else as it is."""
+    return t.view(_UINT8) if t is not None and t.dtype is _E8M0 else t
+
+
 _SCOPE = {"_UINT8": _UINT8, "_Tensor": torch.Tensor, "_raw_bytes": _raw_bytes,
+          "_e8m0_bytes": _e8m0_bytes,
           # torch's C functions behind torch.cuda.current_stream / current_device (CUDA builds).
           "_current_stream": getattr(torch._C, "_cuda_getCurrentRawStream", None),
           "_current_device": getattr(torch._C, "_cuda_getDevice", None),

@@ -97,16 +97,15 @@ def assert_same_results(got, want):
         assert_identical(a, b)
 
 
-def _group(group, layout):
+def _group(group, layout, given_bytes=False):
     def quant(x, o):
-        # Inductor does not compile a custom op taking a float8_e8m0fnu tensor (torch 2.11):
-        # UE8M0 exponent bytes are given as uint8 under torch.compile.
+        # UE8M0 scales allocated by the op (float8_e8m0fnu) or given as their uint8 bytes.
         scales = (torch.empty(x.tokens, W // group, dtype=torch.uint8, device=o.device)
-                  if layout == "ue8m0" else None)
+                  if given_bytes else None)
         return fp8mla.quantize_fp8_per_token_group(o.view(x.tokens, -1), group_size=group,
                                                    scales=scales, scale_layout=layout)
-    return (f"group{group}-{layout}", quant, "quantize_fp8_per_token_group",
-            f"fp8_group{group}", layout)
+    return (f"group{group}-{layout}{'-bytes' if given_bytes else ''}", quant,
+            "quantize_fp8_per_token_group", f"fp8_group{group}", layout)
 
 
 def _nvfp4(layout):
@@ -123,6 +122,7 @@ CASES = [
      "quantize_fp8_scale_tensor", "fp8_static", None),
     *(_group(group, layout) for group in (128, 64)
       for layout in ("row_major", "column_major", "tma_aligned", "ue8m0", "packed_ue8m0")),
+    _group(128, "ue8m0", given_bytes=True),
     _nvfp4("swizzled"),
     _nvfp4("linear"),
 ]

@@ -223,6 +223,22 @@ def test_torch_compile_not_invalidated_by_other_array_types():
     assert counter.frame_count == frames
 
 
+@pytest.mark.skipif(not hasattr(torch, "float8_e8m0fnu"), reason="torch without float8_e8m0fnu")
+def test_torch_compile_inductor_ue8m0_scales():
+    """UE8M0 scales allocated as float8_e8m0fnu compile with Inductor (which fails on a custom op
+    mutating such a tensor: the op takes their uint8 view) and give eager's dtype and bytes."""
+    def quantize(x):
+        return fp8mla.quantize_fp8_per_token_group(x, group_size=128, scale_layout="ue8m0")
+
+    torch._dynamo.reset()
+    x = make_input((16, 512), torch.bfloat16, seed=4)
+    want_out, want_scales = quantize(x)
+    got_out, got_scales = torch.compile(quantize, fullgraph=True)(x)
+    assert got_scales.dtype == want_scales.dtype == torch.float8_e8m0fnu
+    assert_identical(got_out, want_out)
+    assert_identical(got_scales, want_scales)
+
+
 @needs_gpu
 def test_torch_compile_fullgraph():
     def fn(x, scale_inv):
