@@ -250,8 +250,9 @@ class MlaLayer {
   // the layer's pinned host buffer (first waiting for this layer's previous copy from it to have
   // run) and, when `times` is given, waits for its events to read them. For that copy a host
   // batch cannot be captured in a CUDA graph (an error; capture the MlaDeviceBatch form).
-  // A backend lacking what the path needs is an error (check_backend). One prefill at a time per
-  // layer.
+  // A backend lacking what the path needs is an error (check_backend). One prefill or
+  // calibration at a time per layer: one entering from another thread meanwhile is
+  // kInvalidArgument.
   void prefill(const TensorView& hidden, const MlaBatch& batch, const TensorView& cache,
                const AttentionBackend& backend, const MlaPrefillOptions& options,
                const TensorView& out, const TensorView& workspace = {},

@@ -191,7 +191,8 @@ class MlaLayer:
         fuse_output_quant: on the FP8 path the attention writes o_proj's FP8 input itself (the
         same bytes as a separate quantization; output_quant_plan says which runs). On
         CUDA the workspace is allocated (and kept) when not given, and `stream` defaults to
-        torch's current stream."""
+        torch's current stream. One call at a time per layer: a prefill or calibrate of the same
+        layer from another thread meanwhile raises InvalidArgumentError (one layer per thread)."""
         arrays = adapter_for(hidden)
         rows = _batch(batch)
         options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,

@@ -6,10 +6,44 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace fp8mla::cpu {
+
+// parallel_for's work over `workers` chunks, each thread made by spawn(task) (std::thread's
+// constructor; a test passes one that fails). Where no thread can be had (a process or container
+// limit: std::system_error), the calling thread runs the chunks left, so the call still
+// completes instead of ending the process.
+template <typename Spawn, typename Fn>
+void parallel_chunks(std::int64_t n, std::int64_t workers, Spawn spawn, Fn& fn) {
+  std::exception_ptr error;
+  std::mutex mutex;
+  const std::int64_t chunk = (n + workers - 1) / workers;
+  const auto run = [&](std::int64_t begin) {
+    try {
+      fn(begin, std::min(begin + chunk, n));
+    } catch (...) {
+      std::lock_guard lock(mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(std::size_t(workers));
+  std::int64_t begin = 0;
+  for (; begin < n; begin += chunk) {
+    try {
+      threads.push_back(spawn([&run, begin] { run(begin); }));
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  for (; begin < n; begin += chunk) run(begin);
+  for (std::thread& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
 
 // Calls fn(begin, end) on disjoint chunks covering [0, n). Chunks hold at least `grain` items.
 // An exception from any chunk is rethrown on the calling thread.
@@ -23,22 +57,8 @@ void parallel_for(std::int64_t n, std::int64_t grain, Fn fn) {
     fn(std::int64_t{0}, n);
     return;
   }
-  std::exception_ptr error;
-  std::mutex mutex;
-  std::vector<std::thread> threads;
-  const std::int64_t chunk = (n + workers - 1) / workers;
-  for (std::int64_t begin = 0; begin < n; begin += chunk) {
-    threads.emplace_back([&, begin] {
-      try {
-        fn(begin, std::min(begin + chunk, n));
-      } catch (...) {
-        std::lock_guard lock(mutex);
-        if (!error) error = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
+  parallel_chunks(
+      n, workers, [](auto task) { return std::thread(std::move(task)); }, fn);
 }
 
 }  // namespace fp8mla::cpu

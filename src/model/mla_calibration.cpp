@@ -51,6 +51,7 @@ MlaActivationAmax run_mla_calibration(MlaExecutor& x, const MlaPrefillCall& call
 
 MlaCalibration MlaLayer::calibrate(const TensorView& hidden, const MlaBatch& batch,
                                    const MlaCalibrationOptions& options, CudaStream stream) {
+  const OneCallAtATime one(*impl_, "MlaLayer::calibrate");
   const std::int64_t T = batch.extend_tokens();
   const auto fail = [](auto&&... what) {
     throw Error(ErrorCategory::kInvalidArgument, concat("MlaLayer::calibrate: ", what...));

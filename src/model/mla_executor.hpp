@@ -6,6 +6,7 @@
 // in one copy and GPU clock stamps as stage timers (cuda/common/stage_timer.hpp).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fp8mla/error.hpp"
 #include "fp8mla/mla_layer.hpp"
 #include "fp8mla/output_quant.hpp"
 #include "model/prefix_chunks.hpp"
@@ -209,6 +211,28 @@ class MlaLayer::Impl {
   MlaBatchPlan plan;
   std::unique_ptr<MlaExecutor> executor;
   MlaCommunicator* communicator = nullptr;
+  std::atomic<bool> busy{false};  // a prefill or calibration is running (OneCallAtATime)
+};
+
+// Held for a prefill or calibration: the plan, the executor's buffers and the layer's staging are
+// one call's, so a second call of the same layer from another thread meanwhile is an error (it
+// would overwrite them under the first) instead of corrupted memory.
+class OneCallAtATime {
+ public:
+  OneCallAtATime(MlaLayer::Impl& impl, std::string_view caller) : busy_(impl.busy) {
+    if (busy_.exchange(true, std::memory_order_acquire)) {
+      throw Error(ErrorCategory::kInvalidArgument,
+                  concat(caller,
+                         ": another prefill or calibration of this layer is running (one call at "
+                         "a time per layer: give each thread its own MlaLayer)"));
+    }
+  }
+  ~OneCallAtATime() { busy_.store(false, std::memory_order_release); }
+  OneCallAtATime(const OneCallAtATime&) = delete;
+  OneCallAtATime& operator=(const OneCallAtATime&) = delete;
+
+ private:
+  std::atomic<bool>& busy_;
 };
 
 }  // namespace fp8mla

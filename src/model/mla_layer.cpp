@@ -346,6 +346,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
                        const AttentionBackend& backend, const MlaPrefillOptions& options,
                        const TensorView& out, const TensorView& workspace, MlaStageTimes* times,
                        CudaStream stream) {
+  const OneCallAtATime one(*impl_, "MlaLayer::prefill");
   check_prefill(hidden, batch.extend_tokens(), cache, options, out, "MlaLayer::prefill");
   plan_mla_batch(config_, batch, options, impl_->plan);
   const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
@@ -367,6 +368,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaDeviceBatch& batch,
                        const TensorView& cache, const AttentionBackend& backend,
                        const MlaPrefillOptions& options, const TensorView& out,
                        const TensorView& workspace, MlaStageTimes* times, CudaStream stream) {
+  const OneCallAtATime one(*impl_, "MlaLayer::prefill (device batch)");
   plan_mla_device_batch(config_, batch, device_, impl_->plan);
   check_prefill(hidden, batch.tokens, cache, options, out, "MlaLayer::prefill (device batch)");
   const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
@@ -380,6 +382,7 @@ void MlaLayer::prefill_context_parallel(
     const TensorView& cache, const AttentionBackend& backend, const MlaPrefillOptions& options,
     const TensorView& out, const TensorView& workspace, MlaStageTimes* times, CudaStream stream) {
   constexpr std::string_view kCaller = "MlaLayer::prefill_context_parallel";
+  const OneCallAtATime one(*impl_, kCaller);
   const MlaContextParallel cp = batch.cp;
   if (communicator.rank() != cp.rank || communicator.size() != cp.size ||
       std::int64_t(batch.gathered_slots.size()) != cp.size * batch.rows_per_rank ||

@@ -18,12 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "error_test_util.hpp"
 #include "fp8mla/attention_backend.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_layer.hpp"
 #include "fp8mla/numerics.hpp"
 #include "fp8mla/safetensors.hpp"
 #include "mla_layer_test_util.hpp"
+#include "model/mla_executor.hpp"
 
 namespace fp8mla {
 namespace {
@@ -97,6 +99,20 @@ INSTANTIATE_TEST_SUITE_P(Weights, MlaLayerCpu,
                          [](const auto& info) {
                            return info.param == WeightFormat::kBf16 ? "bf16" : "fp8_block";
                          });
+
+// One prefill or calibration at a time per layer: a second one entering meanwhile (another
+// thread) is an error naming the rule, and the layer is free again once the first returns.
+TEST(MlaLayerCpuArgs, OneCallAtATimePerLayer) {
+  MlaLayer::Impl impl;
+  {
+    const OneCallAtATime first(impl, "MlaLayer::prefill");
+    test::expect_error([&] { const OneCallAtATime second(impl, "MlaLayer::calibrate"); },
+                       ErrorCategory::kInvalidArgument,
+                       {"MlaLayer::calibrate: another prefill or calibration of this layer",
+                        "give each thread its own MlaLayer"});
+  }
+  EXPECT_NO_THROW(const OneCallAtATime again(impl, "MlaLayer::prefill"));
+}
 
 TEST(MlaLayerCpuArgs, BadBatchAndTensorsAreClearErrors) {
   Fixture f({{4, 3}}, 2);

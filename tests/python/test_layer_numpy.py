@@ -130,6 +130,35 @@ def test_written_cache_serves_the_next_prefill():
     assert cosine(np.concatenate([first, second]).astype(np.float32), whole) >= 0.999
 
 
+def test_one_layer_from_two_threads_errors_or_gives_the_serial_bytes():
+    """One prefill at a time per layer: a second thread's call while another runs is a clear
+    error, never corrupted memory; the calls that run give the bytes of a call made alone."""
+    import threading
+
+    weights = fp8mla.generate_mla_weights("tiny", "fp8", seed=2)
+    layer = fp8mla.MlaLayer(None, weights)
+    hidden = hidden_states(96, weights.config.hidden, 3)
+    batch = [(0, 96, np.arange(96))]
+    want = layer.prefill(hidden, batch, np.zeros((6, PAGE, 576), E4M3))
+    outcomes = []
+
+    def run():
+        for _ in range(6):
+            try:
+                got = layer.prefill(hidden, batch, np.zeros((6, PAGE, 576), E4M3))
+                outcomes.append(got.tobytes() == want.tobytes())
+            except fp8mla.InvalidArgumentError as e:
+                assert "another prefill or calibration of this layer is running" in str(e)
+                outcomes.append("refused")
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(outcomes) == 18 and False not in outcomes
+
+
 def test_out_is_written_in_place():
     weights = fp8mla.generate_mla_weights("tiny", "bf16", seed=1)
     layer = fp8mla.MlaLayer("tiny", weights)
