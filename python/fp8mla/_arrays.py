@@ -184,6 +184,10 @@ class DLPack(Arrays):
 
     @staticmethod
     def tensor(a, raw_dtype=None):
+        # uint8 / uint16 arrays hold the bytes of the format the op table names (cupy has no
+        # float8 or bfloat16 dtypes): _C views them as that format.
+        if raw_dtype is not None and str(getattr(a, "dtype", "")) in ("uint8", "uint16"):
+            return (a, raw_dtype)
         return a
 
 

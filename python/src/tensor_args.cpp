@@ -83,6 +83,25 @@ std::optional<DType> fp8mla_dtype(nb::dlpack::dtype d) {
   return std::nullopt;
 }
 
+// Why an object did not convert to an array view, for the error: what numpy arrays most often
+// lack (a writable buffer for an output, native byte order), else what was expected.
+std::string unreadable_array(nb::handle obj, bool read_only) {
+  if (nb::hasattr(obj, "flags") && nb::hasattr(obj, "dtype")) {
+    const nb::object dtype = obj.attr("dtype");
+    if (nb::hasattr(dtype, "isnative") && !nb::cast<bool>(dtype.attr("isnative"))) {
+      return fp8mla::concat("expected an array in native byte order, got dtype ",
+                            nb::str(dtype).c_str());
+    }
+    const nb::object flags = obj.attr("flags");
+    if (!read_only && nb::hasattr(flags, "writeable") && !nb::cast<bool>(flags.attr("writeable"))) {
+      return fp8mla::concat("expected a writable array (the op writes it), got a read-only ",
+                            nb::inst_name(obj).c_str());
+    }
+  }
+  return fp8mla::concat("expected an array that supports DLPack or the buffer protocol, got ",
+                        nb::inst_name(obj).c_str());
+}
+
 }  // namespace
 
 // ---- Args --------------------------------------------------------------------------------------
@@ -115,9 +134,7 @@ RawTensor Args::from_dlpack(nb::handle obj, const char* name, bool read_only) {
   };
   const auto cast = [&](auto& array, auto& kept) {
     if (!nb::try_cast(obj, array, /*convert=*/false)) {
-      fail(op_, name,
-           fp8mla::concat("expected an array that supports DLPack or the buffer protocol, got ",
-                          nb::inst_name(obj).c_str()));
+      fail(op_, name, unreadable_array(obj, read_only));
     }
     read(array);
     kept.push_back(std::move(array));
@@ -185,8 +202,12 @@ TensorView Args::convert(nb::handle obj, const char* name, bool read_only) {
       stride *= std::max<std::int64_t>(raw.shape[d], 1);
     }
   }
-  return TensorView(raw.data, dtype, std::span<const std::int64_t>(raw.shape.data(), raw.ndim),
-                    std::span<const std::int64_t>(raw.strides.data(), raw.ndim), raw.device);
+  try {
+    return TensorView(raw.data, dtype, std::span<const std::int64_t>(raw.shape.data(), raw.ndim),
+                      std::span<const std::int64_t>(raw.strides.data(), raw.ndim), raw.device);
+  } catch (const fp8mla::Error& e) {
+    fail(op_, name, e.message());  // negative strides, a view past 2^63 bytes: say whose
+  }
 }
 
 }  // namespace fp8mla_python

@@ -168,6 +168,7 @@ void make_cos_sin_cache(const TensorView& cos_sin, const RopeConfig& config, Cud
   check.size(cos_sin, "cos_sin", 1, config.rope_dim);
   check.contiguous_last_dim(cos_sin, "cos_sin");
   check.aligned(cos_sin, "cos_sin", 4);
+  check.elements_apart(cos_sin, "cos_sin");
   check_devices(check, cos_sin.device(), {});
   const std::int64_t rows = cos_sin.size(0), d = config.rope_dim, half = d / 2;
   if (rows == 0) return;

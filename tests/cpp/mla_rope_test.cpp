@@ -138,6 +138,18 @@ TEST(MlaRopeCosSin, BadArguments) {
       },
       ErrorCategory::kInvalidArgument, {"rope_dim", "63"});
   c.rope_dim = 64;
+  // Rows on one another (a zero or short row stride) would write one over the other.
+  for (std::int64_t row_stride : {0, 32}) {
+    const std::vector<float> before = t;
+    expect_error(
+        [&] {
+          make_cos_sin_cache(TensorView(t.data(), DType::kF32, {4, 64}, {row_stride, 1}), c);
+        },
+        ErrorCategory::kInvalidArgument,
+        {"`cos_sin`: expected strides that keep every element apart"});
+    EXPECT_EQ(t, before);
+  }
+  c.rope_dim = 64;
   c.yarn = YarnScaling{};
   c.yarn->factor = -1.0;
   expect_error(

@@ -111,6 +111,45 @@ def test_quantize_fp8_empty():
     assert out.shape == (0, 128)
 
 
+def test_arrays_refused_say_why():
+    """Arrays the binding cannot take are refused naming the op, the argument and the reason."""
+    x = np.ones((4, 128), np.float32)
+    with pytest.raises(fp8mla.InvalidArgumentError,
+                       match=r"quantize_fp8: `input`: .*expected non-negative strides"):
+        fp8mla.quantize_fp8(x[::-1], 1.0)
+    with pytest.raises(fp8mla.InvalidArgumentError,
+                       match=r"quantize_fp8: `input`: expected an array in native byte order, "
+                             r"got dtype >f4"):
+        fp8mla.quantize_fp8(x.astype(">f4"), 1.0)
+    read_only = np.zeros((4, 128), np.uint8)
+    read_only.setflags(write=False)
+    with pytest.raises(fp8mla.InvalidArgumentError,
+                       match=r"quantize_fp8: `out`: expected a writable array"):
+        fp8mla.quantize_fp8(x, 1.0, out=read_only)
+    assert not read_only.any()
+
+
+class DLPackOnly:
+    """An array known only through DLPack and its dtype (as cupy's are to fp8mla)."""
+
+    def __init__(self, a):
+        self.a, self.dtype, self.shape = a, a.dtype, a.shape
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+def test_dlpack_arrays_give_raw_fp8_outputs():
+    """Frameworks without float8 dtypes pass uint8 outputs holding the e4m3 bytes."""
+    x = np.random.default_rng(3).standard_normal((4, 128)).astype(np.float32)
+    out = np.zeros((4, 128), np.uint8)
+    fp8mla.quantize_fp8(DLPackOnly(x), 2.0, out=DLPackOnly(out))
+    assert np.array_equal(out, fp8mla.quantize_fp8(x, 2.0).view(np.uint8))
+
+
 @pytest.mark.parametrize("layout", ["row_major", "column_major", "tma_aligned", "ue8m0",
                                     "packed_ue8m0"])
 def test_group_quant_rows_of_width_zero(layout):
