@@ -158,6 +158,15 @@ def softmax_mscale(*, yarn=None) -> float:
     return _C.softmax_mscale(_yarn_tuple(_yarn_list("softmax_mscale", yarn)))
 
 
+def __getattr__(name):
+    """fp8mla.torch_fusion (it imports torch) on first use, as `import fp8mla.torch_fusion`."""
+    if name == "torch_fusion":
+        import importlib
+
+        return importlib.import_module(".torch_fusion", __name__)
+    raise AttributeError(f"module 'fp8mla' has no attribute {name!r}")
+
+
 def enable_output_quant_fusion():
     """Turns on the torch.compile pass that fuses the standalone quantization of an attention
     op's bf16 output into the attention op (fp8mla.torch_fusion; needs torch) for every later

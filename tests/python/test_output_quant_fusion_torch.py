@@ -284,6 +284,21 @@ def test_runs_unfused(case, device):
     assert_same_results(got, fn(x))
 
 
+def test_reachable_as_an_attribute_after_import_fp8mla():
+    """fp8mla.torch_fusion.OutputQuantFusionPass() as the user guide writes it, in a process
+    that imported only fp8mla (the submodule loads on first use)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import fp8mla; p = fp8mla.torch_fusion.OutputQuantFusionPass(); "
+            "print(type(p).__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "OutputQuantFusionPass"
+
+
 def test_enable():
     config = torch._inductor.config
     with config.patch(post_grad_custom_post_pass=None, fx_graph_cache=False):

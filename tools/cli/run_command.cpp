@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <numeric>
@@ -445,6 +446,21 @@ void run(const RunOptions& opt) {
 
 }  // namespace
 
+// A number at least `low`, with a message that says so (CLI11's Range prints the type's
+// maximum as its upper bound).
+CLI::Validator at_least(double low, const char* what) {
+  return CLI::Validator(
+      [low, what](std::string& value) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(value.c_str(), &end);
+        if (end == value.c_str() || *end != '\0' || !(v >= low)) {
+          return concat("expected ", what, ", got '", value, "'");
+        }
+        return "";
+      },
+      what);
+}
+
 void add_run_command(CLI::App& app) {
   auto opt = std::make_shared<RunOptions>();
   CLI::App* cmd = app.add_subcommand(
@@ -459,23 +475,25 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--model", opt->model,
                   "Hugging Face model directory (config.json and its safetensors, sharded or "
                   "not) of a DeepSeek-V2/V3 or Kimi-K2 model; instead of --preset and --weights");
-  cmd->add_option("--layer", opt->layer, "layer index in --weights or --model")
-      ->check(CLI::NonNegativeNumber);
+  CLI::Option* layer =
+      cmd->add_option("--layer", opt->layer, "layer index in --weights or --model (default 0)")
+          ->check(at_least(0, "a layer index >= 0"));
   cmd->add_option("--weight-format", opt->weight_format,
                   "generated weights: bf16 or fp8 (128x128 blocks; default fp8 on the GPU, "
                   "bf16 on the CPU)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
-  cmd->add_option("--seed", opt->seed, "seed of the generated weights and inputs");
+  cmd->add_option("--seed", opt->seed, "seed of the generated weights and inputs")
+      ->check(at_least(0, "a seed >= 0"));
   cmd->add_option("--chunk-capacity", opt->chunk_capacity,
                   "attend the prefixes in chunks of this many keys (0: the layer's default, "
                   "one-shot up to 8192 prefix keys)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0, "a key count >= 0"));
   cmd->add_flag("--calibrate", opt->calibrate,
                 "calibrate the static FP8 scales (Q, K, V, cache) on the accuracy batch, report "
                 "them and the FP8 path's accuracy with them; the timed runs use them");
   cmd->add_option("--headroom", opt->headroom,
                   "--calibrate: the sample's amax maps to 448 / headroom (>= 1)")
-      ->check(CLI::Range(1.0f, 1e6f))
+      ->check(at_least(1, "a headroom >= 1"))
       ->capture_default_str();
   cmd->add_option("--json", opt->json, "write the report as JSON to this file");
   cmd->add_option("--tp", opt->tp,
@@ -490,7 +508,13 @@ void add_run_command(CLI::App& app) {
                   "layer and the float64 reference in the same run")
       ->check(CLI::Range(1, 8))
       ->capture_default_str();
-  cmd->callback([opt] { run(*opt); });
+  cmd->callback([opt, layer] {
+    if (layer->count() > 0 && opt->weights.empty() && opt->model.empty()) {
+      throw Error(ErrorCategory::kInvalidArgument,
+                  "fp8mla run: --layer picks a layer of --weights or --model; give one of them");
+    }
+    run(*opt);
+  });
 }
 
 }  // namespace fp8mla::cli
