@@ -315,6 +315,12 @@ std::vector<std::size_t> select_ops(const std::vector<std::string>& requested,
 }
 
 void start_device(bool no_pdl) {
+  const CudaDevices devices = cuda_devices();
+  if (devices.devices.empty()) {
+    throw Error(ErrorCategory::kUnsupported,
+                concat("fp8mla bench: no usable CUDA device (", devices.unavailable_reason,
+                       "); the benchmarks time the CUDA kernels"));
+  }
   cuda::check(cudaSetDevice(0), "cudaSetDevice(0)");
   cuda::set_pdl_enabled(!no_pdl);
 }
