@@ -146,16 +146,21 @@ void ArgChecker::elements_apart(const TensorView& t, std::string_view name) cons
   });
 }
 
+void ArgChecker::outputs_apart(const TensorView& a, std::string_view a_name, const TensorView& b,
+                               std::string_view b_name) const {
+  const Named first{&a, a_name}, second{&b, b_name};
+  require_apart(first, byte_range(a), second, byte_range(b), "two outputs may not share memory");
+}
+
 void ArgChecker::require_apart(const Named& out, ByteRange out_range, const Named& in,
-                               ByteRange in_range) const {
+                               ByteRange in_range, std::string_view why) const {
   const auto [out_begin, out_end] = out_range;
   const auto [in_begin, in_end] = in_range;
   if (out_begin == out_end || in_begin == in_end) return;
   if (out_end <= in_begin || in_end <= out_begin) return;
   fail(ErrorCategory::kInvalidArgument,
-       concat("`", out.name, "`: expected memory apart from `", in.name,
-              "` (an output may not overlap an input), got ", out.view->describe(), " and ",
-              in.view->describe()));
+       concat("`", out.name, "`: expected memory apart from `", in.name, "` (", why, "), got ",
+              out.view->describe(), " and ", in.view->describe()));
 }
 
 RowLayout ArgChecker::rows(const TensorView& t, std::string_view name) const {

@@ -20,7 +20,9 @@ namespace fp8mla {
 
 // Whether an optional tensor argument was passed: a default view is not; a view with dims is,
 // even without data (no elements: torch's empty tensors have no data pointer).
-inline bool given(const TensorView& t) { return t.data() != nullptr || t.ndim() > 0; }
+inline bool given(const TensorView& t) {
+  return t.data() != nullptr || t.ndim() > 0;
+}
 
 class ArgChecker {
  public:
@@ -48,6 +50,9 @@ class ArgChecker {
   // overlaps nothing.
   void apart(const TensorView& out, std::string_view out_name, const TensorView& in,
              std::string_view in_name) const;
+  // Two outputs lie apart (address ranges as apart()'s): one would overwrite the other.
+  void outputs_apart(const TensorView& a, std::string_view a_name, const TensorView& b,
+                     std::string_view b_name) const;
   // No two elements of `t` share memory (an output written through it would lose writes): taken
   // in increasing stride order, each dim of size > 1 steps at least over the dims before it.
   void elements_apart(const TensorView& t, std::string_view name) const;
@@ -75,8 +80,8 @@ class ArgChecker {
 
  private:
   [[noreturn]] void fail(ErrorCategory category, std::string_view message) const;
-  void require_apart(const Named& out, ByteRange out_range, const Named& in,
-                     ByteRange in_range) const;
+  void require_apart(const Named& out, ByteRange out_range, const Named& in, ByteRange in_range,
+                     std::string_view why = "an output may not overlap an input") const;
 
   std::string_view op_;
   std::source_location where_;

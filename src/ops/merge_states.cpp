@@ -142,6 +142,8 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
   check.apart(out, "out", lse_b, "lse_b");
   check.apart(out_lse, "out_lse", o_a, "o_a");
   check.apart(out_lse, "out_lse", o_b, "o_b");
+  check.outputs_apart(out, "out", out_lse, "out_lse");
+  check.outputs_apart(out_lse, "out_lse", output_block_scale, "output_block_scale");
   p.num_tokens = num_tokens_of(check, num_tokens, o_a.device());
   if (p.tokens == 0 || p.heads == 0) return;
   check.require(p.dim > 0, ErrorCategory::kInvalidArgument, [&] {

@@ -283,6 +283,7 @@ OutputQuantParams output_quant_params(const ArgChecker& check, OutputQuantKey ke
     case OutputQuantKey::kNone:
       break;
   }
+  check.outputs_apart(out, "out", output_block_scale, kBlockScale);
   return p;
 }
 

@@ -216,7 +216,7 @@ void check_cu_seqlens_values(const ArgChecker& check, const std::int32_t* cu, st
 }
 
 // `out`, `lse` and the output scales lie apart from every input (an aliased output would be read
-// after it was written).
+// after it was written) and from one another.
 void check_outputs_apart(const ArgChecker& check, const PrefillAttentionArgs& args) {
   const ArgChecker::Named inputs[] = {{&args.q, "q"},
                                       {&args.k, "k"},
@@ -231,6 +231,8 @@ void check_outputs_apart(const ArgChecker& check, const PrefillAttentionArgs& ar
   const ArgChecker::Named outputs[] = {
       {&args.out, "out"}, {&args.lse, "lse"}, {&args.output_block_scale, "output_block_scale"}};
   check.all_apart(outputs, inputs);
+  check.outputs_apart(args.out, "out", args.lse, "lse");
+  check.outputs_apart(args.lse, "lse", args.output_block_scale, "output_block_scale");
 }
 
 // The CPU path: the host can read the offsets and the descales. Only the rows of the sequences

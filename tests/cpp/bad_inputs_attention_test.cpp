@@ -317,6 +317,12 @@ std::vector<BadInput> prefill_batch_bad_inputs() {
        }),
        kInvalid,
        {"`output_scale`: expected a finite scale > 0", "got nan"}},
+      {"prefill_attention: lse inside out",
+       prefill_call([](Arena&, auto& p) {
+         p.lse = TensorView(p.out.data(), DType::kF32, {p.out.size(0), p.out.size(1)});
+       }),
+       kInvalid,
+       {"`out`: expected memory apart from `lse` (two outputs may not share memory)"}},
       {"prefill_attention: output_scale with a bf16 out",
        prefill_call([](Arena& a, auto& p) { p.output_scale = a.scalar(1.0f); }),
        kInvalid,
@@ -361,6 +367,12 @@ std::vector<BadInput> merge_bad_inputs() {
        }),
        kInvalid,
        {"`lse_a` dtype: expected f32", "got bf16"}},
+      {"merge_attention_states: out_lse inside out",
+       merge_call([](Arena&, auto&, auto&, auto&, auto&, auto& out, auto& out_lse, auto&) {
+         out_lse = TensorView(out.data(), DType::kF32, {kT, kH});
+       }),
+       kInvalid,
+       {"`out`: expected memory apart from `out_lse` (two outputs may not share memory)"}},
       {"merge_attention_states: out at o_a with other strides",
        merge_call([](Arena&, auto& o_a, auto&, auto&, auto&, auto& out, auto&, auto&) {
          out = TensorView(o_a.data(), DType::kBF16, {kT, kH, 128}, {128, 512, 1});
