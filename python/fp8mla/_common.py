@@ -107,9 +107,8 @@ def _check_fixed_yarn_keys(op: str, fixed: dict, values: dict, theta) -> None:
         raise invalid_argument(f"{op}: yarn['partial_rotary_factor']: expected 1.0 (rope_dim "
                                f"gives the rotated dims), got {fixed['partial_rotary_factor']!r}")
     if fixed.get("attention_factor") is not None:
-        want = _C.yarn_attention_factor(
-            (float(values["factor"]), 0, 0.0, 0.0, float(values["mscale"]),
-             float(values["mscale_all_dim"])))
+        want = _C.yarn_attention_factor(float(values["factor"]), float(values["mscale"]),
+                                        float(values["mscale_all_dim"]))
         if not math.isclose(float(fixed["attention_factor"]), want, rel_tol=1e-12):
             raise invalid_argument(
                 f"{op}: yarn['attention_factor']: expected {want!r} (what the table applies: "

@@ -263,8 +263,12 @@ nb::dict yarn_defaults() {
                    "mscale_all_dim"_a = y.mscale_all_dim);
 }
 
-double yarn_attention_factor(const YarnTuple& yarn) {
-  return fp8mla::yarn_attention_factor(*yarn_scaling(yarn));
+double yarn_attention_factor(double factor, double mscale, double mscale_all_dim) {
+  fp8mla::YarnScaling y;
+  y.factor = factor;
+  y.mscale = mscale;
+  y.mscale_all_dim = mscale_all_dim;
+  return fp8mla::yarn_attention_factor(y);
 }
 
 double softmax_mscale(const std::optional<YarnTuple>& yarn) {
@@ -354,6 +358,7 @@ NB_MODULE(_C, m) {
                 "kv_lora_rank"_a = fp8mla::kMlaKvLoraRank, "latent"_a = fp8mla::kMlaLatentDim);
   m.attr("YARN_DEFAULTS") = yarn_defaults();
   m.def("softmax_mscale", &softmax_mscale, nb::arg("yarn").none());
-  m.def("yarn_attention_factor", &yarn_attention_factor, nb::arg("yarn"),
+  m.def("yarn_attention_factor", &yarn_attention_factor, nb::arg("factor"), nb::arg("mscale"),
+        nb::arg("mscale_all_dim"),
         "The factor the RoPE table's YaRN scales cos and sin by (fp8mla/mla_prep.hpp)");
 }

@@ -444,22 +444,22 @@ void run(const RunOptions& opt) {
   if (!opt.json.empty()) write_json(r, opt.json);
 }
 
-}  // namespace
-
-// A number at least `low`, with a message that says so (CLI11's Range prints the type's
+// A finite number at least `low`, with a message that says so (CLI11's Range prints the type's
 // maximum as its upper bound).
 CLI::Validator at_least(double low, const char* what) {
   return CLI::Validator(
       [low, what](std::string& value) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(value.c_str(), &end);
-        if (end == value.c_str() || *end != '\0' || !(v >= low)) {
+        if (end == value.c_str() || *end != '\0' || !std::isfinite(v) || v < low) {
           return concat("expected ", what, ", got '", value, "'");
         }
         return "";
       },
       what);
 }
+
+}  // namespace
 
 void add_run_command(CLI::App& app) {
   auto opt = std::make_shared<RunOptions>();
