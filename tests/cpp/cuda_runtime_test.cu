@@ -4,6 +4,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/common/launch.cuh"
@@ -91,6 +94,68 @@ TEST(CudaRuntime, PdlLaunchIsBitIdenticalToPlainLaunch) {
   for (std::uint32_t i = 0; i < plain.size(); ++i) {
     ASSERT_EQ(plain[i], i * 2654435761u + 3u + 7u) << i;
     ASSERT_EQ(pdl[i], plain[i]) << i;
+  }
+}
+
+struct ThreeWords {
+  std::uint32_t a, b, c;
+};
+
+// Stores what it was given, so that a test sees each argument as the kernel received it.
+__global__ void store_arguments(std::int64_t* out, std::int64_t wide, double real, const float f,
+                                ThreeWords words, unsigned char byte) {
+  out[0] = wide;
+  out[1] = std::int64_t(real * 4.0);
+  out[2] = std::int64_t(f * 8.0f);
+  out[3] = std::int64_t(words.a) + 10 * std::int64_t(words.b) + 100 * std::int64_t(words.c);
+  out[4] = byte;
+}
+
+// Arguments reach the kernel converted to its parameter types as a call converts them (an int to
+// int64_t and to double, a double to a const float, a struct by value).
+TEST(CudaRuntime, LaunchConvertsArgumentsAsACallDoes) {
+  FP8MLA_REQUIRE_HOPPER();
+  const test::DeviceBuffer out(5 * 8, 0xFF);
+  const int negative = -3;
+  cuda::launch("store_arguments", store_arguments, {dim3(1), dim3(1), 0, nullptr, true},
+               out.as<std::int64_t>(), negative, 5, 0.375, ThreeWords{1, 2, 3},
+               static_cast<unsigned char>(250));
+  const std::vector<std::int64_t> got = out.download_as<std::int64_t>();
+  EXPECT_EQ(got, (std::vector<std::int64_t>{-3, 20, 3, 321, 250}));
+}
+
+// Threads of their own (each starts without a current context, and each keeps its own cache of
+// kernel handles) launch correctly, many times each.
+TEST(CudaRuntime, LaunchFromFreshThreads) {
+  FP8MLA_REQUIRE_HOPPER();
+  constexpr std::uint32_t kN = 1u << 12;
+  constexpr int kThreads = 6;
+  std::vector<std::unique_ptr<test::DeviceBuffer>> buffers;
+  for (int t = 0; t < kThreads; ++t)
+    buffers.push_back(std::make_unique<test::DeviceBuffer>(kN * 4));
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        const cuda::LaunchConfig config{dim3(4), dim3(128), 0, nullptr, t % 2 == 0};
+        for (std::uint32_t round = 0; round < 50; ++round) {
+          cuda::launch("fill_kernel", fill_kernel, config, buffers[t]->as<std::uint32_t>(), kN,
+                       std::uint32_t(t) * 1000u + round);
+        }
+        cuda::check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
+      } catch (const Error& e) {
+        errors[t] = e.message();
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) {
+    ASSERT_EQ(errors[t], "") << "thread " << t;
+    const std::vector<std::uint32_t> got = buffers[t]->download_as<std::uint32_t>();
+    for (std::uint32_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(got[i], i * 2654435761u + std::uint32_t(t) * 1000u + 49u) << t << " " << i;
+    }
   }
 }
 

@@ -23,22 +23,20 @@ struct LaunchConfig {
   bool pdl = false;
 };
 
+// Launches `kernel` with the arguments whose addresses `params` holds (one per kernel parameter),
+// through the driver's cuLaunchKernelEx: the runtime's cudaLaunchKernelEx adds about 0.5 us of host
+// time a call on top of it (bench/RESULTS_host.md). Throws Error{kCuda} naming `name`.
+void launch_kernel(const char* name, const void* kernel, const LaunchConfig& config, void** params);
+
 template <typename... KernelArgs, typename... Args>
 void launch(const char* name, void (*kernel)(KernelArgs...), const LaunchConfig& config,
             Args&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = config.grid;
-  cfg.blockDim = config.block;
-  cfg.dynamicSmemBytes = config.shared_bytes;
-  cfg.stream = config.stream;
-  cudaLaunchAttribute attribute{};
-  if (config.pdl && pdl_enabled() && current_device_props().arch >= 90) {
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attribute;
-    cfg.numAttrs = 1;
-  }
-  check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), name);
+  static_assert(sizeof...(KernelArgs) == sizeof...(Args), "one argument per kernel parameter");
+  // The arguments converted to the kernel's parameter types, as a call would convert them.
+  [&](KernelArgs... converted) {
+    void* params[] = {const_cast<void*>(static_cast<const void*>(&converted))..., nullptr};
+    launch_kernel(name, reinterpret_cast<const void*>(kernel), config, params);
+  }(std::forward<Args>(args)...);
 }
 
 // A 1-D grid of ceil(work / per_block) blocks, at least one and at most max_blocks.

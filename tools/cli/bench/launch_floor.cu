@@ -1,9 +1,9 @@
 // The floor under `fp8mla bench host`'s CUDA rows: the host time of launching a kernel that does
 // nothing, with a small and with an attention-sized parameter block, through a plain
-// triple-chevron launch, through the library's launch path (cudaLaunchKernelEx with the PDL
-// attribute, src/cuda/common/launch.cuh) and through the driver's cuLaunchKernelEx with the same
-// attribute (what the runtime's own layer costs on top). An op's row minus the library's floor is
-// what fp8mla adds.
+// triple-chevron launch, through the library's launch path (src/cuda/common/launch.cu: the
+// driver's cuLaunchKernelEx with the PDL attribute, after the context and handle lookups) and
+// through the bare cuLaunchKernelEx with the same attribute and a handle looked up once (what the
+// library's lookups cost on top). An op's row minus the library's floor is what fp8mla adds.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
