@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Error of the e4m3 attention against float64 on long causal sequences, fp8mla and FlashAttention-3
 on the same e4m3 inputs: the last rows of each sequence, whose O sums the most key tiles (where an
-FP8 accumulation that keeps ~14 bits, and P rounded to e4m3, show). fp8mla's bf16 kernel on the
-dequantized inputs gives the error rule's yardstick (docs/design.md, section 8: e4m3 within 2x it).
+FP8 accumulation that keeps ~14 bits, and P rounded to e4m3, show), judged by the error rule of
+docs/design.md, section 8: max |O - O_ref| <= 2 x (the error of an eager BF16 attention on the
+dequantized inputs, its scores, P and O rounded to bf16, + the bf16 rounding noise of O), the
+yardstick the CUDA tests compute (tests/cpp/attention_reference.hpp); fp8mla's bf16 kernel on the
+same inputs is shown beside it.
 The LSE (natural log) of fp8mla's e4m3 kernel and of FA3's against float64's on the same rows: the
 rule's 1e-3 on peaked rows (q x3) and long ones, where the FP8 accumulation of Q K^T shows.
 
@@ -56,19 +59,35 @@ def outputs(fp8mla, fa3, case, n):
             softmax_scale=scale, causal=True, **descales)[:2]
         lses["fa3_e4m3"] = fa3_lse.T  # FA3's is [H, n]
     wide = [(t8.float() * s).to(torch.bfloat16) for t8, s in case]
-    out["fp8mla_bf16_rule"] = fp8mla.prefill_attention(*wide, cu, cu, n, n, softmax_scale=scale,
+    out["fp8mla_bf16"] = fp8mla.prefill_attention(*wide, cu, cu, n, n, softmax_scale=scale,
                                                        causal=True)
     return out, lses
 
 
+def bf16(x):
+    return x.to(torch.bfloat16).double()
+
+
+def eager_bf16(wq, wk, wv, r0, r1, scale, hidden):
+    """O [r1 - r0, H, DV] of an eager BF16 attention on rows r0..r1: inputs, scores, P and O rounded
+    to bf16 (the rule's yardstick, as tests/cpp/attention_reference.hpp computes it)."""
+    s = bf16(bf16(torch.einsum("qhd,khd->hqk", bf16(wq[r0:r1]), bf16(wk[:r1]))) * float(
+        torch.tensor(scale, dtype=torch.float32)))
+    s = s.masked_fill(hidden, float("-inf"))
+    e = torch.exp((s - s.amax(dim=-1, keepdim=True)).float()).double()
+    p = bf16(e / e.sum(dim=-1, keepdim=True))
+    return bf16(torch.einsum("hqk,khd->qhd", p, bf16(wv[:r1])))
+
+
 def errors(case, out, lses, n):
-    """{implementation: (max, mean) |O - O_ref|} and {implementation: max |LSE - LSE_ref|} over
-    the last CHECKED_ROWS rows."""
+    """{implementation: (max, mean) |O - O_ref|}, {implementation: max |LSE - LSE_ref|} and the
+    error rule's bound over the last CHECKED_ROWS rows."""
     wq, wk, wv = (t8.double() * s.double() for t8, s in case)
     scale = 1.0 / math.sqrt(bench.DQK)
     worst = {name: 0.0 for name in out}
     total = {name: 0.0 for name in out}
     lse_worst = {name: 0.0 for name in lses}
+    eager_err = noise = 0.0
     first = max(n - CHECKED_ROWS, 0)
     for r0 in range(first, n, CHUNK):
         r1 = min(r0 + CHUNK, n)
@@ -77,6 +96,9 @@ def errors(case, out, lses, n):
         keys = torch.arange(r1, device=s.device)[None, :]
         s = s.masked_fill(keys > rows, float("-inf"))
         ref = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), wv[:r1])
+        eager = eager_bf16(wq, wk, wv, r0, r1, scale, keys > rows)
+        eager_err = max(eager_err, (eager - ref).abs().max().item())
+        noise = max(noise, (bf16(bf16(ref + 0.3) - 0.3) - ref).abs().max().item())
         for name, o in out.items():
             e = (o[r0:r1].double() - ref).abs()
             worst[name] = max(worst[name], e.max().item())
@@ -86,7 +108,8 @@ def errors(case, out, lses, n):
             e = (lse[r0:r1].double() - lse_ref).abs().max().item()
             lse_worst[name] = max(lse_worst[name], e)
     count = (n - first) * HEADS * bench.DV
-    return {name: (worst[name], total[name] / count) for name in out}, lse_worst
+    return ({name: (worst[name], total[name] / count) for name in out}, lse_worst,
+            2.0 * eager_err + 2.0 * noise)
 
 
 def main():
@@ -102,20 +125,22 @@ def main():
         fa3 = None
     rows = []
     print("| keys | v | q gain | " + " | ".join(
-        ("fp8mla e4m3", "fp8mla e4m3 + LSE", "FA3 e4m3", "bf16 (rule: 2x)", "LSE fp8mla",
-         "LSE FA3 (rule: 1e-3)")) + " |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+        ("fp8mla e4m3", "fp8mla e4m3 + LSE", "FA3 e4m3", "fp8mla bf16", "rule's bound",
+         "LSE fp8mla", "LSE FA3 (rule: 1e-3)")) + " |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (int(x) for x in args.lengths.split(",")):
         for v_kind in ("randn", "pos"):
             for q_gain in (1.0, 3.0):
                 case = make_case(n, v_kind, q_gain, seed=n)
-                err, lse_err = errors(case, *outputs(fp8mla, fa3, case, n), n)
+                err, lse_err, bound = errors(case, *outputs(fp8mla, fa3, case, n), n)
                 rows.append({"keys": n, "v": v_kind, "q_gain": q_gain, "errors": err,
-                             "lse_errors": lse_err})
-                cells = [f"{err[k][0]:.4f}" if k in err else "-" for k in
-                         ("fp8mla_e4m3", "fp8mla_e4m3_lse", "fa3_e4m3", "fp8mla_bf16_rule")]
-                cells += [f"{lse_err[k]:.2e}" if k in lse_err else "-" for k in
-                          ("fp8mla_e4m3_lse", "fa3_e4m3")]
+                             "lse_errors": lse_err, "rule_bound": bound})
+                cells = [(f"{err[k][0]:.4f}" + ("" if err[k][0] <= bound else " (over)"))
+                         if k in err else "-" for k in
+                         ("fp8mla_e4m3", "fp8mla_e4m3_lse", "fa3_e4m3", "fp8mla_bf16")]
+                cells.append(f"{bound:.4f}")
+                cells += [(f"{lse_err[k]:.2e}" + ("" if lse_err[k] <= 1e-3 else " (over)"))
+                          if k in lse_err else "-" for k in ("fp8mla_e4m3_lse", "fa3_e4m3")]
                 print(f"| {n} | {v_kind} | {q_gain:g} | " + " | ".join(cells) + " |", flush=True)
     if args.json:
         meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
