@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "fp8mla/mla_weights.hpp"
+#include "model/fp8_gemm_rule.hpp"
 
 namespace fp8mla::model {
 
@@ -15,10 +16,11 @@ namespace fp8mla::model {
 std::vector<float> dequantize(const MlaProjection& projection);
 
 // Whether a projection runs as DeepSeek's FP8 GEMM, its input quantized per token and group of
-// 128: e4m3 weights whose input dim is a multiple of 128. Other e4m3 weights (small test configs)
-// run as a bf16 GEMM on the dequantized weight, as the CUDA layer runs what cuBLASLt declines.
+// 128 (fp8_gemm_rule.hpp: the CUDA layer's rule too). Other e4m3 weights (small test configs)
+// run as a bf16 GEMM on the dequantized weight.
 inline bool quantizes_input(const MlaProjection& projection) {
-  return projection.weight.dtype() == DType::kE4M3 && projection.weight.size(1) % kWeightBlock == 0;
+  return projection.weight.dtype() == DType::kE4M3 &&
+         fp8_gemm_shape(projection.weight.size(0), projection.weight.size(1));
 }
 
 // y[t, o] = bf16(sum_i x[t, i] * w[o, i]); x bf16 [rows, in], w f32 [out, in]. With fp8_input,

@@ -37,6 +37,21 @@ using cuda::model::LinearFormat;
 // Rows a projection plan accepts (the prefix keys of one attention call pass kv_b too).
 constexpr std::int64_t kMaxGemmRows = std::int64_t(1) << 20;
 
+// An e4m3 weight's block scales on the device, each row padded to cuBLASLt's layout
+// (linear_scale_columns; DeepSeek's [ceil(out/128), in/128] as it is where in % 512 == 0). The
+// padding is never read.
+DeviceBuffer padded_scales(const MlaProjection& p) {
+  const std::int64_t rows = p.scale_inv.size(0), cols = p.scale_inv.size(1);
+  const std::int64_t padded = cuda::model::linear_scale_columns(p.weight.size(1));
+  if (padded <= cols) return DeviceBuffer(p.scale_inv.data(), p.scale_inv.numel() * 4);
+  std::vector<float> host(std::size_t(rows * padded), 1.0f);
+  const auto* from = static_cast<const float*>(p.scale_inv.data());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::memcpy(&host[std::size_t(r * padded)], from + r * cols, std::size_t(cols) * 4);
+  }
+  return DeviceBuffer(host.data(), std::int64_t(host.size()) * 4);
+}
+
 // A projection on the device: e4m3 + block scales through the FP8 GEMM where cuBLASLt takes the
 // shape, bf16 otherwise (e4m3 weights then dequantized here, once).
 struct Projection {
@@ -51,7 +66,7 @@ struct Projection {
     const std::string shape = concat(name, " [", out, ", ", in, "]: ");
     if (p.weight.dtype() == DType::kE4M3) {
       weight = DeviceBuffer(p.weight.data(), out * in);
-      scale = DeviceBuffer(p.scale_inv.data(), p.scale_inv.numel() * 4);
+      scale = padded_scales(p);
       try {
         gemm = std::make_unique<CublasLinear>(
             handle,
@@ -95,6 +110,14 @@ class CudaMlaExecutor final : public MlaExecutor {
  public:
   CudaMlaExecutor(const MlaConfig& config, const MlaWeights& weights, Device device)
       : c_(config), device_(device) {
+    // The q_a RMSNorm kernel reads rows in 16-byte words (layer_kernels.hpp).
+    if (c_.q_lora_rank > 0 && (c_.q_lora_rank % 8 != 0 || c_.q_lora_rank > 8192)) {
+      throw Error(ErrorCategory::kUnsupported,
+                  concat("MlaLayer on ", to_string(device), ": config '", c_.name,
+                         "': expected q_lora_rank a multiple of 8 and at most 8192 (the q_a "
+                         "RMSNorm kernel's rows), got ",
+                         c_.q_lora_rank));
+    }
     check(cudaSetDevice(device.index), "cudaSetDevice(MlaLayer)");
     const auto add = [&](std::optional<Projection>& slot, const char* name,
                          const MlaProjection& p) {

@@ -135,10 +135,18 @@ Weight make_weight(LinearFormat format, std::int64_t out, std::int64_t in, std::
       w.e4m3[i] = encode_e4m3(pick_e4m3(rng));
       w.values[i] = decode_e4m3(w.e4m3[i]);
     }
-    w.scale_inv.resize(std::size_t((out + kGroup - 1) / kGroup * (in / kGroup)));
+    const std::int64_t blocks = (out + kGroup - 1) / kGroup, groups = in / kGroup;
+    w.scale_inv.resize(std::size_t(blocks * groups));
     for (float& s : w.scale_inv) s = pick_scale(rng);
+    // On the device each row padded to linear_scale_columns(in) with NaN: a padding read shows.
+    const std::int64_t padded = linear_scale_columns(in);
+    std::vector<float> device_scales(std::size_t(blocks * padded), std::nanf(""));
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      std::copy_n(&w.scale_inv[std::size_t(b * groups)], groups,
+                  &device_scales[std::size_t(b * padded)]);
+    }
     w.device.push_back(test::to_device(w.e4m3));
-    w.device.push_back(test::to_device(w.scale_inv));
+    w.device.push_back(test::to_device(device_scales));
   }
   return w;
 }
@@ -270,10 +278,12 @@ struct Shape {
   std::vector<std::int64_t> rows;
 };
 
-// V3's projections: q_a, kv_a (576 = 512 + 64, not a multiple of 128), q_b, kv_b, o.
+// V3's projections: q_a, kv_a (576 = 512 + 64, not a multiple of 128), q_b, kv_b, o; then inputs
+// of 3 and 5 groups of 128 (o_proj at 3 heads a rank; the scales' rows padded to 4 and 8).
 const std::vector<Shape> kShapes = {
     {1536, 7168, {1, 7, 300}}, {576, 7168, {1, 7, 300}}, {24576, 1536, {1, 7, 300}},
-    {32768, 512, {64}},        {7168, 16384, {64}},
+    {32768, 512, {64}},        {7168, 16384, {64}},      {256, 384, {1, 7, 300}},
+    {136, 640, {4, 13}},
 };
 
 void expect_matches_reference(LinearFormat format) {
@@ -397,18 +407,18 @@ TEST(CublasLinearCuda, ErrorsNameWhatWasExpected) {
   run(lf, nullptr, nullptr, 0, nullptr);
 
   LinearWeight bad = fp8.view();
-  bad.in = 640;  // a multiple of 128, not of 512
-  expect_error(
-      [&] { CublasLinear(handle.get(), bad, 16); }, ErrorCategory::kUnsupported,
-      {"fp8 block projection [out 64, in 640]", "needs in % 512 == 0", "got in % 512 = 128"});
+  bad.in = 320;  // not whole groups of 128
+  expect_error([&] { CublasLinear(handle.get(), bad, 16); }, ErrorCategory::kUnsupported,
+               {"fp8 block projection [out 64, in 320]", "needs in % 128 == 0", "out % 8 == 0",
+                "got in % 128 = 64, out % 8 = 0"});
   bad = fp8.view();
   bad.out = 1540;
   expect_error([&] { CublasLinear(handle.get(), bad, 16); }, ErrorCategory::kUnsupported,
-               {"[out 1540, in 512]", "needs out % 8 == 0", "got out % 8 = 4"});
+               {"[out 1540, in 512]", "needs in % 128 == 0", "got in % 128 = 0, out % 8 = 4"});
   bad = fp8.view();
   bad.scale_inv = nullptr;
   expect_error([&] { CublasLinear(handle.get(), bad, 16); }, ErrorCategory::kInvalidArgument,
-               {"pointer for scale_inv (f32 [ceil(out/128), in/128])", "got"});
+               {"pointer for scale_inv (f32 [ceil(out/128), linear_scale_columns(in)])", "got"});
   bad = bf16.view();
   bad.weight = nullptr;
   expect_error([&] { CublasLinear(handle.get(), bad, 16); }, ErrorCategory::kInvalidArgument,

@@ -203,31 +203,42 @@ INSTANTIATE_TEST_SUITE_P(Presets, MlaLayerCudaOutputQuant, ::testing::Values("de
                            return name;
                          });
 
-// q_b with in = 256 (not a multiple of 512): cuBLASLt's block scaling cannot read DeepSeek's
-// unpadded scales there, so that weight is dequantized once and runs as a bf16 GEMM on bf16
-// input, where the model (and the reference) quantizes the input: a little further from the
-// reference than the FP8 GEMMs it replaces (0.9990 / 0.9984 measured), still within 0.998.
-TEST(MlaLayerCudaArgs, ShapesCublasDeclinesRunDequantizedAndSaySo) {
+// The layer's FP8 GEMM rule (model/fp8_gemm_rule.hpp) on the GPU: q_b with in = 384 (3 groups of
+// 128, not a multiple of 512) runs the FP8 GEMM on padded block scales; with in = 264 (not whole
+// groups) cuBLASLt is not asked: that weight is dequantized once and runs as a bf16 GEMM on bf16
+// input, as the reference (and the CPU layer) run it. A q_lora_rank the q_a RMSNorm kernel cannot
+// read is refused.
+TEST(MlaLayerCudaArgs, TheFp8GemmRuleDecidesEachProjectionAndSaysSo) {
   FP8MLA_REQUIRE_HOPPER();
-  Fixture f({{0, 37}, {130, 20}, {17, 9}}, 2);
-  f.config.q_lora_rank = 256;
-  const MlaWeights w = generate_mla_weights(f.config, WeightFormat::kFp8Block, 5);
-  MlaLayer layer(f.config, w, Device::cuda(0));
-  const std::vector<std::string>& notes = layer.projection_notes();
-  ASSERT_EQ(notes.size(), 5u);
-  EXPECT_NE(notes[1].find("q_b_proj [768, 256]: bf16 GEMM (cuBLASLt), weight dequantized at load"),
-            std::string::npos)
-      << notes[1];
-  EXPECT_NE(notes[0].find("fp8 block-scaled GEMM"), std::string::npos) << notes[0];
-  std::vector<double> ref(f.hidden.size());
-  mla_prefill_reference(f.config, w, f.hidden_view(), f.batch, f.cache_view(), 1.0f, ref.data());
-  DeviceBatch d(f, layer, {});
-  for (const char* name : {"fp8-hopper", "bf16-hopper"}) {
-    const std::vector<std::uint8_t> cache_before = f.cache;
-    const Compare c = compare(d.run(layer, *make_attention_backend(name), {}), ref);
-    f.cache = cache_before;
-    EXPECT_GE(c.cosine, 0.998) << name;
+  for (const std::int64_t q_lora_rank : {384, 264}) {
+    SCOPED_TRACE(::testing::Message() << "q_lora_rank " << q_lora_rank);
+    Fixture f({{0, 37}, {130, 20}, {17, 9}}, 2);
+    f.config.q_lora_rank = q_lora_rank;
+    const MlaWeights w = generate_mla_weights(f.config, WeightFormat::kFp8Block, 5);
+    MlaLayer layer(f.config, w, Device::cuda(0));
+    const std::vector<std::string>& notes = layer.projection_notes();
+    ASSERT_EQ(notes.size(), 5u);
+    const std::string q_b = concat("q_b_proj [768, ", q_lora_rank, "]: ");
+    const std::string want = q_lora_rank % 128 == 0
+                                 ? q_b + "fp8 block-scaled GEMM"
+                                 : q_b + "bf16 GEMM (cuBLASLt), weight dequantized at load";
+    EXPECT_NE(notes[1].find(want), std::string::npos) << notes[1];
+    EXPECT_NE(notes[0].find("fp8 block-scaled GEMM"), std::string::npos) << notes[0];
+    std::vector<double> ref(f.hidden.size());
+    mla_prefill_reference(f.config, w, f.hidden_view(), f.batch, f.cache_view(), 1.0f, ref.data());
+    DeviceBatch d(f, layer, {});
+    for (const char* name : {"fp8-hopper", "bf16-hopper"}) {
+      const std::vector<std::uint8_t> cache_before = f.cache;
+      const Compare c = compare(d.run(layer, *make_attention_backend(name), {}), ref);
+      f.cache = cache_before;
+      EXPECT_GE(c.cosine, 0.998) << name;
+    }
   }
+  Fixture f({{0, 5}}, 2);
+  f.config.q_lora_rank = 260;
+  const MlaWeights w = generate_mla_weights(f.config, WeightFormat::kFp8Block, 5);
+  test::expect_error([&] { MlaLayer(f.config, w, Device::cuda(0)); }, ErrorCategory::kUnsupported,
+                     {"q_lora_rank a multiple of 8 and at most 8192", "got 260"});
 }
 
 // MlaLayer::calibrate on cuda:0 against the CPU layer's on the same batch: the same steps (bf16

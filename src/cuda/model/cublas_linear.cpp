@@ -9,6 +9,7 @@
 
 #include "cuda/common/runtime.hpp"
 #include "fp8mla/error.hpp"
+#include "model/fp8_gemm_rule.hpp"
 
 namespace fp8mla::cuda::model {
 
@@ -180,28 +181,19 @@ CublasLinear::CublasLinear(cublasLtHandle_t handle, const LinearWeight& weight,
       throw Error(ErrorCategory::kInvalidArgument,
                   concat("CublasLinear: ", describe(weight),
                          " expected a 16-byte aligned device pointer for scale_inv (f32 "
-                         "[ceil(out/128), in/128]), got ",
+                         "[ceil(out/128), linear_scale_columns(in)]), got ",
                          weight.scale_inv));
     }
-    // cuBLAS docs 3.1.4.5.1: BLK128x128 scales are K-major with a column stride of ceil(in/128)
-    // rounded up to a multiple of 4, which DeepSeek's unpadded [ceil(out/128), in/128] has only
-    // when in % 512 == 0. That also gives the 16-byte aligned A and B columns fp8 kernels need.
-    if (weight.in % (4 * kGroup) != 0) {
-      throw Error(ErrorCategory::kUnsupported,
-                  concat("CublasLinear: ", describe(weight),
-                         " needs in % 512 == 0 (cuBLASLt's BLK128x128 scales want in/128 padded "
-                         "to a multiple of 4; scale_inv [ceil(out/128), in/128] has no padding), "
-                         "got in % 512 = ",
-                         weight.in % (4 * kGroup)));
-    }
-    // cuBLAS docs 3.4.17 (fp8 kernels: 16-byte aligned dimensions, here bf16 columns of D) and
-    // 3.1.4.5.1 (M % 4 == 0).
-    if (weight.out % 8 != 0) {
-      throw Error(ErrorCategory::kUnsupported,
-                  concat("CublasLinear: ", describe(weight),
-                         " needs out % 8 == 0 (cuBLASLt's fp8 kernels want 16-byte aligned bf16 "
-                         "output columns), got out % 8 = ",
-                         weight.out % 8));
+    if (!fp8mla::model::fp8_gemm_shape(weight.out, weight.in)) {
+      throw Error(
+          ErrorCategory::kUnsupported,
+          concat("CublasLinear: ", describe(weight), " needs in % ", fp8mla::model::kFp8GemmGroup,
+                 " == 0 (whole 128 x 128 scale blocks) and out % ",
+                 fp8mla::model::kFp8GemmOutMultiple,
+                 " == 0 (cuBLASLt's fp8 kernels want 16-byte aligned bf16 output rows), got in % ",
+                 fp8mla::model::kFp8GemmGroup, " = ", weight.in % fp8mla::model::kFp8GemmGroup,
+                 ", out % ", fp8mla::model::kFp8GemmOutMultiple, " = ",
+                 weight.out % fp8mla::model::kFp8GemmOutMultiple));
     }
     if (cublasLtGetVersion() < 120900) {
       throw Error(ErrorCategory::kUnsupported,

@@ -2,7 +2,8 @@
 // y[rows, out] = x[rows, in] . W[out, in]^T with a bf16 row-major y. Two formats:
 //  - bf16: x and W bf16, f32 accumulation;
 //  - fp8 block: W e4m3 with one f32 scale per 128 x 128 block (DeepSeek's weight_scale_inv,
-//    row-major [ceil(out / 128), in / 128]) and x e4m3 with one f32 scale per 128 elements of a
+//    row-major [ceil(out / 128), in / 128], its rows padded to linear_scale_columns(in)) and x
+//    e4m3 with one f32 scale per 128 elements of a
 //    row (quantize_fp8_per_token_group, group 128), stored column-major: scale of row r, group g
 //    at x_scales[g * rows + r]. cuBLASLt's BLK128x128 / VEC128 scale modes (CUDA >= 12.9, sm_90).
 // A plan is made once per weight (descriptors, and a check that cuBLASLt has an algorithm for it);
@@ -27,10 +28,19 @@ enum class LinearFormat { kBf16, kFp8Block };
 
 struct LinearWeight {
   LinearFormat format = LinearFormat::kBf16;
-  const void* weight = nullptr;      // device, [out, in] row-major, bf16 or e4m3
-  const float* scale_inv = nullptr;  // device, fp8 block only: [ceil(out/128), in/128]
+  const void* weight = nullptr;  // device, [out, in] row-major, bf16 or e4m3
+  // device, fp8 block only: [ceil(out/128), linear_scale_columns(in)] row-major, the first in/128
+  // columns of each row DeepSeek's scales
+  const float* scale_inv = nullptr;
   std::int64_t out = 0, in = 0;
 };
+
+// Floats per row of an fp8 block weight's scales: cuBLASLt's BLK128x128 scales are K-major with
+// a row stride of in/128 rounded up to a multiple of 4 (cuBLAS docs 3.1.4.5.1), which DeepSeek's
+// unpadded [ceil(out/128), in/128] has where in % 512 == 0.
+inline std::int64_t linear_scale_columns(std::int64_t in) {
+  return (in / 128 + 3) / 4 * 4;
+}
 
 // Bytes of cuBLASLt workspace a plan may use (the caller provides it with each run).
 inline constexpr std::size_t kLinearWorkspaceBytes = std::size_t(32) << 20;
@@ -39,10 +49,9 @@ class CublasLinear {
  public:
   // Builds the plan for `weight` and rows up to `max_rows`. Throws ErrorCategory::kUnsupported
   // (naming the format, the shape and the reason) when the format cannot run on this device:
-  // fp8 block needs in % 512 == 0 (cuBLASLt's BLK128x128 scales want in/128 padded to a multiple
-  // of 4, and scale_inv has no padding), out % 8 == 0 (16-byte aligned bf16 columns of y), sm_90,
-  // cuBLASLt >= 12.9, and an algorithm from cuBLASLt's heuristic for max_rows. weight and
-  // scale_inv must be 16-byte aligned (kInvalidArgument otherwise).
+  // fp8 block needs model::fp8_gemm_shape (in % 128 == 0, out % 8 == 0), sm_90, cuBLASLt >= 12.9,
+  // and an algorithm from cuBLASLt's heuristic for max_rows. weight and scale_inv must be 16-byte
+  // aligned (kInvalidArgument otherwise).
   CublasLinear(cublasLtHandle_t handle, const LinearWeight& weight, std::int64_t max_rows);
   ~CublasLinear();
   CublasLinear(const CublasLinear&) = delete;
