@@ -373,7 +373,7 @@ void CudaMlaExecutor::prep() {
     extend_ = {k8_nope_of(b_.k8, T), v8_of(b_.v8, T, v_pitch(T)), v_pitch(T), k8_rope_of(b_.k8, T)};
   } else {
     prep_bf16(write, kv_c);
-    extend_ = {rows_of(b_.k16, adt, T, kMlaQkDim), v_of(b_.kv, T), 0};
+    extend_ = {rows_of(b_.k16, adt, T, kMlaQkDim), v_of(b_.kv, T), 0, {}};
   }
 }
 
@@ -506,7 +506,7 @@ void CudaMlaExecutor::prefix_keys(std::int64_t first_row, std::int64_t n) {
   }
   cuda::model::rope_assemble_bf16(
       k_assembly(b_.prefix_kv, n, b_.prefix_pe, kMlaRopeDim, b_.prefix_k16), stream_);
-  prefix_ = {rows_of(b_.prefix_k16, adt, n, kMlaQkDim), v_of(b_.prefix_kv, n), 0};
+  prefix_ = {rows_of(b_.prefix_k16, adt, n, kMlaQkDim), v_of(b_.prefix_kv, n), 0, {}};
 }
 
 // One copy per run of rows: each sequence's prefix keys, then its extend keys.
@@ -558,7 +558,9 @@ void CudaMlaExecutor::assemble_one_shot() {
   one_shot_ = fp8 ? KeysValues{k8_nope_of(b_.one_shot_k, n), v8_of(b_.one_shot_v, n, pitch), pitch,
                                k8_rope_of(b_.one_shot_k, n)}
                   : KeysValues{rows_of(b_.one_shot_k, adt, n, kMlaQkDim),
-                               rows_of(b_.one_shot_v, adt, n, kMlaVDim), 0};
+                               rows_of(b_.one_shot_v, adt, n, kMlaVDim),
+                               0,
+                               {}};
 }
 
 void CudaMlaExecutor::attend(const MlaAttendStep& step) {
