@@ -191,6 +191,29 @@ class DLPack(Arrays):
         return a
 
 
+class NotAnArray(DLPack):
+    """The adapter of a value that is no array at all (a list, None, a string): _C says so where
+    it meets it; an output to allocate is refused here, naming what was given."""
+
+    given = "?"
+
+    @classmethod
+    def require(cls, op_name, **missing):
+        raise TypeError(
+            f"fp8mla.{op_name}: expected a numpy array, a torch tensor or an array with "
+            f"__dlpack__ for the tensor arguments, got {cls.given}")
+
+
+def _not_an_array(x) -> bool:
+    if hasattr(x, "__dlpack__"):
+        return False
+    try:
+        memoryview(x)
+    except TypeError:
+        return True
+    return False
+
+
 _BY_MODULE = {"numpy": Numpy}
 _BY_TYPE: dict = {}  # array type -> its adapter, as adapter_for found it
 # torch.Tensor and its adapter once torch_ops is loaded. A plain tensor is routed by them without
@@ -221,7 +244,12 @@ def adapter_for(x):
         if adapter is None:
             torch = sys.modules.get("torch")
             is_tensor = root == "torch" or (torch is not None and isinstance(x, torch.Tensor))
-            adapter = load_torch() if is_tensor else DLPack
+            if is_tensor:
+                adapter = load_torch()
+            elif _not_an_array(x):
+                adapter = type("NotAnArray", (NotAnArray,), {"given": type(x).__name__})
+            else:
+                adapter = DLPack
         _BY_TYPE[type(x)] = adapter
     return adapter
 

@@ -117,6 +117,17 @@ def quantize_entries():
         return fp8mla.quantize_fp8(x, 1.0, out=x.view(np.uint8)[:, :64].view(E4M3))
 
     return [
+        Bad("quantize_fp8 a list for x, out to allocate", lambda b: fp8mla.quantize_fp8(
+            [[1.0, 2.0]], 1.0), TypeError,
+            ("fp8mla.quantize_fp8: expected a numpy array, a torch tensor or an array with "
+             "__dlpack__", "got list")),
+        Bad("merge_attention_states None for o_a, outputs to allocate",
+            lambda b: fp8mla.merge_attention_states(None, None, None, None), TypeError,
+            ("fp8mla.merge_attention_states: expected a numpy array", "got NoneType")),
+        Bad("quantize_fp8 a list for x, out given", lambda b: fp8mla.quantize_fp8(
+            [[1.0, 2.0]], 1.0, out=b.output((1, 2), E4M3)), INVALID,
+            ("quantize_fp8: `input`: expected an array that supports DLPack or the buffer "
+             "protocol", "got list")),
         Bad("quantize_fp8 int32 x", lambda b: fp8mla.quantize_fp8(
             b.input((4, 64), np.int32), 1.0, out=b.output((4, 64), E4M3)), INVALID,
             ("`input` dtype: expected one of {bf16, f16, f32}", "got i32")),

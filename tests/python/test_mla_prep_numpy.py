@@ -563,10 +563,27 @@ def test_v_quantize_caller_output_and_errors():
         fp8mla.mla_v_quantize_fp8(v, v_out=np.zeros((4, 2, 128), E4M3))
 
 
+class DLPackOnly:
+    """An array known only through DLPack (as cupy's are to fp8mla)."""
+
+    def __init__(self, a):
+        self.a, self.dtype, self.shape = a, a.dtype, a.shape
+
+    def __dlpack__(self, **kwargs):
+        return self.a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
 def test_generic_arrays_need_outputs():
+    cache = DLPackOnly(np.zeros((2, 576), np.uint8))
     with pytest.raises(TypeError, match="pass kv_c_out, k_pe_out explicitly"):
-        fp8mla.mla_kv_gather([[0]], [0], 1.0)
+        fp8mla.mla_kv_gather(cache, np.zeros(1, np.int64), 1.0)
+    kv = DLPackOnly(np.zeros((2, 4, 256), np.float32))
     with pytest.raises(TypeError, match="pass k_out, v_out explicitly"):
-        fp8mla.mla_kv_pack_quantize_fp8([0], [0], [0])
+        fp8mla.mla_kv_pack_quantize_fp8(kv, kv, kv)
     with pytest.raises(TypeError, match="pass v_out explicitly"):
+        fp8mla.mla_v_quantize_fp8(kv)
+    with pytest.raises(TypeError, match="got list"):  # not an array at all
         fp8mla.mla_v_quantize_fp8([0])

@@ -404,5 +404,8 @@ def test_error_bad_choices():
 def test_error_not_an_array():
     with pytest.raises(fp8mla.Error, match="expected an array"):
         fp8mla._C.quantize_fp8([1.0, 2.0], np.empty((2,), np.uint8), 1.0)
-    with pytest.raises(TypeError, match="pass out explicitly"):
+    with pytest.raises(TypeError, match="expected a numpy array, a torch tensor or an array "
+                       "with __dlpack__ for the tensor arguments, got list"):
         fp8mla.quantize_fp8([1.0, 2.0], 1.0)
+    with pytest.raises(TypeError, match="pass out explicitly"):  # an array, but not one to copy
+        fp8mla.quantize_fp8(DLPackOnly(np.ones((2, 128), np.float32)), 1.0)
