@@ -12,6 +12,7 @@ import pytest
 ml_dtypes = pytest.importorskip("ml_dtypes")
 import fp8mla  # noqa: E402
 import mla_prep_reference as ref  # noqa: E402
+from dlpack_only import DLPackOnly  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -561,19 +562,6 @@ def test_v_quantize_caller_output_and_errors():
         fp8mla.mla_v_quantize_fp8(v, v_out=np.zeros((5, 2, 128), E4M3), v_layout="transposed")
     with pytest.raises(fp8mla.InvalidArgumentError, match="`v_out`: expected 5 tokens like `v`"):
         fp8mla.mla_v_quantize_fp8(v, v_out=np.zeros((4, 2, 128), E4M3))
-
-
-class DLPackOnly:
-    """An array known only through DLPack (as cupy's are to fp8mla)."""
-
-    def __init__(self, a):
-        self.a, self.dtype, self.shape = a, a.dtype, a.shape
-
-    def __dlpack__(self, **kwargs):
-        return self.a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.a.__dlpack_device__()
 
 
 def test_generic_arrays_need_outputs():

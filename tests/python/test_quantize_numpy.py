@@ -9,6 +9,7 @@ import pytest
 ml_dtypes = pytest.importorskip("ml_dtypes")
 import fp8mla  # noqa: E402
 import fp8mla_reference as ref  # noqa: E402
+from dlpack_only import DLPackOnly  # noqa: E402
 
 BF16 = ml_dtypes.bfloat16
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -127,19 +128,6 @@ def test_arrays_refused_say_why():
                        match=r"quantize_fp8: `out`: expected a writable array"):
         fp8mla.quantize_fp8(x, 1.0, out=read_only)
     assert not read_only.any()
-
-
-class DLPackOnly:
-    """An array known only through DLPack and its dtype (as cupy's are to fp8mla)."""
-
-    def __init__(self, a):
-        self.a, self.dtype, self.shape = a, a.dtype, a.shape
-
-    def __dlpack__(self, **kwargs):
-        return self.a.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return self.a.__dlpack_device__()
 
 
 def test_dlpack_arrays_give_raw_fp8_outputs():
