@@ -54,8 +54,8 @@ struct CpuProjection {
 std::string note(const char* name, const CpuProjection& p) {
   return concat(name, " [", p.out, ", ", p.in, "]: ",
                 p.fp8_input    ? "fp8 block-scaled GEMM (input quantized per 128-group), f32 math"
-                : p.fp8_weight ? "bf16 GEMM on the dequantized e4m3 weight (its input dim is not "
-                                 "a multiple of 128), f32 math"
+                : p.fp8_weight ? "bf16 GEMM on the dequantized e4m3 weight (the FP8 GEMM wants "
+                                 "in % 128 == 0 and out % 8 == 0), f32 math"
                                : "bf16 GEMM, f32 math");
 }
 

@@ -25,6 +25,7 @@
 #include "fp8mla/numerics.hpp"
 #include "fp8mla/safetensors.hpp"
 #include "mla_layer_test_util.hpp"
+#include "model/fp8_gemm_rule.hpp"
 #include "model/mla_executor.hpp"
 
 namespace fp8mla {
@@ -81,7 +82,7 @@ TEST(MlaLayerCpuFp8Weights, InputDimsNotMultiplesOf128) {
   MlaLayer layer(f.config, w);
   int dequantized = 0;
   for (const std::string& n : layer.projection_notes()) {
-    dequantized += n.find("not a multiple of 128") != std::string::npos;
+    dequantized += n.find("bf16 GEMM on the dequantized e4m3 weight") != std::string::npos;
   }
   EXPECT_EQ(dequantized, 3);  // q_a_proj and kv_a_proj_with_mqa (in 200), q_b_proj (in 96)
   LayerAccuracy accuracy(WeightFormat::kFp8Block, ref);
@@ -92,6 +93,26 @@ TEST(MlaLayerCpuFp8Weights, InputDimsNotMultiplesOf128) {
     const bool fp8 = backend->capabilities().prepare_prefill_qkv;
     accuracy.check(name, fp8, 0, run(layer, f, *backend, prefix_mode(0)), f, cache_before);
   }
+}
+
+// The FP8 GEMM rule the CUDA layer shares (model/fp8_gemm_rule.hpp), as the CPU layer says it:
+// q_b_proj with in = 384 (not a multiple of 512) runs the FP8 GEMM; with in = 264 it does not.
+TEST(MlaLayerCpuFp8Weights, TheFp8GemmRuleDecidesEachProjection) {
+  for (const std::int64_t q_lora_rank : {384, 264}) {
+    Fixture f({{0, 4}}, 5);
+    f.config.q_lora_rank = q_lora_rank;
+    const MlaLayer layer(f.config, generate_mla_weights(f.config, WeightFormat::kFp8Block, 4));
+    const std::string& q_b = layer.projection_notes()[1];
+    EXPECT_NE(q_b.find(concat("q_b_proj [768, ", q_lora_rank, "]: ",
+                              q_lora_rank % 128 == 0 ? "fp8 block-scaled GEMM"
+                                                     : "bf16 GEMM on the dequantized e4m3 weight")),
+              std::string::npos)
+        << q_b;
+  }
+  EXPECT_TRUE(model::fp8_gemm_shape(576, 7168));
+  EXPECT_TRUE(model::fp8_gemm_shape(768, 384));
+  EXPECT_FALSE(model::fp8_gemm_shape(768, 264));
+  EXPECT_FALSE(model::fp8_gemm_shape(260, 512));
 }
 
 INSTANTIATE_TEST_SUITE_P(Weights, MlaLayerCpu,
