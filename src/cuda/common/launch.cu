@@ -10,7 +10,7 @@
 #include <mutex>
 #include <utility>
 
-#include "cuda/common/launch.cuh"
+#include "cuda/common/driver_launch.hpp"
 #include "fp8mla/error.hpp"
 
 namespace fp8mla::cuda {
@@ -86,15 +86,7 @@ void runtime_launch(const char* name, const void* kernel, const LaunchConfig& co
 
 }  // namespace
 
-void launch_kernel(const char* name, const void* kernel, const LaunchConfig& config,
-                   void** params) {
-  const bool pdl = config.pdl && pdl_enabled() && current_device_props().arch >= 90;
-  const Driver& d = driver();
-  CUcontext context = nullptr;
-  if (d.current_context(&context) != CUDA_SUCCESS || context == nullptr) {
-    runtime_launch(name, kernel, config, pdl, params);
-    return;
-  }
+CUresult driver_launch(CUfunction function, const LaunchConfig& config, bool pdl, void** params) {
   CUlaunchAttribute attribute{};
   CUlaunchConfig cfg{};
   cfg.gridDimX = config.grid.x;
@@ -111,18 +103,31 @@ void launch_kernel(const char* name, const void* kernel, const LaunchConfig& con
     cfg.attrs = &attribute;
     cfg.numAttrs = 1;
   }
-  CUresult status = d.launch(&cfg, function_handle(kernel, context), params, nullptr);
+  return driver().launch(&cfg, function, params, nullptr);
+}
+
+void throw_launch_error(const char* name, CUresult status) {
+  const char* error = nullptr;
+  if (driver().error_name(status, &error) != CUDA_SUCCESS || error == nullptr) error = "unknown";
+  throw Error(ErrorCategory::kCuda,
+              concat(name, " failed: ", error, " (cuLaunchKernelEx, CUresult ", int(status), ")"));
+}
+
+void launch_kernel(const char* name, const void* kernel, const LaunchConfig& config,
+                   void** params) {
+  const bool pdl = config.pdl && pdl_enabled() && current_device_props().arch >= 90;
+  CUcontext context = nullptr;
+  if (driver().current_context(&context) != CUDA_SUCCESS || context == nullptr) {
+    runtime_launch(name, kernel, config, pdl, params);
+    return;
+  }
+  CUresult status = driver_launch(function_handle(kernel, context), config, pdl, params);
   if (status == CUDA_ERROR_INVALID_HANDLE) {
     // A handle of a context that no longer exists: look the kernel up again, once.
     handle_generation.fetch_add(1, std::memory_order_acq_rel);
-    status = d.launch(&cfg, function_handle(kernel, context), params, nullptr);
+    status = driver_launch(function_handle(kernel, context), config, pdl, params);
   }
-  if (status != CUDA_SUCCESS) {
-    const char* error = nullptr;
-    if (d.error_name(status, &error) != CUDA_SUCCESS || error == nullptr) error = "unknown";
-    throw Error(ErrorCategory::kCuda, concat(name, " failed: ", error,
-                                             " (cuLaunchKernelEx, CUresult ", int(status), ")"));
-  }
+  if (status != CUDA_SUCCESS) throw_launch_error(name, status);
 }
 
 }  // namespace fp8mla::cuda

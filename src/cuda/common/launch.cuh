@@ -24,8 +24,9 @@ struct LaunchConfig {
 };
 
 // Launches `kernel` with the arguments whose addresses `params` holds (one per kernel parameter),
-// through the driver's cuLaunchKernelEx: the runtime's cudaLaunchKernelEx adds about 0.5 us of host
-// time a call on top of it (bench/RESULTS_host.md). Throws Error{kCuda} naming `name`.
+// through the driver's cuLaunchKernelEx (driver_launch.hpp) on the kernel's handle in the current
+// context, cached per thread: the runtime's cudaLaunchKernelEx cost 0.1-0.7 us more a call
+// (bench/RESULTS_host.md, 2026-12-05). Throws Error{kCuda} naming `name`.
 void launch_kernel(const char* name, const void* kernel, const LaunchConfig& config, void** params);
 
 template <typename... KernelArgs, typename... Args>

@@ -4,14 +4,10 @@
 // driver's cuLaunchKernelEx with the PDL attribute, after the context and handle lookups) and
 // through the bare cuLaunchKernelEx with the same attribute and a handle looked up once (what the
 // library's lookups cost on top). An op's row minus the library's floor is what fp8mla adds.
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include <cstring>
 
 #include "bench/launch_floor.hpp"
-#include "cuda/common/launch.cuh"
-#include "fp8mla/error.hpp"
+#include "cuda/common/driver_launch.hpp"
 
 namespace fp8mla::cli {
 namespace {
@@ -36,14 +32,9 @@ void launch_empty(bool library_path) {
   }
 }
 
-PFN_cuLaunchKernelEx_v11060 driver_launch_function() {
-  static const auto fn = reinterpret_cast<PFN_cuLaunchKernelEx_v11060>(
-      cuda::driver_entry_point("cuLaunchKernelEx", 11060));
-  return fn;
-}
-
-// The driver's launch of the same kernel on the same (legacy default) stream, its handle and the
-// entry point looked up once.
+// The driver's launch of the same kernel on the same (legacy default) stream with the PDL
+// attribute, its handle looked up once: the library's launch without its context query, handle
+// cache and PDL switch.
 template <int kBytes>
 void launch_empty_driver() {
   static const CUfunction function = [] {
@@ -55,19 +46,9 @@ void launch_empty_driver() {
   Payload<kBytes> payload;
   std::memset(payload.bytes, 0, kBytes);
   void* params[] = {&payload};
-  CUlaunchAttribute attribute{};
-  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attribute.value.programmaticStreamSerializationAllowed = 1;
-  CUlaunchConfig config{};
-  config.gridDimX = config.gridDimY = config.gridDimZ = 1;
-  config.blockDimX = 32;
-  config.blockDimY = config.blockDimZ = 1;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  const CUresult r = driver_launch_function()(&config, function, params, nullptr);
-  if (r != CUDA_SUCCESS) {
-    throw Error(ErrorCategory::kCuda, concat("cuLaunchKernelEx(empty_kernel) failed: ", int(r)));
-  }
+  const CUresult status =
+      cuda::driver_launch(function, {dim3(1), dim3(32), 0, nullptr, true}, true, params);
+  if (status != CUDA_SUCCESS) cuda::throw_launch_error("empty_kernel", status);
 }
 
 }  // namespace
