@@ -66,24 +66,6 @@ CUfunction function_handle(const void* kernel, CUcontext context) {
   return function;
 }
 
-// The runtime's own launch: where no context is current yet (it creates the primary one).
-void runtime_launch(const char* name, const void* kernel, const LaunchConfig& config, bool pdl,
-                    void** params) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = config.grid;
-  cfg.blockDim = config.block;
-  cfg.dynamicSmemBytes = config.shared_bytes;
-  cfg.stream = config.stream;
-  cudaLaunchAttribute attribute{};
-  if (pdl) {
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attribute;
-    cfg.numAttrs = 1;
-  }
-  check(cudaLaunchKernelExC(&cfg, kernel, params), name);
-}
-
 }  // namespace
 
 CUresult driver_launch(CUfunction function, const LaunchConfig& config, bool pdl, void** params) {
@@ -115,11 +97,18 @@ void throw_launch_error(const char* name, CUresult status) {
 
 void launch_kernel(const char* name, const void* kernel, const LaunchConfig& config,
                    void** params) {
-  const bool pdl = config.pdl && pdl_enabled() && current_device_props().arch >= 90;
+  const DeviceProps& device = current_device_props();
+  const bool pdl = config.pdl && pdl_enabled() && device.arch >= 90;
   CUcontext context = nullptr;
   if (driver().current_context(&context) != CUDA_SUCCESS || context == nullptr) {
-    runtime_launch(name, kernel, config, pdl, params);
-    return;
+    // A thread the runtime has not used yet: cudaSetDevice makes the device's primary context
+    // current (CUDA >= 12), as the runtime's own launch would.
+    check(cudaSetDevice(device.ordinal), "cudaSetDevice");
+    if (driver().current_context(&context) != CUDA_SUCCESS || context == nullptr) {
+      throw Error(
+          ErrorCategory::kCuda,
+          concat(name, ": no CUDA context current after cudaSetDevice(", device.ordinal, ")"));
+    }
   }
   CUresult status = driver_launch(function_handle(kernel, context), config, pdl, params);
   if (status == CUDA_ERROR_INVALID_HANDLE) {
