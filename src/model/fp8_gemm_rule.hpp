@@ -6,15 +6,15 @@
 
 #include <cstdint>
 
+#include "fp8mla/mla_weights.hpp"
+
 namespace fp8mla::model {
 
-// Input groups (and weight blocks) of 128 along `in`.
-inline constexpr std::int64_t kFp8GemmGroup = 128;
 // cuBLASLt's fp8 kernels write 16-byte aligned bf16 output rows (cuBLAS docs 3.4.17).
 inline constexpr std::int64_t kFp8GemmOutMultiple = 8;
 
 inline bool fp8_gemm_shape(std::int64_t out, std::int64_t in) {
-  return in % kFp8GemmGroup == 0 && out % kFp8GemmOutMultiple == 0;
+  return in % kWeightBlock == 0 && out % kFp8GemmOutMultiple == 0;
 }
 
 }  // namespace fp8mla::model

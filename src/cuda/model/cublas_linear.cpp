@@ -187,12 +187,12 @@ CublasLinear::CublasLinear(cublasLtHandle_t handle, const LinearWeight& weight,
     if (!fp8mla::model::fp8_gemm_shape(weight.out, weight.in)) {
       throw Error(
           ErrorCategory::kUnsupported,
-          concat("CublasLinear: ", describe(weight), " needs in % ", fp8mla::model::kFp8GemmGroup,
+          concat("CublasLinear: ", describe(weight), " needs in % ", kWeightBlock,
                  " == 0 (whole 128 x 128 scale blocks) and out % ",
                  fp8mla::model::kFp8GemmOutMultiple,
                  " == 0 (cuBLASLt's fp8 kernels want 16-byte aligned bf16 output rows), got in % ",
-                 fp8mla::model::kFp8GemmGroup, " = ", weight.in % fp8mla::model::kFp8GemmGroup,
-                 ", out % ", fp8mla::model::kFp8GemmOutMultiple, " = ",
+                 kWeightBlock, " = ", weight.in % kWeightBlock, ", out % ",
+                 fp8mla::model::kFp8GemmOutMultiple, " = ",
                  weight.out % fp8mla::model::kFp8GemmOutMultiple));
     }
     if (cublasLtGetVersion() < 120900) {
