@@ -159,6 +159,29 @@ TEST(CudaRuntime, LaunchFromFreshThreads) {
   }
 }
 
+// cudaDeviceReset destroys the primary context whose kernel handles the launch caches; the next
+// call makes a new one (often at the same address, where a cached handle would be stale). A
+// launch after it still runs the kernel, on the first try and after.
+TEST(CudaRuntime, LaunchAfterTheContextIsRecreated) {
+  FP8MLA_REQUIRE_HOPPER();
+  constexpr std::uint32_t kN = 1u << 12;
+  const cuda::LaunchConfig config{dim3(4), dim3(128), 0, nullptr, true};
+  for (int life = 0; life < 3; ++life) {
+    {
+      const test::DeviceBuffer out(kN * 4);
+      for (std::uint32_t round = 0; round < 3; ++round) {
+        cuda::launch("fill_kernel", fill_kernel, config, out.as<std::uint32_t>(), kN,
+                     std::uint32_t(life) * 100u + round);
+      }
+      const std::vector<std::uint32_t> got = out.download_as<std::uint32_t>();
+      for (std::uint32_t i = 0; i < kN; ++i) {
+        ASSERT_EQ(got[i], i * 2654435761u + std::uint32_t(life) * 100u + 2u) << life << " " << i;
+      }
+    }
+    cuda::check(cudaDeviceReset(), "cudaDeviceReset");
+  }
+}
+
 bool same_bytes(const CUtensorMap& a, const CUtensorMap& b) {
   return std::memcmp(&a, &b, sizeof(CUtensorMap)) == 0;
 }

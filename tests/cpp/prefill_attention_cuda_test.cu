@@ -516,6 +516,25 @@ std::string byte_difference(const std::vector<std::uint8_t>& a,
                     : std::to_string(count) + " bytes differ, first at " + std::to_string(first);
 }
 
+// After cudaDeviceReset the kernels live in a new context: their handles and their opt-in shared
+// memory size (set once on the old one) must follow, and the same inputs give the same bytes.
+TEST_P(PrefillCuda, SameBytesAfterTheContextIsRecreated) {
+  FP8MLA_REQUIRE_HOPPER();
+  const Case c = batch({300, 77}, {500, 77}, 16);
+  Outputs first;
+  {
+    Problem p = make_problem(c, 23);
+    first = run(p);
+  }
+  for (int life = 0; life < 2; ++life) {
+    cuda::check(cudaDeviceReset(), "cudaDeviceReset");
+    Problem p = make_problem(c, 23);
+    const Outputs again = run(p);
+    EXPECT_EQ(byte_difference(again.out, first.out), "") << "life " << life;
+    EXPECT_EQ(byte_difference(again.lse, first.lse), "") << "life " << life;
+  }
+}
+
 // A batch of the byte-equality tests: sequence lengths, heads, masking, strided q and k.
 struct Shape {
   std::vector<int> q_lens, k_lens;

@@ -5,10 +5,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
-#include <mutex>
 
 #include "cuda/attention/prefill_kernel.cuh"
 #include "cuda/attention/prefill_launch.hpp"
@@ -109,34 +107,16 @@ void set_k_maps(PrefillKernelParams& kp, const PrefillAttentionParams& p) {
 
 }  // namespace detail
 
-// The shared-memory attribute is the kernel's on the current device `device`: set once per device
-// (a process driving several GPUs launches on each).
-template <typename Traits>
-void prepare_prefill(int device) {
-  static std::array<std::once_flag, 64> once;
-  const auto set = [] {
-    check(cudaFuncSetAttribute(prefill_attention_kernel<Traits>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               shared_launch_bytes<Traits>()),
-          "cudaFuncSetAttribute(prefill_attention_kernel)");
-  };
-  if (device < int(once.size())) {
-    std::call_once(once[std::size_t(device)], set);
-  } else {
-    set();  // past the flags: setting it again is harmless
-  }
-}
-
 template <typename Traits>
 void prepare_prefill() {
-  prepare_prefill<Traits>(current_device());
+  prepare_kernel("prefill_attention_kernel",
+                 reinterpret_cast<const void*>(prefill_attention_kernel<Traits>),
+                 shared_launch_bytes<Traits>());
 }
 
 template <typename Traits>
 void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
-  const int device = current_device();
-  prepare_prefill<Traits>(device);
-  const int sm_count = device_props(device).sm_count;
+  const int sm_count = current_device_props().sm_count;
   const dim3 grid = PrefillScheduler<Traits>::grid(p, sm_count);
   if (p.tq == 0 || p.heads == 0 || p.batch == 0 || grid.x == 0) return;
 

@@ -12,7 +12,8 @@ namespace fp8mla::cuda::attention {
 template <typename Traits>
 void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream);
 
-// One-time setup of a variant (its shared-memory attribute); launch_prefill calls it too.
+// Loads the variant's kernel in the current context and allows its shared memory, as its first
+// launch there would (warm_up_attention: ahead of a CUDA graph capture).
 template <typename Traits>
 void prepare_prefill();
 

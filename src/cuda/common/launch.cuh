@@ -26,8 +26,14 @@ struct LaunchConfig {
 // Launches `kernel` with the arguments whose addresses `params` holds (one per kernel parameter),
 // through the driver's cuLaunchKernelEx (driver_launch.hpp) on the kernel's handle in the current
 // context, cached per thread: the runtime's cudaLaunchKernelEx cost 0.1-0.7 us more a call
-// (bench/RESULTS_host.md, 2026-12-05). Throws Error{kCuda} naming `name`.
+// (bench/RESULTS_host.md, 2026-12-05). A config.shared_bytes over the default 48 KiB is allowed
+// on the kernel in that context on its first such launch. Throws Error{kCuda} naming `name`.
 void launch_kernel(const char* name, const void* kernel, const LaunchConfig& config, void** params);
+
+// What launch_kernel does before its first launch of `kernel` in the current context (the module
+// loaded, `shared_bytes` of dynamic shared memory allowed), done ahead: before a CUDA graph
+// capture.
+void prepare_kernel(const char* name, const void* kernel, std::size_t shared_bytes);
 
 template <typename... KernelArgs, typename... Args>
 void launch(const char* name, void (*kernel)(KernelArgs...), const LaunchConfig& config,
