@@ -14,6 +14,7 @@ struct OutputQuantParams {
   QuantizeFp8Params fp8;      // kFp8Static: a scale_inv in memory (output_scale)
   QuantizeGroupParams group;  // kFp8Group128, kFp8Group64
   QuantizeNvfp4Params nvfp4;  // kNvfp4: global scale output_scale
+  friend bool operator==(const OutputQuantParams&, const OutputQuantParams&) = default;
 };
 
 namespace cpu {

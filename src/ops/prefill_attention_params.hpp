@@ -58,6 +58,7 @@ struct PrefillAttentionParams {
   OutputQuantParams quant;
   float* lse = nullptr;  // optional f32 [tq, heads]; nullptr: not written
   std::int64_t lse_token_stride = 0, lse_head_stride = 0;
+  friend bool operator==(const PrefillAttentionParams&, const PrefillAttentionParams&) = default;
 };
 
 namespace cpu {

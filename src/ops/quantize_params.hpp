@@ -17,6 +17,7 @@ struct Rows {
   std::int64_t rows = 0;
   std::int64_t cols = 0;
   std::int64_t row_stride = 0;
+  friend bool operator==(const Rows&, const Rows&) = default;
 };
 
 struct QuantizeFp8Params {
@@ -27,6 +28,7 @@ struct QuantizeFp8Params {
   float scale_inv = 1.0f;                // kValue
   const float* scale_inv_ptr = nullptr;  // kMemory
   float* scale_out = nullptr;            // kDynamic: receives amax / fp8_max (clamped)
+  friend bool operator==(const QuantizeFp8Params&, const QuantizeFp8Params&) = default;
 };
 
 struct QuantizeGroupParams {
@@ -45,6 +47,7 @@ struct QuantizeGroupParams {
   // Strides of the [rows, groups] (or [rows, words] when packed) scale tensor, in its elements.
   std::int64_t scale_row_stride = 0;
   std::int64_t scale_col_stride = 0;
+  friend bool operator==(const QuantizeGroupParams&, const QuantizeGroupParams&) = default;
 };
 
 struct QuantizeNvfp4Params {
@@ -54,6 +57,7 @@ struct QuantizeNvfp4Params {
   Nvfp4ScaleLayout layout = Nvfp4ScaleLayout::kSwizzled128x4;
   std::uint8_t* block_scales = nullptr;
   std::int64_t scale_row_stride = 0;  // kLinear: bytes between rows of [M, K/16]
+  friend bool operator==(const QuantizeNvfp4Params&, const QuantizeNvfp4Params&) = default;
 };
 
 // Byte offset of the block scale of row m, block kb in the 128x4 swizzled layout of a matrix

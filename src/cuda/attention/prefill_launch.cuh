@@ -114,12 +114,11 @@ void prepare_prefill() {
                  shared_launch_bytes<Traits>());
 }
 
-template <typename Traits>
-void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
-  const int sm_count = current_device_props().sm_count;
-  const dim3 grid = PrefillScheduler<Traits>::grid(p, sm_count);
-  if (p.tq == 0 || p.heads == 0 || p.batch == 0 || grid.x == 0) return;
+namespace detail {
 
+// The kernel parameters of `p` on a device of `sm_count` SMs.
+template <typename Traits>
+PrefillKernelParams kernel_params(const PrefillAttentionParams& p, int sm_count) {
   PrefillKernelParams kp{};
   kp.q_map = detail::qk_map<Traits>(p.q, Traits::kDqk, p.tq, p.heads, p.q_token_stride,
                                     p.q_head_stride, "q");
@@ -188,6 +187,32 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   kp.lse_token_stride = p.lse_token_stride;
   kp.lse_head_stride = p.lse_head_stride;
   kp.order = PrefillScheduler<Traits>::order(p, sm_count);
+  return kp;
+}
+
+}  // namespace detail
+
+template <typename Traits>
+void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
+  const DeviceProps& device = current_device_props();
+  const dim3 grid = PrefillScheduler<Traits>::grid(p, device.sm_count);
+  if (p.tq == 0 || p.heads == 0 || p.batch == 0 || grid.x == 0) return;
+
+  // The last call's parameters, per thread and variant: an engine calls with the same buffers and
+  // shapes layer after layer (only cu_seqlens' contents change between steps), and building the
+  // tensor maps and the tile order again cost XX us a call.
+  thread_local struct {
+    bool filled = false;
+    int device = -1;
+    PrefillAttentionParams p;
+    PrefillKernelParams kp;
+  } last;
+  if (!last.filled || last.device != device.ordinal || !(last.p == p)) {
+    last.kp = detail::kernel_params<Traits>(p, device.sm_count);  // throws before `last` changes
+    last.p = p;
+    last.device = device.ordinal;
+    last.filled = true;
+  }
 
   LaunchConfig config;
   config.grid = grid;
@@ -195,7 +220,7 @@ void launch_prefill(const PrefillAttentionParams& p, cudaStream_t stream) {
   config.shared_bytes = shared_launch_bytes<Traits>();
   config.stream = stream;
   config.pdl = true;
-  launch("prefill_attention_kernel", prefill_attention_kernel<Traits>, config, kp);
+  launch("prefill_attention_kernel", prefill_attention_kernel<Traits>, config, last.kp);
 }
 
 }  // namespace fp8mla::cuda::attention
