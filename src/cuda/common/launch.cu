@@ -19,6 +19,7 @@ namespace {
 
 struct Driver {
   PFN_cuLaunchKernelEx_v11060 launch;
+  PFN_cuCtxGetCurrent_v4000 current_context;
   PFN_cuCtxGetId_v12000 context_id;
   PFN_cuFuncSetAttribute_v9000 set_attribute;
   PFN_cuGetErrorName_v6000 error_name;
@@ -27,6 +28,7 @@ struct Driver {
 const Driver& driver() {
   static const Driver d{
       reinterpret_cast<PFN_cuLaunchKernelEx_v11060>(driver_entry_point("cuLaunchKernelEx", 11060)),
+      reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(driver_entry_point("cuCtxGetCurrent", 4000)),
       reinterpret_cast<PFN_cuCtxGetId_v12000>(driver_entry_point("cuCtxGetId", 12000)),
       reinterpret_cast<PFN_cuFuncSetAttribute_v9000>(
           driver_entry_point("cuFuncSetAttribute", 9000)),
@@ -56,14 +58,23 @@ struct HandleSlot {
 
 // The id of the calling thread's current context. A thread the runtime has not used yet has none:
 // cudaSetDevice makes the device's primary context current (CUDA >= 12), as the runtime's own
-// launch would.
+// launch would. (cuCtxGetCurrent first: it answers "none" without failing, where cuCtxGetId
+// would fail, a failed API call that compute-sanitizer reports.)
 unsigned long long current_context(const char* name, int device) {
+  CUcontext context = nullptr;
+  if (driver().current_context(&context) != CUDA_SUCCESS || context == nullptr) {
+    check(cudaSetDevice(device), "cudaSetDevice");
+    if (driver().current_context(&context) != CUDA_SUCCESS || context == nullptr) {
+      throw Error(ErrorCategory::kCuda,
+                  concat(name, ": no CUDA context current after cudaSetDevice(", device, ")"));
+    }
+  }
   unsigned long long id = 0;
-  if (driver().context_id(nullptr, &id) == CUDA_SUCCESS) return id;
-  check(cudaSetDevice(device), "cudaSetDevice");
-  if (driver().context_id(nullptr, &id) != CUDA_SUCCESS) {
-    throw Error(ErrorCategory::kCuda,
-                concat(name, ": no CUDA context current after cudaSetDevice(", device, ")"));
+  const CUresult status = driver().context_id(context, &id);
+  if (status != CUDA_SUCCESS) {
+    throw Error(
+        ErrorCategory::kCuda,
+        concat(name, ": the current context has no id: ", error_name(status), " (cuCtxGetId)"));
   }
   return id;
 }
