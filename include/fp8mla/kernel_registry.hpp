@@ -45,8 +45,9 @@ struct AttentionNeeds {
 std::vector<AttentionVariantKey> attention_keys(const AttentionNeeds& needs);
 
 // Checks that every key of `needs` is compiled (ErrorCategory::kUnsupported listing the needed,
-// missing and compiled keys otherwise) and does each one's one-time set-up (its shared-memory
-// limit) on the calling thread's current CUDA device, so no call pays for it later.
+// missing and compiled keys otherwise) and does each one's one-time set-up (the kernel loaded,
+// its shared-memory limit set) in the calling thread's current CUDA context, so no call pays for
+// it later (a context made again by cudaDeviceReset gets it at its first launch).
 void warm_up_attention(const AttentionNeeds& needs);
 
 }  // namespace fp8mla
