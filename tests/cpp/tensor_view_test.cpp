@@ -149,5 +149,19 @@ TEST(Error, MessageCategoryAndLocation) {
   EXPECT_EQ(concat("a", 1, '-', 2.5), "a1-2.5");
 }
 
+// An error raised inside the library names its file as a path in the source tree, whichever
+// directory the library was built from.
+TEST(Error, LibraryLocationIsRelativeToTheSourceTree) {
+  TensorView column(nullptr, DType::kF32, {4, 8}, {1, 4});
+  try {
+    fold_rows(column, "x");
+    FAIL() << "fold_rows accepted a column-major view";
+  } catch (const Error& e) {
+    const std::string file = e.where().file_name();
+    EXPECT_EQ(file.rfind("src/", 0), 0u) << file;
+    EXPECT_NE(std::string(e.what()).find(concat("[", file, ":")), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace fp8mla
