@@ -175,10 +175,9 @@ TensorView heads_view(const TensorView& t, std::int64_t heads, std::int64_t widt
 // An e4m3 V of n tokens in the backend's layout (transposed: [H][128][pitch] memory).
 TensorView v_out(Memory& memory, fp8mla::VLayout layout, std::int64_t n, std::int64_t heads) {
   if (layout == fp8mla::VLayout::kTokenMajor) return memory.tensor(DType::kE4M3, {n, heads, kV});
-  const std::int64_t pitch = std::max<std::int64_t>(16, (n + 15) / 16 * 16);  // 16-byte rows
+  const std::int64_t pitch = fp8mla::transposed_v_pitch(n);
   const TensorView block = memory.tensor(DType::kE4M3, {heads, kV, pitch});
-  return TensorView(block.data(), DType::kE4M3, {n, heads, kV}, {1, kV * pitch, pitch},
-                    block.device());
+  return fp8mla::transposed_v_view(block.data(), n, heads, pitch, block.device());
 }
 
 std::vector<std::int32_t> offsets(const std::vector<std::int64_t>& lengths) {

@@ -137,6 +137,16 @@ enum class VLayout {
   kTransposed,
 };
 
+// The token pitch fp8mla gives a transposed V of `tokens` tokens (the layer's workspace, Python's
+// allocated outputs): `tokens` rounded up to 16, at least 16, so that each dim's row of keys
+// starts 16-byte aligned as TMA reads it. Any pitch >= tokens that is a multiple of 16 works.
+std::int64_t transposed_v_pitch(std::int64_t tokens);
+
+// The e4m3 [tokens, heads, 128] view of transposed V memory [heads][128][pitch] at `data`
+// (strides {1, 128 * pitch, pitch}), as VLayout::kTransposed lays it out.
+TensorView transposed_v_view(void* data, std::int64_t tokens, std::int64_t heads,
+                             std::int64_t pitch, Device device);
+
 struct MlaKvPackArgs {
   TensorView k_nope;  // [n, H, 128] bf16/f16, strided (e.g. a slice of kv_b_proj's output)
   TensorView k_pe;    // [n, 64] or [n, 1, 64]: broadcast to every head

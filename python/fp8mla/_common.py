@@ -183,5 +183,7 @@ def out_shape(shape, last: int):
 
 
 def transposed_pitch(n: int) -> int:
-    """Token pitch of an allocated transposed V: n rounded up to 16 (TMA needs 16-byte rows)."""
+    """Token pitch of an allocated transposed V: n rounded up to 16, at least 16 (TMA needs
+    16-byte rows); C++'s fp8mla::transposed_v_pitch. Python arithmetic, so that a symbolic n
+    (torch.compile) passes through."""
     return max(16, (n + 15) // 16 * 16)

@@ -211,8 +211,7 @@ class CudaMlaExecutor final : public MlaExecutor {
                       {c_.heads * 256, 256, 1}, device_);
   }
   TensorView v8_of(std::uint8_t* v, std::int64_t n, std::int64_t pitch) const {
-    return TensorView(v, DType::kE4M3, {n, c_.heads, kMlaVDim}, {1, kMlaVDim * pitch, pitch},
-                      device_);
+    return transposed_v_view(v, n, c_.heads, pitch, device_);
   }
   TensorView rows_of(void* data, DType dtype, std::int64_t n, std::int64_t width) const {
     return TensorView(data, dtype, {n, c_.heads, width}, device_);
@@ -370,7 +369,8 @@ void CudaMlaExecutor::prep() {
   const TensorView kv_c(b_.kv_c, DType::kBF16, {T, c_.kv_lora_rank}, device_);
   if (call_->path.fp8) {
     prep_fp8(write, kv_c);
-    extend_ = {k8_nope_of(b_.k8, T), v8_of(b_.v8, T, v_pitch(T)), v_pitch(T), k8_rope_of(b_.k8, T)};
+    extend_ = {k8_nope_of(b_.k8, T), v8_of(b_.v8, T, transposed_v_pitch(T)), transposed_v_pitch(T),
+               k8_rope_of(b_.k8, T)};
   } else {
     prep_bf16(write, kv_c);
     extend_ = {rows_of(b_.k16, adt, T, kMlaQkDim), v_of(b_.kv, T), 0, {}};
@@ -400,7 +400,7 @@ void CudaMlaExecutor::prep_fp8(const LatentCacheWrite& write, const TensorView& 
   a.kv_c = kv_c;
   hook.v = v_of(b_.kv, T);
   hook.v_scale_inv = scales.v_scale_inv;
-  hook.v_out = v8_of(b_.v8, T, v_pitch(T));
+  hook.v_out = v8_of(b_.v8, T, transposed_v_pitch(T));
   call_->backend->prepare_prefill_qkv(hook, call_->stream);
 }
 
@@ -497,11 +497,11 @@ void CudaMlaExecutor::prefix_keys(std::int64_t first_row, std::int64_t n) {
     a.k_scale_inv = call_->options.fp8.k_scale_inv;
     a.v_scale_inv = call_->options.fp8.v_scale_inv;
     a.k_out = k8_nope_of(b_.prefix_k8, n);
-    a.v_out = v8_of(b_.prefix_v8, n, v_pitch(n));
+    a.v_out = v8_of(b_.prefix_v8, n, transposed_v_pitch(n));
     a.v_layout = VLayout::kTransposed;
     a.k_rope_out = k8_rope_of(b_.prefix_k8, n);
     call_->backend->pack_prefix_chunk_kv(a, call_->stream);
-    prefix_ = {a.k_out, a.v_out, v_pitch(n), a.k_rope_out};
+    prefix_ = {a.k_out, a.v_out, transposed_v_pitch(n), a.k_rope_out};
     return;
   }
   cuda::model::rope_assemble_bf16(
@@ -515,7 +515,7 @@ void CudaMlaExecutor::assemble_one_shot() {
   const bool fp8 = call_->path.fp8;
   const DType adt = call_->path.attention_dtype;
   const std::int64_t T = plan.tokens, H = c_.heads, P = std::int64_t(plan.prefix_rows.size());
-  const std::int64_t n = P + T, pitch = v_pitch(n), eb = fp8 ? 1 : 2;
+  const std::int64_t n = P + T, pitch = transposed_v_pitch(n), eb = fp8 ? 1 : 2;
   const std::int64_t k_row = H * (fp8 ? kMlaNopeDim : kMlaQkDim) * eb;  // FP8: and its k_rope row
   std::uint8_t* one_shot_rope = fp8 ? b_.one_shot_k + n * k_row : nullptr;
   const auto copy_rows = [&](const KeysValues& from, std::int64_t from_row, std::int64_t to_row,

@@ -64,7 +64,7 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
   if (s.fp8) {
     b.q8 = w.take<std::uint8_t>(T * H * kMlaQkDim);
     b.k8 = w.take<std::uint8_t>(split_k(T));
-    b.v8 = w.take<std::uint8_t>(H * kMlaVDim * v_pitch(T));
+    b.v8 = w.take<std::uint8_t>(H * kMlaVDim * transposed_v_pitch(T));
   } else {
     b.k16 = w.take<std::uint16_t>(T * H * kMlaQkDim);
     b.k_pe16 = w.take<std::uint16_t>(T * kMlaRopeDim);
@@ -74,9 +74,10 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
   b.prefix_kv = w.take<std::uint16_t>(P * c.kv_b_width());
   if (s.fp8) {
     b.prefix_k8 = w.take<std::uint8_t>(split_k(P));
-    b.prefix_v8 = w.take<std::uint8_t>(P > 0 ? H * kMlaVDim * v_pitch(P) : 0);
+    b.prefix_v8 = w.take<std::uint8_t>(P > 0 ? H * kMlaVDim * transposed_v_pitch(P) : 0);
     b.one_shot_k = w.take<std::uint8_t>(split_k(one_shot));
-    b.one_shot_v = w.take<std::uint8_t>(one_shot > 0 ? H * kMlaVDim * v_pitch(one_shot) : 0);
+    b.one_shot_v =
+        w.take<std::uint8_t>(one_shot > 0 ? H * kMlaVDim * transposed_v_pitch(one_shot) : 0);
   } else {
     b.prefix_k16 = w.take<std::uint16_t>(P * H * kMlaQkDim);
     b.one_shot_k = w.take<std::uint8_t>(one_shot * H * kMlaQkDim * eb);
@@ -107,10 +108,6 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
 }
 
 }  // namespace
-
-std::int64_t v_pitch(std::int64_t n) {
-  return round_up(std::max<std::int64_t>(n, 1), 16);
-}
 
 WorkSizes work_sizes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& options,
                      MlaPath path) {

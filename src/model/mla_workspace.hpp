@@ -15,9 +15,6 @@ namespace fp8mla {
 
 inline constexpr std::size_t kMlaWorkspaceAlign = 256;  // of the workspace and of every buffer
 
-// Bytes between the dims of a transposed e4m3 V of n tokens: TMA wants 16-byte steps.
-std::int64_t v_pitch(std::int64_t n);
-
 // The batch sizes the workspace is carved for.
 struct WorkSizes {
   std::int64_t tokens = 0, sequences = 0;

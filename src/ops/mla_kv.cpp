@@ -1,5 +1,7 @@
 // Argument checks and CPU/CUDA dispatch of the latent-cache ops of fp8mla/mla_prep.hpp:
 // mla_kv_cache_write, mla_kv_gather, mla_kv_pack_quantize_fp8 and mla_v_quantize_fp8.
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -199,6 +201,16 @@ void mla_kv_gather(const TensorView& cache, const TensorView& slots, float scale
   dispatch(
       cache.device(), [&] { cpu::mla_kv_gather(p); },
       [&](auto) { cuda::mla_kv_gather(p, stream); });
+}
+
+std::int64_t transposed_v_pitch(std::int64_t tokens) {
+  return std::max<std::int64_t>(16, (tokens + 15) / 16 * 16);
+}
+
+TensorView transposed_v_view(void* data, std::int64_t tokens, std::int64_t heads,
+                             std::int64_t pitch, Device device) {
+  return TensorView(data, DType::kE4M3, {tokens, heads, kMlaVDim}, {1, kMlaVDim * pitch, pitch},
+                    device);
 }
 
 void mla_kv_pack_quantize_fp8(const MlaKvPackArgs& args, CudaStream stream) {

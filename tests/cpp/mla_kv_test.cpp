@@ -17,6 +17,7 @@
 #include "error_test_util.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
+#include "fp8mla/numerics.hpp"
 #include "mla_kv_test_util.hpp"
 
 namespace fp8mla {
@@ -267,6 +268,38 @@ TEST(MlaKvPack, TransposedV) {
       c.v_transposed = true;
       c.v_pitch_pad = n % 16 == 0 ? 0 : 16 - n % 16;
       expect_pack(c);
+    }
+  }
+}
+
+// The pitch and view an engine allocates a transposed V with: V quantized into them holds, at
+// every logical element, the token-major result's byte.
+TEST(MlaKvPack, TransposedVPitchAndView) {
+  for (const auto& [n, pitch] : std::initializer_list<std::pair<std::int64_t, std::int64_t>>{
+           {0, 16}, {1, 16}, {15, 16}, {16, 16}, {17, 32}, {1000, 1008}}) {
+    EXPECT_EQ(transposed_v_pitch(n), pitch) << n;
+  }
+  const std::int64_t n = 37, heads = 3, pitch = transposed_v_pitch(n);
+  std::vector<std::uint16_t> v(std::size_t(n * heads * kMlaVDim));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = encode_bf16(float(int(i % 97) - 48) / 8.0f);
+  std::vector<std::uint8_t> token_major(v.size()),
+      transposed(std::size_t(heads * kMlaVDim * pitch));
+  const TensorView v_in(v.data(), DType::kBF16, {n, heads, kMlaVDim});
+  mla_v_quantize_fp8(v_in, TensorView(token_major.data(), DType::kE4M3, {n, heads, kMlaVDim}), 2.0f,
+                     VLayout::kTokenMajor);
+  const TensorView view = transposed_v_view(transposed.data(), n, heads, pitch, Device::cpu());
+  EXPECT_EQ(view.size(0), n);
+  EXPECT_EQ(view.stride(0), 1);
+  EXPECT_EQ(view.stride(1), kMlaVDim * pitch);
+  EXPECT_EQ(view.stride(2), pitch);
+  mla_v_quantize_fp8(v_in, view, 2.0f, VLayout::kTransposed);
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      for (std::int64_t d = 0; d < kMlaVDim; ++d) {
+        ASSERT_EQ(transposed[std::size_t((h * kMlaVDim + d) * pitch + t)],
+                  token_major[std::size_t((t * heads + h) * kMlaVDim + d)])
+            << t << " " << h << " " << d;
+      }
     }
   }
 }

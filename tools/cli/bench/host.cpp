@@ -107,7 +107,7 @@ struct Case {
 // mla_kv_pack_quantize_fp8 writes it; the cache has 64-token pages).
 std::vector<Case> make_cases(Memory& m, std::int64_t t, std::int64_t h) {
   using D = DType;
-  const std::int64_t pitch = std::max<std::int64_t>((t + 15) / 16 * 16, 16);
+  const std::int64_t pitch = transposed_v_pitch(t);
   const TensorView x = m.view(D::kBF16, {t, 512}), x8 = m.view(D::kE4M3, {t, 512});
   const TensorView one = m.upload(D::kF32, std::vector<float>{1.0f});
   const TensorView scale = m.view(D::kF32, {1});
