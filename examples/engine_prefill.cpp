@@ -11,7 +11,8 @@
 //   4. the merge of the two attention states in place, then o_proj.
 // Two steps run: a sequence's first tokens, then its next ones (the first now a cached prefix)
 // beside a new sequence. Each step's output is compared with mla_prefill_reference, the float64
-// reference of the whole layer; the exit status is 1 if a cosine falls below the bound.
+// reference of the whole layer, and the device error flag of the cache ops is read; the exit
+// status is 1 if a cosine falls below the bound or the flag is set.
 //
 //   build/examples/engine_prefill [cpu|cuda]   (cuda: a Hopper GPU and a CUDA build; default cpu)
 //
@@ -191,6 +192,9 @@ struct Model {
   fp8mla::MlaWeights weights;
   const fp8mla::AttentionBackend& backend;
   TensorView cos_sin, cache, q_descale, k_descale, v_descale;
+  // i32 [1], 0: set to 1 by a device op that met a bad slot or position in device data (on
+  // CUDA those cannot throw without a sync; on the CPU they throw).
+  TensorView error_flag;
 };
 
 // A batch's metadata as the engine holds it: per sequence its lengths, per new token its
@@ -234,8 +238,9 @@ fp8mla::PrefillAttentionArgs prepare_and_attend(Memory& memory, const Model& m,
   prep.qk.k_scale_inv = 1.0f / kKScale;
   prep.qk.q_out = memory.tensor(DType::kE4M3, {tokens, heads, kQk});
   prep.qk.k_out = memory.tensor(DType::kE4M3, {tokens, heads, kQk});
-  prep.qk.cache_write = fp8mla::LatentCacheWrite{
-      m.cache, memory.upload(DType::kI64, {tokens}, meta.new_slots), 1.0f / kCacheScale, {}};
+  prep.qk.cache_write =
+      fp8mla::LatentCacheWrite{m.cache, memory.upload(DType::kI64, {tokens}, meta.new_slots),
+                               1.0f / kCacheScale, m.error_flag};
   prep.qk.kv_c = kv_a;
   prep.v = heads_view(kv, heads, kNope + kV, kNope, kV);
   prep.v_scale_inv = 1.0f / kVScale;
@@ -271,7 +276,7 @@ void attend_prefix(Memory& memory, const Model& m, const Metadata& meta,
   const TensorView kv_c = memory.tensor(DType::kBF16, {n, kLora});
   const TensorView k_pe = memory.tensor(DType::kBF16, {n, kRope});
   fp8mla::mla_kv_gather(m.cache, memory.upload(DType::kI64, {n}, meta.prefix_slots), kCacheScale,
-                        kv_c, k_pe);
+                        kv_c, k_pe, m.error_flag);
   const TensorView kv =
       memory.upload(DType::kBF16, {n, heads * (kNope + kV)},
                     linear(memory.download<std::uint16_t>(kv_c), n, m.weights.kv_b_proj.weight));
@@ -376,7 +381,8 @@ int run(const std::string& device_name) {
                         std::vector<std::uint8_t>(std::size_t(kPages * kPageSize * kLatent))),
           memory.upload(DType::kF32, {1}, std::vector<float>{kQScale}),
           memory.upload(DType::kF32, {1}, std::vector<float>{kKScale}),
-          memory.upload(DType::kF32, {1}, std::vector<float>{kVScale})};
+          memory.upload(DType::kF32, {1}, std::vector<float>{kVScale}),
+          memory.upload(DType::kI32, {1}, std::vector<std::int32_t>{0})};
   fp8mla::make_cos_sin_cache(m.cos_sin, config.rope);
 
   std::vector<std::int64_t> free_slots(std::size_t(kPages * kPageSize));
@@ -410,6 +416,10 @@ int run(const std::string& device_name) {
         1.0f / kCacheScale, reference.data());
     const double score = cosine(out, reference);
     worst = std::min(worst, score);
+    if (memory.download<std::int32_t>(m.error_flag)[0] != 0) {
+      std::printf("step %zu: a bad slot or position in the batch (error_flag set)\n", step);
+      worst = 0.0;
+    }
     std::printf(
         "step %zu: %lld new tokens in %zu sequences: cosine to the float64 reference "
         "%.6f\n",
