@@ -4,6 +4,7 @@
 //   m = max_j s_j, p_j = exp(s_j - m), l = sum_j p_j, O = (sum_j p_j v_j) / l, LSE = m + log(l)
 // A row with no visible key writes O = 0 and LSE = -inf.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -16,11 +17,20 @@
 namespace fp8mla::cpu {
 namespace {
 
-// Element `offset` of an e4m3 or bf16 array, dequantized.
-inline float load(const void* base, DType dtype, std::int64_t offset, float descale) {
-  if (dtype == DType::kE4M3) {
-    return decode_e4m3(static_cast<const std::uint8_t*>(base)[offset]) * descale;
-  }
+// decode_e4m3 of every code, looked up: each K and V element is read once per query row.
+const std::array<float, 256>& e4m3_values() {
+  static const std::array<float, 256> values = [] {
+    std::array<float, 256> v{};
+    for (int code = 0; code < 256; ++code) v[std::size_t(code)] = decode_e4m3(std::uint8_t(code));
+    return v;
+  }();
+  return values;
+}
+
+// Element `offset` of an e4m3 or bf16 array, dequantized (e4m3: by `e4m3`, e4m3_values()).
+inline float load(const void* base, DType dtype, std::int64_t offset, float descale,
+                  const float* e4m3) {
+  if (dtype == DType::kE4M3) return e4m3[static_cast<const std::uint8_t*>(base)[offset]] * descale;
   return decode_bf16(static_cast<const std::uint16_t*>(base)[offset]);
 }
 
@@ -28,6 +38,7 @@ inline float load(const void* base, DType dtype, std::int64_t offset, float desc
 
 void prefill_attention(const PrefillAttentionParams& p) {
   const std::int64_t rows = p.tq * p.heads;
+  const float* e4m3 = e4m3_values().data();
   // Row r is (token r / heads, head r % heads); ~one sequence of work per chunk at most.
   parallel_for(rows, 16, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> q(std::size_t(p.dqk)), o(std::size_t(p.dv));
@@ -49,7 +60,8 @@ void prefill_attention(const PrefillAttentionParams& p) {
       float lse = -std::numeric_limits<float>::infinity();
       if (visible > 0) {
         const std::int64_t q_at = t * p.q_token_stride + h * p.q_head_stride;
-        for (int d = 0; d < p.dqk; ++d) q[d] = load(p.q, p.dtype, q_at + d, p.q_descale_value);
+        for (int d = 0; d < p.dqk; ++d)
+          q[d] = load(p.q, p.dtype, q_at + d, p.q_descale_value, e4m3);
         s.resize(std::size_t(visible));
         float m = -std::numeric_limits<float>::infinity();
         const int k_dims = p.dqk - p.k_rope_dim;  // of k; the rest from k_rope
@@ -58,9 +70,9 @@ void prefill_attention(const PrefillAttentionParams& p) {
           const std::int64_t rope_at = (k_start + j) * p.k_rope_token_stride - k_dims;
           float dot = 0.0f;
           for (int d = 0; d < k_dims; ++d)
-            dot += q[d] * load(p.k, p.dtype, k_at + d, p.k_descale_value);
+            dot += q[d] * load(p.k, p.dtype, k_at + d, p.k_descale_value, e4m3);
           for (int d = k_dims; d < p.dqk; ++d)
-            dot += q[d] * load(p.k_rope, p.dtype, rope_at + d, p.k_descale_value);
+            dot += q[d] * load(p.k_rope, p.dtype, rope_at + d, p.k_descale_value, e4m3);
           s[j] = p.softmax_scale * dot;
           m = std::max(m, s[j]);
         }
@@ -70,7 +82,7 @@ void prefill_attention(const PrefillAttentionParams& p) {
           l += pj;
           const std::int64_t v_at = (k_start + j) * p.v_token_stride + h * p.v_head_stride;
           for (int d = 0; d < p.dv; ++d)
-            o[d] += pj * load(p.v, p.dtype, v_at + d * p.v_dim_stride, p.v_descale_value);
+            o[d] += pj * load(p.v, p.dtype, v_at + d * p.v_dim_stride, p.v_descale_value, e4m3);
         }
         for (float& x : o) x /= l;
         lse = m + std::log(l);
