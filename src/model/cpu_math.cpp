@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "cpu/parallel_for.hpp"
 #include "fp8mla/numerics.hpp"
@@ -30,19 +31,43 @@ std::vector<float> dequantize(const MlaProjection& projection) {
 
 namespace {
 
-// y[t, o] = bf16(sum_i x[t, i] * w[o, i]), row t of x given in f32 by load(t, row).
+// Four floats, one per token: GCC's and Clang's vector type, whose arithmetic is per element.
+using Tokens = float __attribute__((vector_size(16)));
+
+// y[t, o] = bf16(sum_i x[t, i] * w[o, i]), row t of x given in f32 by load(t, row). Each sum
+// runs over i in order, one product added at a time (the bytes do not depend on the blocking):
+// kOutputs x kTokens of them at once, x interleaved by token so that each w value multiplies
+// kTokens contiguous x values (one vector) and the adds of independent sums overlap.
+
 template <typename LoadRow>
 void linear_rows(std::int64_t rows, std::int64_t in, std::span<const float> w, std::int64_t out,
                  std::span<std::uint16_t> y, const LoadRow& load) {
-  cpu::parallel_for(rows, 4, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<float> xf(static_cast<std::size_t>(in));
-    for (std::int64_t t = begin; t < end; ++t) {
-      load(t, xf.data());
-      for (std::int64_t o = 0; o < out; ++o) {
-        const float* wr = w.data() + o * in;
-        float acc = 0.0f;
-        for (std::int64_t i = 0; i < in; ++i) acc += xf[std::size_t(i)] * wr[i];
-        y[std::size_t(t * out + o)] = encode_bf16(acc);
+  constexpr std::int64_t kTokens = sizeof(Tokens) / sizeof(float), kOutputs = 8;
+  const std::int64_t blocks = (rows + kTokens - 1) / kTokens;
+  cpu::parallel_for(blocks, 1, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<float> row(static_cast<std::size_t>(in));
+    std::vector<float> x(static_cast<std::size_t>(in * kTokens));  // x[i * kTokens + j]
+    for (std::int64_t b = begin; b < end; ++b) {
+      const std::int64_t t0 = b * kTokens, tokens = std::min(kTokens, rows - t0);
+      for (std::int64_t j = 0; j < kTokens; ++j) {
+        if (j < tokens) load(t0 + j, row.data());  // past the rows: the last row again, unused
+        for (std::int64_t i = 0; i < in; ++i) x[std::size_t(i * kTokens + j)] = row[std::size_t(i)];
+      }
+      for (std::int64_t o0 = 0; o0 < out; o0 += kOutputs) {
+        const std::int64_t outputs = std::min(kOutputs, out - o0);
+        const float* wr[kOutputs];
+        for (std::int64_t k = 0; k < kOutputs; ++k)
+          wr[k] = w.data() + (o0 + std::min(k, outputs - 1)) * in;
+        Tokens acc[kOutputs] = {};
+        for (std::int64_t i = 0; i < in; ++i) {
+          Tokens xi;
+          std::memcpy(&xi, x.data() + i * kTokens, sizeof xi);
+          for (std::int64_t k = 0; k < kOutputs; ++k) acc[k] += xi * wr[k][i];
+        }
+        for (std::int64_t j = 0; j < tokens; ++j) {
+          for (std::int64_t k = 0; k < outputs; ++k)
+            y[std::size_t((t0 + j) * out + o0 + k)] = encode_bf16(acc[k][j]);
+        }
       }
     }
   });
