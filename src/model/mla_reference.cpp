@@ -33,14 +33,22 @@ struct Matrix {
   std::vector<float> w;  // [out, in]
   std::int64_t out = 0, in = 0;
   bool fp8_input = false;
+  // y[o] = sum_i w[o, i] x[i], over i in order; kRows outputs at once, so that their
+  // independent adds overlap (the same sums as one output at a time).
   Vec apply(const Vec& x_in) const {
+    constexpr std::int64_t kRows = 8;
     const Vec x = fp8_input ? quantize_groups(x_in) : x_in;
     Vec y(std::size_t(out), 0.0);
-    for (std::int64_t o = 0; o < out; ++o) {
-      double acc = 0.0;
-      for (std::int64_t i = 0; i < in; ++i)
-        acc += double(w[std::size_t(o * in + i)]) * x[std::size_t(i)];
-      y[std::size_t(o)] = acc;
+    for (std::int64_t o0 = 0; o0 < out; o0 += kRows) {
+      const std::int64_t rows = std::min(kRows, out - o0);
+      const float* wr[kRows];
+      for (std::int64_t r = 0; r < kRows; ++r)
+        wr[r] = w.data() + (o0 + std::min(r, rows - 1)) * in;  // past out: a row again, unused
+      double acc[kRows] = {};
+      for (std::int64_t i = 0; i < in; ++i) {
+        for (std::int64_t r = 0; r < kRows; ++r) acc[r] += double(wr[r][i]) * x[std::size_t(i)];
+      }
+      for (std::int64_t r = 0; r < rows; ++r) y[std::size_t(o0 + r)] = acc[r];
     }
     return y;
   }
