@@ -84,6 +84,37 @@ struct Keys {
   Vec v;  // [H, 128]
 };
 
+// Head h of one query over keys[0, score.size()): o[h] += softmax(q k^T * scale) v, exactly.
+// The dot products of kKeys keys at once, each summed over the dims in order.
+void attend(const Vec& q, const std::vector<Keys>& keys, std::int64_t h, double scale, Vec& score,
+            Vec& o) {
+  constexpr std::int64_t kKeys = 4;
+  const std::int64_t visible = std::int64_t(score.size());
+  const double* qh = q.data() + h * kMlaQkDim;
+  double m = -INFINITY;
+  for (std::int64_t j0 = 0; j0 < visible; j0 += kKeys) {
+    const std::int64_t n = std::min(kKeys, visible - j0);
+    const double* k[kKeys];
+    for (std::int64_t r = 0; r < kKeys; ++r)
+      k[r] = keys[std::size_t(j0 + std::min(r, n - 1))].k.data() + h * kMlaQkDim;
+    double dot[kKeys] = {};
+    for (int d = 0; d < kMlaQkDim; ++d) {
+      for (std::int64_t r = 0; r < kKeys; ++r) dot[r] += qh[d] * k[r][d];
+    }
+    for (std::int64_t r = 0; r < n; ++r) {
+      score[std::size_t(j0 + r)] = dot[r] * scale;
+      m = std::max(m, score[std::size_t(j0 + r)]);
+    }
+  }
+  double l = 0.0;
+  for (double& p : score) l += (p = std::exp(p - m));
+  for (std::int64_t j = 0; j < visible; ++j) {
+    const double* v = keys[std::size_t(j)].v.data() + h * kMlaVDim;
+    for (int d = 0; d < kMlaVDim; ++d)
+      o[std::size_t(h * kMlaVDim + d)] += score[std::size_t(j)] / l * v[d];
+  }
+}
+
 }  // namespace
 
 void mla_prefill_reference(const MlaConfig& c, const MlaWeights& weights, const TensorView& hidden,
@@ -160,26 +191,8 @@ void mla_prefill_reference(const MlaConfig& c, const MlaWeights& weights, const 
         const std::int64_t visible = s.prefix + i + 1;
         Vec o(static_cast<std::size_t>(H * kMlaVDim), 0.0),
             score(static_cast<std::size_t>(visible));
-        for (std::int64_t h = 0; h < H; ++h) {
-          double m = -INFINITY;
-          for (std::int64_t j = 0; j < visible; ++j) {
-            double dot = 0.0;
-            for (int d = 0; d < kMlaQkDim; ++d) {
-              dot += queries[std::size_t(i)][std::size_t(h * kMlaQkDim + d)] *
-                     keys[std::size_t(j)].k[std::size_t(h * kMlaQkDim + d)];
-            }
-            score[std::size_t(j)] = dot * scale;
-            m = std::max(m, score[std::size_t(j)]);
-          }
-          double l = 0.0;
-          for (double& p : score) l += (p = std::exp(p - m));
-          for (std::int64_t j = 0; j < visible; ++j) {
-            for (int d = 0; d < kMlaVDim; ++d) {
-              o[std::size_t(h * kMlaVDim + d)] +=
-                  score[std::size_t(j)] / l * keys[std::size_t(j)].v[std::size_t(h * kMlaVDim + d)];
-            }
-          }
-        }
+        for (std::int64_t h = 0; h < H; ++h)
+          attend(queries[std::size_t(i)], keys, h, scale, score, o);
         const Vec y = o_proj.apply(o);
         std::copy(y.begin(), y.end(), out + (row0 + i) * c.hidden);
       }
