@@ -1,6 +1,7 @@
 // mla_prefill_reference (fp8mla/mla_layer.hpp): the layer's math in float64, token by token.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "cpu/parallel_for.hpp"
@@ -29,28 +30,53 @@ Vec quantize_groups(const Vec& x) {
   return y;
 }
 
+// n rows of `width` zeros.
+std::vector<Vec> zero_rows(std::int64_t n, std::int64_t width) {
+  return std::vector<Vec>(std::size_t(n), Vec(std::size_t(width), 0.0));
+}
+
+// Four doubles, one per token: GCC's and Clang's vector type, whose arithmetic is per element.
+using Tokens = double __attribute__((vector_size(32)));
+
 struct Matrix {
   std::vector<float> w;  // [out, in]
   std::int64_t out = 0, in = 0;
   bool fp8_input = false;
-  // y[o] = sum_i w[o, i] x[i], over i in order; kRows outputs at once, so that their
-  // independent adds overlap (the same sums as one output at a time).
-  Vec apply(const Vec& x_in) const {
-    constexpr std::int64_t kRows = 8;
-    const Vec x = fp8_input ? quantize_groups(x_in) : x_in;
-    Vec y(std::size_t(out), 0.0);
-    for (std::int64_t o0 = 0; o0 < out; o0 += kRows) {
-      const std::int64_t rows = std::min(kRows, out - o0);
-      const float* wr[kRows];
-      for (std::int64_t r = 0; r < kRows; ++r)
-        wr[r] = w.data() + (o0 + std::min(r, rows - 1)) * in;  // past out: a row again, unused
-      double acc[kRows] = {};
-      for (std::int64_t i = 0; i < in; ++i) {
-        for (std::int64_t r = 0; r < kRows; ++r) acc[r] += double(wr[r][i]) * x[std::size_t(i)];
-      }
-      for (std::int64_t r = 0; r < rows; ++r) y[std::size_t(o0 + r)] = acc[r];
+  // y[t][o] = sum_i w[o, i] x[t][i] for each row t of xs, over i in order: kTokens rows x kRows
+  // outputs at once, so that each weight row is read once for kTokens rows and the adds of
+  // independent sums overlap (the same sums as one output of one row at a time).
+  std::vector<Vec> apply(std::vector<Vec> xs) const {
+    constexpr std::int64_t kTokens = sizeof(Tokens) / sizeof(double), kRows = 4;
+    const std::int64_t n = std::int64_t(xs.size());
+    if (fp8_input) {
+      for (Vec& x : xs) x = quantize_groups(x);
     }
-    return y;
+    std::vector<Vec> ys = zero_rows(n, out);
+    std::vector<double> x(std::size_t(in * kTokens));  // x[i * kTokens + j]
+    for (std::int64_t t0 = 0; t0 < n; t0 += kTokens) {
+      const std::int64_t tokens = std::min(kTokens, n - t0);
+      for (std::int64_t j = 0; j < kTokens; ++j) {
+        const Vec& row = xs[std::size_t(t0 + std::min(j, tokens - 1))];  // past n: unused
+        for (std::int64_t i = 0; i < in; ++i) x[std::size_t(i * kTokens + j)] = row[std::size_t(i)];
+      }
+      for (std::int64_t o0 = 0; o0 < out; o0 += kRows) {
+        const std::int64_t rows = std::min(kRows, out - o0);
+        const float* wr[kRows];
+        for (std::int64_t r = 0; r < kRows; ++r)
+          wr[r] = w.data() + (o0 + std::min(r, rows - 1)) * in;  // past out: unused
+        Tokens acc[kRows] = {};
+        for (std::int64_t i = 0; i < in; ++i) {
+          Tokens xi;
+          std::memcpy(&xi, x.data() + i * kTokens, sizeof xi);
+          for (std::int64_t r = 0; r < kRows; ++r) acc[r] += double(wr[r][i]) * xi;
+        }
+        for (std::int64_t j = 0; j < tokens; ++j) {
+          for (std::int64_t r = 0; r < rows; ++r)
+            ys[std::size_t(t0 + j)][std::size_t(o0 + r)] = acc[r][j];
+        }
+      }
+    }
+    return ys;
   }
 };
 
@@ -115,27 +141,104 @@ void attend(const Vec& q, const std::vector<Keys>& keys, std::int64_t h, double 
   }
 }
 
-}  // namespace
+// The layer in float64 for one batch: the keys of each sequence (its prefix from the cache, its
+// new tokens from the projections), then each new token's attention and o_proj. Tokens go
+// through the projections kGroup at a time (Matrix::apply's rows).
+class Reference {
+ public:
+  static constexpr std::int64_t kGroup = 16;
 
-void mla_prefill_reference(const MlaConfig& c, const MlaWeights& weights, const TensorView& hidden,
-                           const MlaBatch& batch, const TensorView& cache, float cache_scale_inv,
-                           double* out) {
-  const std::int64_t H = c.heads;
-  std::int64_t max_pos = 1;
-  for (const MlaSequence& s : batch.sequences) max_pos = std::max(max_pos, s.prefix + s.extend);
-  std::vector<float> cos_sin(std::size_t(max_pos * kMlaRopeDim));
-  make_cos_sin_cache(TensorView(cos_sin.data(), DType::kF32, {max_pos, kMlaRopeDim}), c.rope);
-  const Matrix q_a = c.q_lora_rank > 0 ? matrix(weights.q_a_proj) : Matrix{};
-  const Matrix q_b = c.q_lora_rank > 0 ? matrix(weights.q_b_proj) : matrix(weights.q_proj);
-  const Matrix kv_a = matrix(weights.kv_a_proj_with_mqa), kv_b = matrix(weights.kv_b_proj);
-  const Matrix o_proj = matrix(weights.o_proj);
-  const auto* cache_bytes = cache.data_as<const std::uint8_t>();
-  const std::int64_t page_size = cache.size(1);
-  const double cache_scale = 1.0 / double(cache_scale_inv);
+  Reference(const MlaConfig& c, const MlaWeights& w, const TensorView& cache, float cache_scale_inv,
+            std::int64_t max_pos)
+      : c_(c),
+        w_(w),
+        q_a_(c.q_lora_rank > 0 ? matrix(w.q_a_proj) : Matrix{}),
+        q_b_(c.q_lora_rank > 0 ? matrix(w.q_b_proj) : matrix(w.q_proj)),
+        kv_a_(matrix(w.kv_a_proj_with_mqa)),
+        kv_b_(matrix(w.kv_b_proj)),
+        o_proj_(matrix(w.o_proj)),
+        cos_sin_(std::size_t(max_pos * kMlaRopeDim)),
+        cache_(cache),
+        cache_scale_(1.0 / double(cache_scale_inv)) {
+    make_cos_sin_cache(TensorView(cos_sin_.data(), DType::kF32, {max_pos, kMlaRopeDim}), c.rope);
+  }
 
-  // Per-head keys from a latent row: kv_c [512] and the RoPE'd k_pe [64].
-  auto keys_of = [&](const Vec& kv_c, const Vec& k_pe) {
-    const Vec kv = kv_b.apply(kv_c);
+  // Keys g .. g + n of sequence s's prefix, from its cache rows.
+  void prefix_keys(const MlaSequence& s, std::int64_t g, std::int64_t n,
+                   std::vector<Keys>& keys) const {
+    const auto* bytes = cache_.data_as<const std::uint8_t>();
+    const std::int64_t page_size = cache_.size(1), lora = c_.kv_lora_rank;
+    std::vector<Vec> kv_c = zero_rows(n, lora), k_pe = zero_rows(n, kMlaRopeDim);
+    for (std::int64_t r = 0; r < n; ++r) {
+      const std::int64_t slot = s.slots[std::size_t(g + r)];
+      const std::uint8_t* row =
+          bytes + (slot / page_size) * cache_.stride(0) + (slot % page_size) * cache_.stride(1);
+      for (std::int64_t d = 0; d < lora; ++d)
+        kv_c[std::size_t(r)][std::size_t(d)] = decode_e4m3(row[d]) * cache_scale_;
+      for (int d = 0; d < kMlaRopeDim; ++d)
+        k_pe[std::size_t(r)][std::size_t(d)] = decode_e4m3(row[lora + d]) * cache_scale_;
+    }
+    const std::vector<Vec> kv = kv_b_.apply(std::move(kv_c));
+    for (std::int64_t r = 0; r < n; ++r)
+      keys[std::size_t(g + r)] = keys_of(kv[std::size_t(r)], k_pe[std::size_t(r)]);
+  }
+
+  // New tokens g .. g + n of sequence s (hidden rows from row0 + g): their queries and keys.
+  void new_tokens(const MlaSequence& s, const TensorView& hidden, std::int64_t row0, std::int64_t g,
+                  std::int64_t n, std::vector<Keys>& keys, std::vector<Vec>& queries) const {
+    std::vector<Vec> x = zero_rows(n, c_.hidden);
+    for (std::int64_t r = 0; r < n; ++r) {
+      const auto* xb = hidden.data_as<const std::uint16_t>() + (row0 + g + r) * c_.hidden;
+      for (std::int64_t d = 0; d < c_.hidden; ++d)
+        x[std::size_t(r)][std::size_t(d)] = decode_bf16(xb[d]);
+    }
+    std::vector<Vec> q;
+    if (c_.q_lora_rank > 0) {
+      std::vector<Vec> q_lora = q_a_.apply(x);
+      for (Vec& v : q_lora) v = rms_norm(v, w_.q_a_layernorm, c_.rms_norm_eps);
+      q = q_b_.apply(std::move(q_lora));
+    } else {
+      q = q_b_.apply(x);
+    }
+    const std::vector<Vec> latent = kv_a_.apply(std::move(x));
+    std::vector<Vec> kv_c(static_cast<std::size_t>(n)), k_pe(static_cast<std::size_t>(n));
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* cs = cos_sin_.data() + (s.prefix + g + r) * kMlaRopeDim;
+      for (std::int64_t h = 0; h < c_.heads; ++h)
+        rope(q[std::size_t(r)], std::size_t(h * kMlaQkDim + kMlaNopeDim), cs);
+      const Vec& l = latent[std::size_t(r)];
+      kv_c[std::size_t(r)] =
+          rms_norm(Vec(l.begin(), l.begin() + c_.kv_lora_rank), w_.kv_a_layernorm, c_.rms_norm_eps);
+      k_pe[std::size_t(r)] = Vec(l.begin() + c_.kv_lora_rank, l.end());
+      rope(k_pe[std::size_t(r)], 0, cs);
+    }
+    const std::vector<Vec> kv = kv_b_.apply(std::move(kv_c));
+    for (std::int64_t r = 0; r < n; ++r) {
+      keys[std::size_t(s.prefix + g + r)] = keys_of(kv[std::size_t(r)], k_pe[std::size_t(r)]);
+      queries[std::size_t(g + r)] = std::move(q[std::size_t(r)]);
+    }
+  }
+
+  // Outputs of queries g .. g + n of a sequence with `prefix` cached keys: causal attention over
+  // the keys, then o_proj, into out rows g .. g + n.
+  void outputs(std::int64_t prefix, const std::vector<Keys>& keys, const std::vector<Vec>& queries,
+               std::int64_t g, std::int64_t n, double* out) const {
+    const double scale = c_.softmax_scale();
+    std::vector<Vec> o = zero_rows(n, c_.heads * kMlaVDim);
+    for (std::int64_t r = 0; r < n; ++r) {
+      Vec score(static_cast<std::size_t>(prefix + g + r + 1));  // the keys query g + r sees
+      for (std::int64_t h = 0; h < c_.heads; ++h)
+        attend(queries[std::size_t(g + r)], keys, h, scale, score, o[std::size_t(r)]);
+    }
+    const std::vector<Vec> y = o_proj_.apply(std::move(o));
+    for (std::int64_t r = 0; r < n; ++r)
+      std::copy(y[std::size_t(r)].begin(), y[std::size_t(r)].end(), out + (g + r) * c_.hidden);
+  }
+
+ private:
+  // Per-head keys from a latent row's kv_b_proj output kv [H * 256] and its RoPE'd k_pe [64].
+  Keys keys_of(const Vec& kv, const Vec& k_pe) const {
+    const std::int64_t H = c_.heads;
     Keys k{Vec(std::size_t(H * kMlaQkDim)), Vec(std::size_t(H * kMlaVDim))};
     for (std::int64_t h = 0; h < H; ++h) {
       for (int d = 0; d < kMlaNopeDim; ++d)
@@ -146,56 +249,45 @@ void mla_prefill_reference(const MlaConfig& c, const MlaWeights& weights, const 
         k.v[std::size_t(h * kMlaVDim + d)] = kv[std::size_t(h * 256 + kMlaNopeDim + d)];
     }
     return k;
-  };
+  }
 
+  const MlaConfig& c_;
+  const MlaWeights& w_;
+  Matrix q_a_, q_b_, kv_a_, kv_b_, o_proj_;
+  std::vector<float> cos_sin_;
+  const TensorView& cache_;
+  double cache_scale_;
+};
+
+// Runs fn(g, n) for groups of at most Reference::kGroup of [0, count), over the threads.
+template <typename Fn>
+void for_groups(std::int64_t count, const Fn& fn) {
+  cpu::parallel_for(count, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t g = begin; g < end; g += Reference::kGroup)
+      fn(g, std::min(Reference::kGroup, end - g));
+  });
+}
+
+}  // namespace
+
+void mla_prefill_reference(const MlaConfig& c, const MlaWeights& weights, const TensorView& hidden,
+                           const MlaBatch& batch, const TensorView& cache, float cache_scale_inv,
+                           double* out) {
+  std::int64_t max_pos = 1;
+  for (const MlaSequence& s : batch.sequences) max_pos = std::max(max_pos, s.prefix + s.extend);
+  const Reference reference(c, weights, cache, cache_scale_inv, max_pos);
   std::int64_t row0 = 0;
   for (const MlaSequence& s : batch.sequences) {
     // Keys: prefix (from the cache), then extend; one query per extend token.
     std::vector<Keys> keys(std::size_t(s.prefix + s.extend));
     std::vector<Vec> queries(std::size_t(s.extend));
-    cpu::parallel_for(s.prefix, 1, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) {
-        const std::int64_t slot = s.slots[std::size_t(i)];
-        const std::uint8_t* row = cache_bytes + (slot / page_size) * cache.stride(0) +
-                                  (slot % page_size) * cache.stride(1);
-        Vec kv_c(std::size_t(c.kv_lora_rank)), k_pe(kMlaRopeDim);
-        for (std::int64_t d = 0; d < c.kv_lora_rank; ++d)
-          kv_c[std::size_t(d)] = decode_e4m3(row[d]) * cache_scale;
-        for (int d = 0; d < kMlaRopeDim; ++d)
-          k_pe[std::size_t(d)] = decode_e4m3(row[c.kv_lora_rank + d]) * cache_scale;
-        keys[std::size_t(i)] = keys_of(kv_c, k_pe);
-      }
+    for_groups(s.prefix,
+               [&](std::int64_t g, std::int64_t n) { reference.prefix_keys(s, g, n, keys); });
+    for_groups(s.extend, [&](std::int64_t g, std::int64_t n) {
+      reference.new_tokens(s, hidden, row0, g, n, keys, queries);
     });
-    cpu::parallel_for(s.extend, 1, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) {
-        const auto* xb = hidden.data_as<const std::uint16_t>() + (row0 + i) * c.hidden;
-        Vec x(std::size_t(c.hidden));
-        for (std::int64_t d = 0; d < c.hidden; ++d) x[std::size_t(d)] = decode_bf16(xb[d]);
-        const float* cs = cos_sin.data() + (s.prefix + i) * kMlaRopeDim;
-        Vec q = c.q_lora_rank > 0
-                    ? q_b.apply(rms_norm(q_a.apply(x), weights.q_a_layernorm, c.rms_norm_eps))
-                    : q_b.apply(x);
-        for (std::int64_t h = 0; h < H; ++h) rope(q, std::size_t(h * kMlaQkDim + kMlaNopeDim), cs);
-        const Vec latent = kv_a.apply(x);
-        const Vec kv_c = rms_norm(Vec(latent.begin(), latent.begin() + c.kv_lora_rank),
-                                  weights.kv_a_layernorm, c.rms_norm_eps);
-        Vec k_pe(latent.begin() + c.kv_lora_rank, latent.end());
-        rope(k_pe, 0, cs);
-        keys[std::size_t(s.prefix + i)] = keys_of(kv_c, k_pe);
-        queries[std::size_t(i)] = std::move(q);
-      }
-    });
-    const double scale = c.softmax_scale();
-    cpu::parallel_for(s.extend, 1, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t i = begin; i < end; ++i) {
-        const std::int64_t visible = s.prefix + i + 1;
-        Vec o(static_cast<std::size_t>(H * kMlaVDim), 0.0),
-            score(static_cast<std::size_t>(visible));
-        for (std::int64_t h = 0; h < H; ++h)
-          attend(queries[std::size_t(i)], keys, h, scale, score, o);
-        const Vec y = o_proj.apply(o);
-        std::copy(y.begin(), y.end(), out + (row0 + i) * c.hidden);
-      }
+    for_groups(s.extend, [&](std::int64_t g, std::int64_t n) {
+      reference.outputs(s.prefix, keys, queries, g, n, out + row0 * c.hidden);
     });
     row0 += s.extend;
   }
