@@ -1,5 +1,6 @@
 // Argument checks and CPU/CUDA dispatch of the latent-cache ops of fp8mla/mla_prep.hpp:
-// mla_kv_cache_write, mla_kv_gather, mla_kv_pack_quantize_fp8 and mla_v_quantize_fp8.
+// mla_kv_cache_write, mla_kv_gather, mla_kv_pack_quantize_fp8 and mla_v_quantize_fp8; the
+// transposed V's pitch and view.
 #include <algorithm>
 #include <cstdint>
 #include <string>
