@@ -1,8 +1,10 @@
 // CPU reference of prefill_attention (fp8mla/attention.hpp): fp32 math with a numerically stable
-// softmax, one (query row, head) at a time, threaded over rows x heads.
+// softmax, exact over each row's visible keys, threaded over blocks of rows of one (sequence,
+// head).
 //   s_j = softmax_scale * sum_d q[d] k_j[d]    (fp32 accumulation; q, k dequantized per element)
 //   m = max_j s_j, p_j = exp(s_j - m), l = sum_j p_j, O = (sum_j p_j v_j) / l, LSE = m + log(l)
-// A row with no visible key writes O = 0 and LSE = -inf.
+// Every sum runs over j (or d) in order, one term at a time. A row with no visible key writes
+// O = 0 and LSE = -inf.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -17,7 +19,7 @@
 namespace fp8mla::cpu {
 namespace {
 
-// decode_e4m3 of every code, looked up: each K and V element is read once per query row.
+// decode_e4m3 of every code, looked up.
 const std::array<float, 256>& e4m3_values() {
   static const std::array<float, 256> values = [] {
     std::array<float, 256> v{};
@@ -34,63 +36,134 @@ inline float load(const void* base, DType dtype, std::int64_t offset, float desc
   return decode_bf16(static_cast<const std::uint16_t*>(base)[offset]);
 }
 
+// Query rows [begin, end) of sequence b, head h: one unit of work. Its rows share the keys, which
+// are dequantized once for all of them, kKeyBlock at a time (memory bounded for long sequences).
+struct Task {
+  std::int64_t b, h, begin, end;
+};
+constexpr std::int64_t kTaskRows = 8, kKeyBlock = 1024;
+
+class TaskRunner {
+ public:
+  TaskRunner(const PrefillAttentionParams& p, const float* e4m3) : p_(p), e4m3_(e4m3) {}
+
+  void run(const Task& task) {
+    const std::int64_t q_start = p_.cu_seqlens_q[task.b];
+    const std::int64_t q_len = p_.cu_seqlens_q[task.b + 1] - q_start;
+    k_start_ = p_.cu_seqlens_k[task.b];
+    const std::int64_t k_len = p_.cu_seqlens_k[task.b + 1] - k_start_;
+    const std::int64_t rows = task.end - task.begin;
+    visible_.assign(std::size_t(rows), 0);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t i = task.begin + r;
+      visible_[std::size_t(r)] =
+          p_.causal ? std::clamp<std::int64_t>(i + k_len - q_len + 1, 0, k_len) : k_len;
+    }
+    const std::int64_t keys = *std::max_element(visible_.begin(), visible_.end());
+    q_.resize(std::size_t(rows * p_.dqk));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t at =
+          (q_start + task.begin + r) * p_.q_token_stride + task.h * p_.q_head_stride;
+      for (int d = 0; d < p_.dqk; ++d)
+        q_[std::size_t(r * p_.dqk + d)] = load(p_.q, p_.dtype, at + d, p_.q_descale_value, e4m3_);
+    }
+    s_.resize(std::size_t(rows * keys));
+    m_.assign(std::size_t(rows), -std::numeric_limits<float>::infinity());
+    l_.assign(std::size_t(rows), 0.0f);
+    o_.assign(std::size_t(rows * p_.dv), 0.0f);
+    for (std::int64_t j0 = 0; j0 < keys; j0 += kKeyBlock)
+      scores(task.h, j0, std::min(keys, j0 + kKeyBlock));
+    for (std::int64_t j0 = 0; j0 < keys; j0 += kKeyBlock)
+      values(task.h, j0, std::min(keys, j0 + kKeyBlock));
+    for (std::int64_t r = 0; r < rows; ++r) write(q_start + task.begin + r, task.h, r);
+  }
+
+ private:
+  // s[r][j] = softmax_scale * (q_r . k_j) for keys [j0, j1) each row sees; the running row max.
+  void scores(std::int64_t h, std::int64_t j0, std::int64_t j1) {
+    const int dqk = p_.dqk, k_dims = p_.dqk - p_.k_rope_dim;  // of k; the rest from k_rope
+    block_.resize(std::size_t((j1 - j0) * dqk));
+    for (std::int64_t j = j0; j < j1; ++j) {
+      float* kf = block_.data() + (j - j0) * dqk;
+      const std::int64_t at = (k_start_ + j) * p_.k_token_stride + h * p_.k_head_stride;
+      const std::int64_t rope_at = (k_start_ + j) * p_.k_rope_token_stride - k_dims;
+      for (int d = 0; d < k_dims; ++d)
+        kf[d] = load(p_.k, p_.dtype, at + d, p_.k_descale_value, e4m3_);
+      for (int d = k_dims; d < dqk; ++d)
+        kf[d] = load(p_.k_rope, p_.dtype, rope_at + d, p_.k_descale_value, e4m3_);
+    }
+    const std::int64_t keys = std::int64_t(s_.size()) / std::int64_t(m_.size());
+    for (std::size_t r = 0; r < m_.size(); ++r) {
+      const float* q = q_.data() + r * std::size_t(dqk);
+      const std::int64_t end = std::min(j1, visible_[r]);
+      for (std::int64_t j = j0; j < end; ++j) {
+        const float* kf = block_.data() + (j - j0) * dqk;
+        float dot = 0.0f;
+        for (int d = 0; d < dqk; ++d) dot += q[d] * kf[d];
+        float& s = s_[r * std::size_t(keys) + std::size_t(j)];
+        s = p_.softmax_scale * dot;
+        m_[r] = std::max(m_[r], s);
+      }
+    }
+  }
+
+  // p = exp(s - m) of keys [j0, j1): the row sums and O's sums.
+  void values(std::int64_t h, std::int64_t j0, std::int64_t j1) {
+    const int dv = p_.dv;
+    block_.resize(std::size_t((j1 - j0) * dv));
+    for (std::int64_t j = j0; j < j1; ++j) {
+      float* vf = block_.data() + (j - j0) * dv;
+      const std::int64_t at = (k_start_ + j) * p_.v_token_stride + h * p_.v_head_stride;
+      for (int d = 0; d < dv; ++d)
+        vf[d] = load(p_.v, p_.dtype, at + d * p_.v_dim_stride, p_.v_descale_value, e4m3_);
+    }
+    const std::int64_t keys = std::int64_t(s_.size()) / std::int64_t(m_.size());
+    for (std::size_t r = 0; r < m_.size(); ++r) {
+      float* o = o_.data() + r * std::size_t(dv);
+      const std::int64_t end = std::min(j1, visible_[r]);
+      for (std::int64_t j = j0; j < end; ++j) {
+        const float pj = std::exp(s_[r * std::size_t(keys) + std::size_t(j)] - m_[r]);
+        l_[r] += pj;
+        const float* vf = block_.data() + (j - j0) * dv;
+        for (int d = 0; d < dv; ++d) o[d] += pj * vf[d];
+      }
+    }
+  }
+
+  void write(std::int64_t t, std::int64_t h, std::int64_t r) {
+    float* o = o_.data() + r * p_.dv;
+    float lse = -std::numeric_limits<float>::infinity();
+    if (visible_[std::size_t(r)] > 0) {
+      for (int d = 0; d < p_.dv; ++d) o[d] /= l_[std::size_t(r)];
+      lse = m_[std::size_t(r)] + std::log(l_[std::size_t(r)]);
+    }
+    std::uint16_t* out = p_.out + t * p_.out_token_stride + h * p_.out_head_stride;
+    for (int d = 0; d < p_.dv; ++d) out[d] = encode_bf16(o[d]);
+    if (p_.lse != nullptr) p_.lse[t * p_.lse_token_stride + h * p_.lse_head_stride] = lse;
+  }
+
+  const PrefillAttentionParams& p_;
+  const float* e4m3_;
+  std::int64_t k_start_ = 0;
+  std::vector<std::int64_t> visible_;
+  std::vector<float> q_, s_, m_, l_, o_, block_;
+};
+
 }  // namespace
 
 void prefill_attention(const PrefillAttentionParams& p) {
-  const std::int64_t rows = p.tq * p.heads;
-  const float* e4m3 = e4m3_values().data();
-  // Row r is (token r / heads, head r % heads); ~one sequence of work per chunk at most.
-  parallel_for(rows, 16, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<float> q(std::size_t(p.dqk)), o(std::size_t(p.dv));
-    std::vector<float> s;
-    for (std::int64_t r = begin; r < end; ++r) {
-      const std::int64_t t = r / p.heads, h = r % p.heads;
-      // The sequence of token t: the last b with cu_seqlens_q[b] <= t (a non-empty one).
-      const std::int32_t* it =
-          std::upper_bound(p.cu_seqlens_q, p.cu_seqlens_q + p.batch + 1, std::int32_t(t));
-      const std::int64_t b = (it - p.cu_seqlens_q) - 1;
-      const std::int64_t q_len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-      const std::int64_t k_start = p.cu_seqlens_k[b];
-      const std::int64_t k_len = p.cu_seqlens_k[b + 1] - k_start;
-      const std::int64_t i = t - p.cu_seqlens_q[b];
-      const std::int64_t visible =
-          p.causal ? std::clamp<std::int64_t>(i + k_len - q_len + 1, 0, k_len) : k_len;
-
-      std::fill(o.begin(), o.end(), 0.0f);
-      float lse = -std::numeric_limits<float>::infinity();
-      if (visible > 0) {
-        const std::int64_t q_at = t * p.q_token_stride + h * p.q_head_stride;
-        for (int d = 0; d < p.dqk; ++d)
-          q[d] = load(p.q, p.dtype, q_at + d, p.q_descale_value, e4m3);
-        s.resize(std::size_t(visible));
-        float m = -std::numeric_limits<float>::infinity();
-        const int k_dims = p.dqk - p.k_rope_dim;  // of k; the rest from k_rope
-        for (std::int64_t j = 0; j < visible; ++j) {
-          const std::int64_t k_at = (k_start + j) * p.k_token_stride + h * p.k_head_stride;
-          const std::int64_t rope_at = (k_start + j) * p.k_rope_token_stride - k_dims;
-          float dot = 0.0f;
-          for (int d = 0; d < k_dims; ++d)
-            dot += q[d] * load(p.k, p.dtype, k_at + d, p.k_descale_value, e4m3);
-          for (int d = k_dims; d < p.dqk; ++d)
-            dot += q[d] * load(p.k_rope, p.dtype, rope_at + d, p.k_descale_value, e4m3);
-          s[j] = p.softmax_scale * dot;
-          m = std::max(m, s[j]);
-        }
-        float l = 0.0f;
-        for (std::int64_t j = 0; j < visible; ++j) {
-          const float pj = std::exp(s[j] - m);
-          l += pj;
-          const std::int64_t v_at = (k_start + j) * p.v_token_stride + h * p.v_head_stride;
-          for (int d = 0; d < p.dv; ++d)
-            o[d] += pj * load(p.v, p.dtype, v_at + d * p.v_dim_stride, p.v_descale_value, e4m3);
-        }
-        for (float& x : o) x /= l;
-        lse = m + std::log(l);
-      }
-      std::uint16_t* out = p.out + t * p.out_token_stride + h * p.out_head_stride;
-      for (int d = 0; d < p.dv; ++d) out[d] = encode_bf16(o[d]);
-      if (p.lse != nullptr) p.lse[t * p.lse_token_stride + h * p.lse_head_stride] = lse;
+  std::vector<Task> tasks;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    const std::int64_t q_len = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+    for (std::int64_t h = 0; h < p.heads; ++h) {
+      for (std::int64_t i = 0; i < q_len; i += kTaskRows)
+        tasks.push_back({b, h, i, std::min(q_len, i + kTaskRows)});
     }
+  }
+  const float* e4m3 = e4m3_values().data();
+  parallel_for(std::int64_t(tasks.size()), 1, [&](std::int64_t begin, std::int64_t end) {
+    TaskRunner runner(p, e4m3);
+    for (std::int64_t t = begin; t < end; ++t) runner.run(tasks[std::size_t(t)]);
   });
 }
 
