@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "cpu/parallel_for.hpp"
 #include "fp8mla/numerics.hpp"
@@ -31,44 +30,24 @@ std::vector<float> dequantize(const MlaProjection& projection) {
 
 namespace {
 
-// Four floats, one per token: GCC's and Clang's vector type, whose arithmetic is per element.
-using Tokens = float __attribute__((vector_size(16)));
-
-// y[t, o] = bf16(sum_i x[t, i] * w[o, i]), row t of x given in f32 by load(t, row). Each sum
-// runs over i in order, one product added at a time (the bytes do not depend on the blocking):
-// kOutputs x kTokens of them at once, x interleaved by token so that each w value multiplies
-// kTokens contiguous x values (one vector) and the adds of independent sums overlap.
-
+// y[t, o] = bf16(sum_i x[t, i] * w[o, i]), row t of x given in f32 by load(t, row); four rows
+// at a time through gemm_four_rows.
 template <typename LoadRow>
 void linear_rows(std::int64_t rows, std::int64_t in, std::span<const float> w, std::int64_t out,
                  std::span<std::uint16_t> y, const LoadRow& load) {
-  constexpr std::int64_t kTokens = sizeof(Tokens) / sizeof(float), kOutputs = 8;
-  const std::int64_t blocks = (rows + kTokens - 1) / kTokens;
-  cpu::parallel_for(blocks, 1, [&](std::int64_t begin, std::int64_t end) {
+  cpu::parallel_for((rows + 3) / 4, 1, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> row(static_cast<std::size_t>(in));
-    std::vector<float> x(static_cast<std::size_t>(in * kTokens));  // x[i * kTokens + j]
+    std::vector<float> x(static_cast<std::size_t>(in * 4));  // x[i * 4 + j]
     for (std::int64_t b = begin; b < end; ++b) {
-      const std::int64_t t0 = b * kTokens, tokens = std::min(kTokens, rows - t0);
-      for (std::int64_t j = 0; j < kTokens; ++j) {
+      const std::int64_t t0 = b * 4, tokens = std::min<std::int64_t>(4, rows - t0);
+      for (std::int64_t j = 0; j < 4; ++j) {
         if (j < tokens) load(t0 + j, row.data());  // past the rows: the last row again, unused
-        for (std::int64_t i = 0; i < in; ++i) x[std::size_t(i * kTokens + j)] = row[std::size_t(i)];
+        for (std::int64_t i = 0; i < in; ++i) x[std::size_t(i * 4 + j)] = row[std::size_t(i)];
       }
-      for (std::int64_t o0 = 0; o0 < out; o0 += kOutputs) {
-        const std::int64_t outputs = std::min(kOutputs, out - o0);
-        const float* wr[kOutputs];
-        for (std::int64_t k = 0; k < kOutputs; ++k)
-          wr[k] = w.data() + (o0 + std::min(k, outputs - 1)) * in;
-        Tokens acc[kOutputs] = {};
-        for (std::int64_t i = 0; i < in; ++i) {
-          Tokens xi;
-          std::memcpy(&xi, x.data() + i * kTokens, sizeof xi);
-          for (std::int64_t k = 0; k < kOutputs; ++k) acc[k] += xi * wr[k][i];
-        }
-        for (std::int64_t j = 0; j < tokens; ++j) {
-          for (std::int64_t k = 0; k < outputs; ++k)
-            y[std::size_t((t0 + j) * out + o0 + k)] = encode_bf16(acc[k][j]);
-        }
-      }
+      gemm_four_rows(x.data(), in, w.data(), out, tokens,
+                     [&](std::int64_t j, std::int64_t o, float v) {
+                       y[std::size_t((t0 + j) * out + o)] = encode_bf16(v);
+                     });
     }
   });
 }

@@ -3,7 +3,9 @@
 // over rows; inputs and outputs are contiguous row-major bf16 bits.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -21,6 +23,35 @@ std::vector<float> dequantize(const MlaProjection& projection);
 inline bool quantizes_input(const MlaProjection& projection) {
   return projection.weight.dtype() == DType::kE4M3 &&
          fp8_gemm_shape(projection.weight.size(0), projection.weight.size(1));
+}
+
+// For four rows of x stored interleaved (x[i * 4 + j], T float or double) and w f32 [out, in]:
+// store(j, o, sum_i x[j][i] * w[o, i]) for the first `rows` rows. Each sum runs over i in order,
+// one product added at a time, so the bytes do not depend on the blocking: 32 / sizeof(T)
+// outputs of the four rows at once, each weight value multiplying the four rows as one vector
+// (GCC's and Clang's vector type, whose arithmetic is per element) while the adds of the
+// independent sums overlap.
+template <typename T, typename Store>
+void gemm_four_rows(const T* x, std::int64_t in, const float* w, std::int64_t out,
+                    std::int64_t rows, const Store& store) {
+  typedef T Four
+      __attribute__((vector_size(4 * sizeof(T))));  // (`using` drops it for a dependent T)
+  constexpr std::int64_t kOutputs = 32 / sizeof(T);
+  for (std::int64_t o0 = 0; o0 < out; o0 += kOutputs) {
+    const std::int64_t outputs = std::min(kOutputs, out - o0);
+    const float* wr[kOutputs];
+    for (std::int64_t k = 0; k < kOutputs; ++k)
+      wr[k] = w + (o0 + std::min(k, outputs - 1)) * in;  // past out: a row again, unused
+    Four acc[kOutputs] = {};
+    for (std::int64_t i = 0; i < in; ++i) {
+      Four xi;
+      std::memcpy(&xi, x + i * 4, sizeof xi);
+      for (std::int64_t k = 0; k < kOutputs; ++k) acc[k] += xi * T(wr[k][i]);
+    }
+    for (std::int64_t j = 0; j < rows; ++j) {
+      for (std::int64_t k = 0; k < outputs; ++k) store(j, o0 + k, acc[k][j]);
+    }
+  }
 }
 
 // y[t, o] = bf16(sum_i x[t, i] * w[o, i]); x bf16 [rows, in], w f32 [out, in]. With fp8_input,

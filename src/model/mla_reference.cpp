@@ -1,7 +1,6 @@
 // mla_prefill_reference (fp8mla/mla_layer.hpp): the layer's math in float64, token by token.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "cpu/parallel_for.hpp"
@@ -35,46 +34,29 @@ std::vector<Vec> zero_rows(std::int64_t n, std::int64_t width) {
   return std::vector<Vec>(std::size_t(n), Vec(std::size_t(width), 0.0));
 }
 
-// Four doubles, one per token: GCC's and Clang's vector type, whose arithmetic is per element.
-using Tokens = double __attribute__((vector_size(32)));
-
 struct Matrix {
   std::vector<float> w;  // [out, in]
   std::int64_t out = 0, in = 0;
   bool fp8_input = false;
-  // y[t][o] = sum_i w[o, i] x[t][i] for each row t of xs, over i in order: kTokens rows x kRows
-  // outputs at once, so that each weight row is read once for kTokens rows and the adds of
-  // independent sums overlap (the same sums as one output of one row at a time).
+  // y[t][o] = sum_i w[o, i] x[t][i] for each row t of xs, over i in order, four rows at a time
+  // through model::gemm_four_rows (each weight row read once for four rows).
   std::vector<Vec> apply(std::vector<Vec> xs) const {
-    constexpr std::int64_t kTokens = sizeof(Tokens) / sizeof(double), kRows = 4;
     const std::int64_t n = std::int64_t(xs.size());
     if (fp8_input) {
       for (Vec& x : xs) x = quantize_groups(x);
     }
     std::vector<Vec> ys = zero_rows(n, out);
-    std::vector<double> x(std::size_t(in * kTokens));  // x[i * kTokens + j]
-    for (std::int64_t t0 = 0; t0 < n; t0 += kTokens) {
-      const std::int64_t tokens = std::min(kTokens, n - t0);
-      for (std::int64_t j = 0; j < kTokens; ++j) {
-        const Vec& row = xs[std::size_t(t0 + std::min(j, tokens - 1))];  // past n: unused
-        for (std::int64_t i = 0; i < in; ++i) x[std::size_t(i * kTokens + j)] = row[std::size_t(i)];
+    std::vector<double> x(std::size_t(in * 4));  // x[i * 4 + j]
+    for (std::int64_t t0 = 0; t0 < n; t0 += 4) {
+      const std::int64_t rows = std::min<std::int64_t>(4, n - t0);
+      for (std::int64_t j = 0; j < 4; ++j) {
+        const Vec& row = xs[std::size_t(t0 + std::min(j, rows - 1))];  // past n: unused
+        for (std::int64_t i = 0; i < in; ++i) x[std::size_t(i * 4 + j)] = row[std::size_t(i)];
       }
-      for (std::int64_t o0 = 0; o0 < out; o0 += kRows) {
-        const std::int64_t rows = std::min(kRows, out - o0);
-        const float* wr[kRows];
-        for (std::int64_t r = 0; r < kRows; ++r)
-          wr[r] = w.data() + (o0 + std::min(r, rows - 1)) * in;  // past out: unused
-        Tokens acc[kRows] = {};
-        for (std::int64_t i = 0; i < in; ++i) {
-          Tokens xi;
-          std::memcpy(&xi, x.data() + i * kTokens, sizeof xi);
-          for (std::int64_t r = 0; r < kRows; ++r) acc[r] += double(wr[r][i]) * xi;
-        }
-        for (std::int64_t j = 0; j < tokens; ++j) {
-          for (std::int64_t r = 0; r < rows; ++r)
-            ys[std::size_t(t0 + j)][std::size_t(o0 + r)] = acc[r][j];
-        }
-      }
+      model::gemm_four_rows(x.data(), in, w.data(), out, rows,
+                            [&](std::int64_t j, std::int64_t o, double v) {
+                              ys[std::size_t(t0 + j)][std::size_t(o)] = v;
+                            });
     }
     return ys;
   }
