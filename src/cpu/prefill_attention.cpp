@@ -59,7 +59,7 @@ class TaskRunner {
       visible_[std::size_t(r)] =
           p_.causal ? std::clamp<std::int64_t>(i + k_len - q_len + 1, 0, k_len) : k_len;
     }
-    const std::int64_t keys = *std::max_element(visible_.begin(), visible_.end());
+    keys_ = *std::max_element(visible_.begin(), visible_.end());
     q_.resize(std::size_t(rows * p_.dqk));
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t at =
@@ -67,14 +67,14 @@ class TaskRunner {
       for (int d = 0; d < p_.dqk; ++d)
         q_[std::size_t(r * p_.dqk + d)] = load(p_.q, p_.dtype, at + d, p_.q_descale_value, e4m3_);
     }
-    s_.resize(std::size_t(rows * keys));
+    s_.resize(std::size_t(rows * keys_));
     m_.assign(std::size_t(rows), -std::numeric_limits<float>::infinity());
     l_.assign(std::size_t(rows), 0.0f);
     o_.assign(std::size_t(rows * p_.dv), 0.0f);
-    for (std::int64_t j0 = 0; j0 < keys; j0 += kKeyBlock)
-      scores(task.h, j0, std::min(keys, j0 + kKeyBlock));
-    for (std::int64_t j0 = 0; j0 < keys; j0 += kKeyBlock)
-      values(task.h, j0, std::min(keys, j0 + kKeyBlock));
+    for (std::int64_t j0 = 0; j0 < keys_; j0 += kKeyBlock)
+      scores(task.h, j0, std::min(keys_, j0 + kKeyBlock));
+    for (std::int64_t j0 = 0; j0 < keys_; j0 += kKeyBlock)
+      values(task.h, j0, std::min(keys_, j0 + kKeyBlock));
     for (std::int64_t r = 0; r < rows; ++r) write(q_start + task.begin + r, task.h, r);
   }
 
@@ -92,7 +92,6 @@ class TaskRunner {
       for (int d = k_dims; d < dqk; ++d)
         kf[d] = load(p_.k_rope, p_.dtype, rope_at + d, p_.k_descale_value, e4m3_);
     }
-    const std::int64_t keys = std::int64_t(s_.size()) / std::int64_t(m_.size());
     for (std::size_t r = 0; r < m_.size(); ++r) {
       const float* q = q_.data() + r * std::size_t(dqk);
       const std::int64_t end = std::min(j1, visible_[r]);
@@ -100,7 +99,7 @@ class TaskRunner {
         const float* kf = block_.data() + (j - j0) * dqk;
         float dot = 0.0f;
         for (int d = 0; d < dqk; ++d) dot += q[d] * kf[d];
-        float& s = s_[r * std::size_t(keys) + std::size_t(j)];
+        float& s = s_[r * std::size_t(keys_) + std::size_t(j)];
         s = p_.softmax_scale * dot;
         m_[r] = std::max(m_[r], s);
       }
@@ -117,12 +116,11 @@ class TaskRunner {
       for (int d = 0; d < dv; ++d)
         vf[d] = load(p_.v, p_.dtype, at + d * p_.v_dim_stride, p_.v_descale_value, e4m3_);
     }
-    const std::int64_t keys = std::int64_t(s_.size()) / std::int64_t(m_.size());
     for (std::size_t r = 0; r < m_.size(); ++r) {
       float* o = o_.data() + r * std::size_t(dv);
       const std::int64_t end = std::min(j1, visible_[r]);
       for (std::int64_t j = j0; j < end; ++j) {
-        const float pj = std::exp(s_[r * std::size_t(keys) + std::size_t(j)] - m_[r]);
+        const float pj = std::exp(s_[r * std::size_t(keys_) + std::size_t(j)] - m_[r]);
         l_[r] += pj;
         const float* vf = block_.data() + (j - j0) * dv;
         for (int d = 0; d < dv; ++d) o[d] += pj * vf[d];
@@ -145,6 +143,7 @@ class TaskRunner {
   const PrefillAttentionParams& p_;
   const float* e4m3_;
   std::int64_t k_start_ = 0;
+  std::int64_t keys_ = 0;  // keys the task's rows see: the row pitch of s_
   std::vector<std::int64_t> visible_;
   std::vector<float> q_, s_, m_, l_, o_, block_;
 };
