@@ -74,9 +74,25 @@ struct PrefillAttentionArgs {
   // zeros as without padding (docs/design.md section 6).
   TensorView output_scale;
   TensorView output_block_scale;
+  // Optional: a prior attention state of the same queries over other keys (chunked prefixes: the
+  // state so far), folded into this call's: with both given the op writes
+  //   (out, lse) = (prior_out, prior_lse) (+) (O, LSE of this call)
+  // by merge_attention_states' rule (op 9; prior_* are its o_a, lse_a), with O rounded to bf16
+  // first: the bytes of this call without them (bf16 `out`, an `lse`) followed by
+  // merge_attention_states(prior_out, prior_lse, that out, that lse, out, lse, output_scale,
+  // output_block_scale) on the same device (the CUDA kernel's epilogue merges in registers;
+  // a padded batch's rows past its last token are neither merged nor written). A quantized
+  // `out` quantizes the merged output, so the last chunk of a chunked prefix writes the o_proj
+  // input. prior_out: bf16 [Tq, H, Dv], any token/head strides, contiguous last dim (even
+  // strides on CUDA); prior_lse: f32 [Tq, H], any strides; -inf (or +inf) marks an empty state.
+  // prior_out may be `out` itself and prior_lse `lse` itself (same data and strides: in place);
+  // `lse` stays optional (the merged LSE, not needed after the last chunk).
+  TensorView prior_out;
+  TensorView prior_lse;
 };
 
-// `out`, `lse` and `output_block_scale` may not overlap any input (first to last element). The CPU
+// `out`, `lse` and `output_block_scale` may not overlap any input (first to last element), except
+// the in-place prior state above. The CPU
 // path reads the descales and output_scale on the host and rejects ones that are not finite and
 // > 0 (the CUDA kernels read them on the device, unchecked).
 // The CPU path is the reference (fp32 accumulation, threaded). The CUDA path (Hopper, sm_90a) runs

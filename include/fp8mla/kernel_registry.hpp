@@ -18,6 +18,7 @@ struct AttentionVariantKey {
   bool causal = true;
   int head_dim_qk = 192;
   int head_dim_v = 128;
+  bool folds_prior_state = false;  // PrefillAttentionArgs::prior_out given
   friend bool operator==(const AttentionVariantKey&, const AttentionVariantKey&) = default;
 };
 
@@ -31,13 +32,15 @@ std::vector<AttentionVariantKey> compiled_attention_variants();
 
 // What a configuration asks of the attention kernel: its input dtypes (e4m3 for the FP8 path,
 // bf16 for the BF16 path: the dtype of the attention's inputs, not of the model), causal calls
-// (extend tokens) and non-causal ones (prefix chunks), and the head dims.
+// (extend tokens) and non-causal ones (prefix chunks), and the head dims; non-causal calls that
+// fold a prior state (prefix chunks merged in their attention call, as the MLA layer runs them).
 struct AttentionNeeds {
   std::vector<DType> dtypes = {DType::kE4M3};
   bool causal = true;
   bool non_causal = true;
   int head_dim_qk = 192;
   int head_dim_v = 128;
+  bool non_causal_fold = false;
 };
 
 // Every key `needs` can produce, each through attention_variant_key on arguments shaped as the

@@ -351,7 +351,15 @@ OPS = (
     quantized output and scales directly. Under torch.compile, fp8mla.enable_output_quant_fusion()
     rewrites this op with a bf16 `out` followed by a standalone quantization of it into this
     form. cu_seqlens_q may end before Tq (a padded batch, as a CUDA graph captures it): the rows
-    past its last token (out, lse and scale rows) are left as they are, on both devices.""", [
+    past its last token (out, lse and scale rows) are left as they are, on both devices.
+
+    `prior_out` (bf16 [Tq, H, 128]) and `prior_lse` (f32 [Tq, H]), given together, are an earlier
+    attention state of the same queries over other keys (a chunked prefix's state so far): the op
+    returns that state merged with its own, the bytes of this call without them followed by
+    merge_attention_states(prior_out, prior_lse, out, lse, ...) over the real tokens. They may be
+    `out` and `lse` themselves (in place); with output scales the merged output is quantized (the
+    last chunk writes the o_proj input). On CUDA non-causal calls only (the folding kernels; the
+    CPU takes both).""", [
         Arg("q", TENSOR),
         Arg("k", TENSOR),
         Arg("v", TENSOR),
@@ -371,6 +379,8 @@ OPS = (
         Arg("output_scale", OPT_TENSOR, None),
         Arg("output_block_scale", OPT_INOUT, None, dtype=_raw_block_scale),
         Arg("k_rope", OPT_TENSOR, None),
+        Arg("prior_out", OPT_TENSOR, None),
+        Arg("prior_lse", OPT_TENSOR, None),
         Arg("return_lse", PY, False),
     ], result=lambda out, lse: (out, lse) if lse is not None else out),
     Op("merge_attention_states", """(o_a, lse_a) merged with (o_b, lse_b) (natural-log LSE):

@@ -210,17 +210,19 @@ void def_attention_ops(nb::module_& m) {
          int max_seqlen_k, float softmax_scale, bool causal, const TensorView& q_descale,
          const TensorView& k_descale, const TensorView& v_descale, const TensorView& out,
          const TensorView& lse, const TensorView& output_scale,
-         const TensorView& output_block_scale, const TensorView& k_rope, CudaStream stream) {
+         const TensorView& output_block_scale, const TensorView& k_rope,
+         const TensorView& prior_out, const TensorView& prior_lse, CudaStream stream) {
         fp8mla::prefill_attention(
             {q, k, k_rope, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-             causal, q_descale, k_descale, v_descale, out, lse, output_scale, output_block_scale},
+             causal, q_descale, k_descale, v_descale, out, lse, output_scale, output_block_scale,
+             prior_out, prior_lse},
             stream);
       },
       in("q"), in("k"), in("v"), in("cu_seqlens_q"), in("cu_seqlens_k"), value<int>("max_seqlen_q"),
       value<int>("max_seqlen_k"), value<float>("softmax_scale"), value<bool>("causal"),
       optional_in("q_descale"), optional_in("k_descale"), optional_in("v_descale"), out("out"),
       optional_out("lse"), optional_in("output_scale"), optional_out("output_block_scale"),
-      optional_in("k_rope"));
+      optional_in("k_rope"), optional_in("prior_out"), optional_in("prior_lse"));
   def_op(
       m, "merge_attention_states",
       [](const TensorView& o_a, const TensorView& lse_a, const TensorView& o_b,

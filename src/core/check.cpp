@@ -146,6 +146,24 @@ void ArgChecker::elements_apart(const TensorView& t, std::string_view name) cons
   });
 }
 
+void ArgChecker::same_view_or_apart(const TensorView& out, std::string_view out_name,
+                                    const TensorView& in, std::string_view in_name) const {
+  if (out.empty()) return;
+  if (out.data() != in.data()) {
+    apart(out, out_name, in, in_name);
+    return;
+  }
+  bool same = out.dtype() == in.dtype() && out.ndim() == in.ndim();
+  for (int d = 0; same && d < out.ndim(); ++d) {
+    same = out.size(d) == in.size(d) && out.stride(d) == in.stride(d);
+  }
+  require(same, ErrorCategory::kInvalidArgument, [&] {
+    return concat("`", out_name, "` aliases `", in_name,
+                  "` as another view; an aliased output must be the same view, got ",
+                  out.describe(), " and ", in.describe());
+  });
+}
+
 void ArgChecker::outputs_apart(const TensorView& a, std::string_view a_name, const TensorView& b,
                                std::string_view b_name) const {
   const Named first{&a, a_name}, second{&b, b_name};

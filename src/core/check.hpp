@@ -50,6 +50,11 @@ class ArgChecker {
   // overlaps nothing.
   void apart(const TensorView& out, std::string_view out_name, const TensorView& in,
              std::string_view in_name) const;
+  // An output that starts where an input starts must be that input (the in-place form: same
+  // dtype, dims and strides), not a shifted, re-strided or re-typed view of it; any other output
+  // lies apart from the input (apart()).
+  void same_view_or_apart(const TensorView& out, std::string_view out_name, const TensorView& in,
+                          std::string_view in_name) const;
   // Two outputs lie apart (address ranges as apart()'s): one would overwrite the other.
   void outputs_apart(const TensorView& a, std::string_view a_name, const TensorView& b,
                      std::string_view b_name) const;

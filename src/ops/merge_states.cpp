@@ -42,24 +42,6 @@ MergeStatesParams::Lse lse_of(const ArgChecker& check, const TensorView& t, std:
   return {t.data_as<float>(), t.stride(0), t.stride(1)};
 }
 
-// An output that starts where an input starts must be that input (the in-place form), not a
-// shifted or re-strided view of it; any other output lies apart from the input.
-void check_alias(const ArgChecker& check, const TensorView& out, std::string_view out_name,
-                 const TensorView& in, std::string_view in_name) {
-  if (out.empty()) return;
-  if (out.data() != in.data()) {
-    check.apart(out, out_name, in, in_name);
-    return;
-  }
-  bool same = out.ndim() == in.ndim();
-  for (int d = 0; same && d < out.ndim(); ++d) same = out.stride(d) == in.stride(d);
-  check.require(same, ErrorCategory::kInvalidArgument, [&] {
-    return concat("`", out_name, "` aliases `", in_name,
-                  "` with different strides; an aliased output must be the same view, got ",
-                  out.describe(), " and ", in.describe());
-  });
-}
-
 // `num_tokens`: one i32 on `device`, the real token count of a padded batch.
 const std::int32_t* num_tokens_of(const ArgChecker& check, const TensorView& t, Device device) {
   if (!given(t)) return nullptr;
@@ -134,9 +116,9 @@ void run_merge(const ArgChecker& check, const TensorView& o_a, const TensorView&
                                 out_lse.describe());
                 });
   // Only the running state may be merged into in place (docs/design.md, op 9).
-  check_alias(check, out, "out", o_a, "o_a");
+  check.same_view_or_apart(out, "out", o_a, "o_a");
   check.apart(out, "out", o_b, "o_b");
-  check_alias(check, out_lse, "out_lse", lse_a, "lse_a");
+  check.same_view_or_apart(out_lse, "out_lse", lse_a, "lse_a");
   check.apart(out_lse, "out_lse", lse_b, "lse_b");
   check.apart(out, "out", lse_a, "lse_a");
   check.apart(out, "out", lse_b, "lse_b");

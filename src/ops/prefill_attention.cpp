@@ -112,6 +112,18 @@ void check_k_rope(const ArgChecker& check, const PrefillAttentionArgs& args, std
   check.aligned(r, "k_rope", int(dtype_size(r.dtype())));
 }
 
+// A bf16 [T, H, D] the epilogue reads or writes in pairs: 4-byte aligned, even token and head
+// strides.
+void check_even_strides(const ArgChecker& check, const TensorView& t, std::string_view name) {
+  check.aligned(t, name, 4);
+  for (int d : {0, 1}) {
+    check.require(t.size(d) <= 1 || t.stride(d) % 2 == 0, ErrorCategory::kInvalidArgument, [&] {
+      return concat("`", name, "`: the CUDA kernel needs even token and head strides, got ",
+                    t.describe());
+    });
+  }
+}
+
 void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& args,
                         bool v_transposed, bool quantized) {
   const bool fp8 = args.q.dtype() == DType::kE4M3;
@@ -147,17 +159,7 @@ void check_cuda_layouts(const ArgChecker& check, const PrefillAttentionArgs& arg
                                 args.q.size(0), " queries and ", args.k.size(0), " keys in all");
                 });
   // The epilogue stores pairs of bf16 (a quantized `out` takes any stride).
-  if (!quantized) {
-    check.aligned(args.out, "out", 4);
-    for (int d : {0, 1}) {
-      check.require(args.out.size(d) <= 1 || args.out.stride(d) % 2 == 0,
-                    ErrorCategory::kInvalidArgument, [&] {
-                      return concat(
-                          "`out`: the CUDA kernel needs even token and head strides, got ",
-                          args.out.describe());
-                    });
-    }
-  }
+  if (!quantized) check_even_strides(check, args.out, "out");
   check.require(args.cu_seqlens_q.size(0) - 1 <= 65535 && args.q.size(1) <= 65535,
                 ErrorCategory::kInvalidArgument, [&] {
                   return concat("the CUDA kernel takes at most 65535 sequences and heads, got ",
@@ -233,6 +235,62 @@ void check_outputs_apart(const ArgChecker& check, const PrefillAttentionArgs& ar
   check.all_apart(outputs, inputs);
   check.outputs_apart(args.out, "out", args.lse, "lse");
   check.outputs_apart(args.lse, "lse", args.output_block_scale, "output_block_scale");
+  // The prior state may be folded in place (each element is read before it is written).
+  check.same_view_or_apart(args.out, "out", args.prior_out, "prior_out");
+  check.same_view_or_apart(args.lse, "lse", args.prior_lse, "prior_lse");
+  check.apart(args.out, "out", args.prior_lse, "prior_lse");
+  check.apart(args.lse, "lse", args.prior_out, "prior_out");
+  check.apart(args.output_block_scale, "output_block_scale", args.prior_out, "prior_out");
+  check.apart(args.output_block_scale, "output_block_scale", args.prior_lse, "prior_lse");
+}
+
+// The prior state to fold in: both or neither; bf16 [Tq, H, Dv] and f32 [Tq, H] on `device`.
+bool check_prior_state(const ArgChecker& check, const PrefillAttentionArgs& args, std::int64_t tq,
+                       std::int64_t heads, std::int64_t dv, Device device) {
+  const bool has_out = given(args.prior_out), has_lse = given(args.prior_lse);
+  check.require(has_out == has_lse, ErrorCategory::kInvalidArgument, [&] {
+    return concat("expected `prior_out` and `prior_lse` together (a prior state to fold in), got ",
+                  has_out ? "only `prior_out`" : "only `prior_lse`");
+  });
+  if (!has_out) return false;
+  const TensorView& o = args.prior_out;
+  const TensorView& l = args.prior_lse;
+  check.dtype(o, "prior_out", {DType::kBF16});
+  check_token_head_dim(check, o, "prior_out");
+  check_shape(check, o, "prior_out", {tq, heads, dv}, "[Tq, H, Dv], the shape of the output");
+  check.dtype(l, "prior_lse", {DType::kF32});
+  check_shape(check, l, "prior_lse", {tq, heads}, "[Tq, H]");
+  check.aligned(l, "prior_lse", 4);
+  check.device(o, "prior_out", device);
+  check.device(l, "prior_lse", device);
+  return true;
+}
+
+// The CPU path with a prior state: this call's bf16 output and LSE into buffers of their own, then
+// the merge op folds them into the prior state (its in-place form when the state is `out`), with
+// the call's output scales and the real token count of a padded batch: the bytes the contract
+// states, by construction.
+void fold_cpu(const PrefillAttentionArgs& args, PrefillAttentionParams p) {
+  const std::int64_t rows = p.tq, real = p.cu_seqlens_q[p.batch];
+  std::vector<std::uint16_t> own(std::size_t(rows * p.heads * p.dv));
+  std::vector<float> own_lse(std::size_t(rows * p.heads));
+  p.tq = real;
+  p.out = own.data();
+  p.out_token_stride = p.heads * p.dv;
+  p.out_head_stride = p.dv;
+  p.quant = {};
+  p.lse = own_lse.data();
+  p.lse_token_stride = p.heads;
+  p.lse_head_stride = 1;
+  if (p.heads > 0) cpu::prefill_attention(p);
+  std::int32_t real_tokens = std::int32_t(real);
+  std::vector<float> scratch_lse(given(args.lse) ? 0 : own_lse.size());
+  const TensorView out_lse =
+      given(args.lse) ? args.lse : TensorView(scratch_lse.data(), DType::kF32, {rows, p.heads});
+  merge_attention_states(
+      args.prior_out, args.prior_lse, TensorView(own.data(), DType::kBF16, {rows, p.heads, p.dv}),
+      TensorView(own_lse.data(), DType::kF32, {rows, p.heads}), args.out, out_lse,
+      args.output_scale, args.output_block_scale, TensorView(&real_tokens, DType::kI32, {1}));
 }
 
 // The CPU path: the host can read the offsets and the descales. Only the rows of the sequences
@@ -255,6 +313,10 @@ void run_cpu(const ArgChecker& check, const PrefillAttentionArgs& args, PrefillA
   }
   check_output_scale_value(check, p.quant);
   check_outputs_apart(check, args);
+  if (p.prior_out != nullptr) {
+    fold_cpu(args, p);
+    return;
+  }
   p.tq = p.cu_seqlens_q[p.batch];  // the rows cpu::prefill_attention computes
   if (p.heads == 0) return;
   if (p.quant.key == OutputQuantKey::kNone) {
@@ -313,6 +375,14 @@ void set_tensors(PrefillAttentionParams& p, const PrefillAttentionArgs& args, Ou
     p.lse = args.lse.data_as<float>();
     p.lse_token_stride = args.lse.stride(0);
     p.lse_head_stride = args.lse.stride(1);
+  }
+  if (given(args.prior_out)) {
+    p.prior_out = args.prior_out.data_as<const std::uint16_t>();
+    p.prior_out_token_stride = args.prior_out.stride(0);
+    p.prior_out_head_stride = args.prior_out.stride(1);
+    p.prior_lse = args.prior_lse.data_as<const float>();
+    p.prior_lse_token_stride = args.prior_lse.stride(0);
+    p.prior_lse_head_stride = args.prior_lse.stride(1);
   }
 }
 
@@ -402,6 +472,8 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
                  {&args.cu_seqlens_k, "cu_seqlens_k"},
                  {&lse_or_q, has_lse ? "lse" : "q"}});
 
+  const bool folds = check_prior_state(check, args, tq, heads, dv, device);
+
   PrefillAttentionParams p;
   p.dtype = q.dtype();
   if (p.dtype == DType::kE4M3) {
@@ -411,6 +483,7 @@ void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) {
   }
   if (device.is_cuda()) {
     check_cuda_layouts(check, args, v_transposed, key != OutputQuantKey::kNone);
+    if (folds) check_even_strides(check, args.prior_out, "prior_out");
   }
 
   set_tensors(p, args, key, quant);

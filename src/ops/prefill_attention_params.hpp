@@ -58,6 +58,12 @@ struct PrefillAttentionParams {
   OutputQuantParams quant;
   float* lse = nullptr;  // optional f32 [tq, heads]; nullptr: not written
   std::int64_t lse_token_stride = 0, lse_head_stride = 0;
+  // Optional prior state folded into the output (fp8mla/attention.hpp): bf16 [tq, heads, dv] and
+  // f32 [tq, heads], possibly `out` and `lse` themselves; nullptr: none.
+  const std::uint16_t* prior_out = nullptr;
+  std::int64_t prior_out_token_stride = 0, prior_out_head_stride = 0;
+  const float* prior_lse = nullptr;
+  std::int64_t prior_lse_token_stride = 0, prior_lse_head_stride = 0;
   friend bool operator==(const PrefillAttentionParams&, const PrefillAttentionParams&) = default;
 };
 

@@ -345,6 +345,47 @@ auto merge_call(Edit edit) {
   };
 }
 
+// A prior state to fold in: half given, dtype, shape, device, and an output over it.
+std::vector<BadInput> prefill_prior_bad_inputs() {
+  const auto with_prior = [](auto edit) {
+    return prefill_call([=](Arena& a, auto& p) {
+      p.prior_out = a.input(DType::kBF16, {kT, kH, 128});
+      p.prior_lse = a.input(DType::kF32, {kT, kH});
+      edit(a, p);
+    });
+  };
+  return {
+      {"prefill_attention: prior_out without prior_lse",
+       with_prior([](Arena&, auto& p) { p.prior_lse = {}; }),
+       kInvalid,
+       {"expected `prior_out` and `prior_lse` together", "got only `prior_out`"}},
+      {"prefill_attention: f32 prior_out",
+       with_prior([](Arena& a, auto& p) {
+         p.prior_out = a.input(DType::kF32, {kT, kH, 128});
+       }),
+       kInvalid,
+       {"`prior_out` dtype: expected bf16, got f32"}},
+      {"prefill_attention: prior_lse of another token count",
+       with_prior([](Arena& a, auto& p) {
+         p.prior_lse = a.input(DType::kF32, {kT + 1, kH});
+       }),
+       kInvalid,
+       {"`prior_lse`: expected [4, 2] ([Tq, H])", "got f32[5, 2]"}},
+      {"prefill_attention: prior_out on cuda:0",
+       with_prior([](Arena& a, auto& p) {
+         p.prior_out = a.input(DType::kBF16, {kT, kH, 128}, {.device = Device::cuda(0)});
+       }),
+       kInvalid,
+       {"`prior_out`: expected a tensor on cpu", "on cuda:0"}},
+      {"prefill_attention: lse over prior_out",
+       with_prior([](Arena&, auto& p) {
+         p.lse = TensorView(p.prior_out.data(), DType::kF32, {kT, kH});
+       }),
+       kInvalid,
+       {"`lse`: expected memory apart from `prior_out`"}},
+  };
+}
+
 std::vector<BadInput> merge_bad_inputs() {
   return {
       {"merge_attention_states: f16 states",
@@ -378,7 +419,7 @@ std::vector<BadInput> merge_bad_inputs() {
          out = TensorView(o_a.data(), DType::kBF16, {kT, kH, 128}, {128, 512, 1});
        }),
        kInvalid,
-       {"`out` aliases `o_a` with different strides", "strides [128, 512, 1]"}},
+       {"`out` aliases `o_a` as another view", "strides [128, 512, 1]"}},
       {"merge_attention_states: out over the second half of o_b",
        merge_call([](Arena& a, auto&, auto&, auto& o_b, auto&, auto& out, auto&, auto&) {
          // o_b, the first 4 tokens of an 8-token buffer; out, tokens 2 to 5 of it.
@@ -480,8 +521,8 @@ std::vector<BadInput> output_quant_bad_inputs() {
 
 std::vector<BadInput> attention_bad_inputs() {
   std::vector<BadInput> all = prefill_shape_bad_inputs();
-  for (auto part : {prefill_output_bad_inputs(), prefill_batch_bad_inputs(), merge_bad_inputs(),
-                    output_quant_bad_inputs()}) {
+  for (auto part : {prefill_output_bad_inputs(), prefill_batch_bad_inputs(),
+                    prefill_prior_bad_inputs(), merge_bad_inputs(), output_quant_bad_inputs()}) {
     all.insert(all.end(), part.begin(), part.end());
   }
   return all;
@@ -492,6 +533,10 @@ std::vector<ValidCall> attention_valid_calls() {
       {"prefill_attention bf16", prefill_call(kNoEdit)},
       {"prefill_attention e4m3", prefill_call(kNoEdit, DType::kE4M3)},
       {"prefill_attention of two sequences", two_sequences({0, 2, 4}, {0, 2, 4}, kNoEdit)},
+      {"prefill_attention folding a prior state in place", prefill_call([](Arena&, auto& p) {
+         p.prior_out = p.out;
+         p.prior_lse = p.lse;
+       })},
       {"merge_attention_states",
        merge_call([](Arena&, auto&, auto&, auto&, auto&, auto&, auto&, auto&) {})},
   };

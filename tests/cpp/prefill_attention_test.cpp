@@ -750,15 +750,34 @@ TEST(AttentionRegistry, WarmedKeysAreTheRuntimeKeys) {
             bf16_keys.end());
   needs.non_causal = false;
   EXPECT_EQ(attention_keys(needs).size(), 1u);
+  // A call that folds a prior state (a prefix chunk) runs a variant of its own.
+  needs.dtypes = {DType::kE4M3};
+  needs.non_causal_fold = true;
+  const std::vector<AttentionVariantKey> with_fold = attention_keys(needs);
+  PrefillAttentionArgs chunk;
+  chunk.q = fake(DType::kE4M3, {300, 128, 192});
+  chunk.v = fake(DType::kE4M3, {500, 128, 128});
+  chunk.causal = false;
+  chunk.prior_out = fake(DType::kBF16, {300, 128, 128});
+  const AttentionVariantKey folding = attention_variant_key(chunk);
+  EXPECT_TRUE(folding.folds_prior_state);
+  EXPECT_EQ(with_fold.size(), 2u);
+  EXPECT_NE(std::find(with_fold.begin(), with_fold.end(), folding), with_fold.end());
+  EXPECT_EQ(to_string(folding), "e4m3fn non-causal Dqk 192 Dv 128 folding a prior state");
 }
 
 TEST(AttentionRegistry, CompiledVariantsAndMissesNameTheKeys) {
   const std::vector<AttentionVariantKey> compiled = compiled_attention_variants();
 #if defined(FP8MLA_WITH_CUDA)
-  EXPECT_EQ(compiled.size(), 4u);
+  EXPECT_EQ(compiled.size(), 6u);  // 4 + the two non-causal variants that fold a prior state
   EXPECT_NE(std::find(compiled.begin(), compiled.end(),
                       AttentionVariantKey{DType::kE4M3, true, 192, 128}),
             compiled.end());
+  for (DType dtype : {DType::kE4M3, DType::kBF16}) {
+    EXPECT_NE(std::find(compiled.begin(), compiled.end(),
+                        AttentionVariantKey{dtype, false, 192, 128, true}),
+              compiled.end());
+  }
 #else
   EXPECT_TRUE(compiled.empty());
 #endif

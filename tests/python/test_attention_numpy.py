@@ -118,3 +118,43 @@ def test_errors_are_clear():
         fp8mla.prefill_attention(q.astype(np.float32).astype(E4M3), k.astype(np.float32).astype(E4M3),
                                  v.astype(np.float32).astype(E4M3), cu_q, cu_k, 4, 4,
                                  softmax_scale=0.1)
+
+
+def test_numpy_prior_state_folds_like_the_merge():
+    """prior_out / prior_lse: the call's own state merged into the prior one, the bytes of the
+    call followed by merge_attention_states; in place when they are out and lse; an empty prior
+    state leaves the call's own bytes; two key halves folded = attended together."""
+    q, k, v, cu_q, cu_k = ragged([7, 30], [9, 30], 2, BF16, 6)
+    rng = np.random.default_rng(9)
+    prior_out = rng.uniform(-2, 2, (37, 2, DV)).astype(np.float32).astype(BF16)
+    prior_lse = rng.uniform(-1, 5, (37, 2)).astype(np.float32)
+    prior_lse[3, 1], prior_lse[20, 0] = -np.inf, np.inf
+    call = dict(softmax_scale=0.1, causal=False, return_lse=True)
+    own_out, own_lse = fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 30, 30, **call)
+    want_out, want_lse = fp8mla.merge_attention_states(prior_out, prior_lse, own_out, own_lse)
+    out, lse = fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 30, 30, prior_out=prior_out,
+                                        prior_lse=prior_lse, **call)
+    np.testing.assert_array_equal(out.view(np.uint16), want_out.view(np.uint16))
+    np.testing.assert_array_equal(lse, want_lse)
+    state, state_lse = prior_out.copy(), prior_lse.copy()
+    fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 30, 30, out=state, lse=state_lse,
+                             prior_out=state, prior_lse=state_lse, **call)
+    np.testing.assert_array_equal(state.view(np.uint16), want_out.view(np.uint16))
+    np.testing.assert_array_equal(state_lse, want_lse)
+    empty = np.full_like(prior_lse, -np.inf)
+    out, lse = fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 30, 30, prior_out=prior_out,
+                                        prior_lse=empty, **call)
+    np.testing.assert_array_equal(out.view(np.uint16), own_out.view(np.uint16))
+    np.testing.assert_array_equal(lse, own_lse)
+    # Keys of one sequence in two chunks, the second folded into the first.
+    one = np.array([0, 7], np.int32)
+    full_out, full_lse = fp8mla.prefill_attention(q[:7], k[:9], v[:9], one,
+                                                  np.array([0, 9], np.int32), 7, 9, **call)
+    first = fp8mla.prefill_attention(q[:7], k[:4], v[:4], one, np.array([0, 4], np.int32), 7, 4,
+                                     **call)
+    both = fp8mla.prefill_attention(q[:7], k[4:9], v[4:9], one, np.array([0, 5], np.int32), 7, 5,
+                                    prior_out=first[0], prior_lse=first[1], **call)
+    np.testing.assert_allclose(both[1], full_lse, atol=1e-5)
+    np.testing.assert_allclose(both[0].astype(np.float32), full_out.astype(np.float32), atol=2e-2)
+    with pytest.raises(fp8mla.InvalidArgumentError, match="`prior_out` and `prior_lse` together"):
+        fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 30, 30, prior_out=prior_out, **call)

@@ -141,3 +141,42 @@ def test_torch_k_rope_gives_the_bytes_of_the_packed_k(device):
         assert torch.equal(lse.view(torch.int32), lse_packed.view(torch.int32))
     out, lse = torch.compile(attend, fullgraph=True)(k8[..., :128], k_rope)
     assert torch.equal(out.view(torch.int16), out_packed.view(torch.int16))
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+@pytest.mark.parametrize("dtype", ["bf16", "e4m3"])
+def test_torch_prior_state_folds_like_the_merge(device, dtype):
+    """A prefix chunk's call folding the running state (prior_out / prior_lse) gives the bytes of
+    the call followed by merge_attention_states on the same device, apart and in place, eager and
+    compiled (on CUDA the folding kernel merges in its epilogue)."""
+    q_lens, k_lens = [1, 130, 0, 257, 77], [1, 200, 5, 300, 0]
+    q, kv, k_pe, cu_q, cu_k = torch_inputs(q_lens, k_lens, 4, device, seed=6)
+    if dtype == "bf16":
+        k = torch.cat([kv[..., :128], k_pe[:, None, :].expand(-1, 4, -1)], dim=-1)
+        v, scales = kv[..., 128:].contiguous(), {}
+    else:
+        q, k, v = packed_fp8(q, kv, k_pe, device)
+        d = torch.tensor([0.25], device=device)
+        scales = dict(q_descale=d, k_descale=d, v_descale=d)
+    g = torch.Generator().manual_seed(8)
+    prior_out = (torch.rand(q.shape[0], 4, 128, generator=g) * 4 - 2).to(torch.bfloat16)
+    prior_lse = torch.rand(q.shape[0], 4, generator=g) * 6 - 1
+    prior_lse[::7, 1] = -math.inf
+    prior_out, prior_lse = prior_out.to(device), prior_lse.to(device)
+
+    def attend(prior_out=None, prior_lse=None, out=None, lse=None):
+        return fp8mla.prefill_attention(q, k, v, cu_q, cu_k, 257, 300, softmax_scale=0.07,
+                                        causal=False, return_lse=True, prior_out=prior_out,
+                                        prior_lse=prior_lse, out=out, lse=lse, **scales)
+
+    own_out, own_lse = attend()
+    want_out, want_lse = fp8mla.merge_attention_states(prior_out, prior_lse, own_out, own_lse)
+    out, lse = attend(prior_out, prior_lse)
+    assert torch.equal(out.view(torch.int16), want_out.view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32))
+    out, lse = torch.compile(attend, fullgraph=True)(prior_out, prior_lse)
+    assert torch.equal(out.view(torch.int16), want_out.view(torch.int16))
+    state, state_lse = prior_out.clone(), prior_lse.clone()
+    attend(state, state_lse, state, state_lse)
+    assert torch.equal(state.view(torch.int16), want_out.view(torch.int16))
+    assert torch.equal(state_lse.view(torch.int32), want_lse.view(torch.int32))

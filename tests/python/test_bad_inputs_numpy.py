@@ -451,13 +451,20 @@ def attention_entries():
         Bad("prefill_attention out of Dv 64 for 128", lambda b: attention(
             b, out=b.output((TQ, H, 64))), INVALID,
             ("`out`: expected [4, 2, 128] ([Tq, H, Dv])", "[4, 2, 64]")),
+        Bad("prefill_attention prior_lse without prior_out", lambda b: attention(
+            b, prior_lse=b.input((TQ, H), np.float32)), INVALID,
+            ("expected `prior_out` and `prior_lse` together", "got only `prior_lse`")),
+        Bad("prefill_attention f32 prior_out", lambda b: attention(
+            b, prior_out=b.input((TQ, H, 128), np.float32),
+            prior_lse=b.input((TQ, H), np.float32)), INVALID,
+            ("`prior_out` dtype: expected bf16", "got f32")),
         Bad("merge_attention_states o_b of 3 tokens",
             lambda b: merge(b, o_b=lambda b, _: b.input((3, H, 128))), INVALID,
             ("`o_b` dim 0: expected size 4", "bf16[3, 2, 128]")),
         Bad("merge_attention_states out at o_a with other strides", lambda b: merge(
             b, out=lambda b, args: np.lib.stride_tricks.as_strided(
                 args["o_a"], strides=(128 * 2, 512 * 2, 2))), INVALID,
-            ("`out` aliases `o_a` with different strides", "strides [128, 512, 1]")),
+            ("`out` aliases `o_a` as another view", "strides [128, 512, 1]")),
         Bad("merge_attention_states out on o_b", lambda b: merge(
             b, out=lambda b, args: args["o_b"]), INVALID,
             ("`out`: expected memory apart from `o_b`",)),

@@ -145,7 +145,7 @@ def test_opcheck_quantized_out():
     for block in (torch.empty(128, 32, dtype=torch.uint8), torch.empty(T, 32, dtype=torch.uint8)):
         torch.library.opcheck(torch.ops.fp8mla.prefill_attention.default,
                               (q, q[:8], v[:8], cu_q, cu_k, 6, 6, 0.1, True, None, None, None,
-                               fp4, None, torch.full((1,), 500.0), block, None, 0),
+                               fp4, None, torch.full((1,), 500.0), block, None, None, None, 0),
                               test_utils=checks)
         lse = torch.zeros(T, 4)
         torch.library.opcheck(torch.ops.fp8mla.merge_attention_states.default,

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "cuda/attention/merge_math.cuh"
 #include "cuda/common/launch.cuh"
 #include "cuda/common/vector_io.cuh"
 #include "cuda/quantize/output_quant_target.hpp"
@@ -88,60 +89,6 @@ __device__ __forceinline__ void store_vec(typename In::Storage* p, const float (
   }
 }
 
-// The weights of a row's two states, as every merge kernel computes them.
-struct MergeWeights {
-  float m, w_a, w_b, s;
-  bool empty;  // both states empty: O = 0, lse = -inf
-};
-
-__device__ __forceinline__ MergeWeights merge_weights(float la, float lb) {
-  // +inf is how FlashAttention-3 reports a row without keys: an empty state, as -inf.
-  la = la == INFINITY ? -INFINITY : la;
-  lb = lb == INFINITY ? -INFINITY : lb;
-  MergeWeights w;
-  w.empty = la == -INFINITY && lb == -INFINITY;
-  w.m = la > lb ? la : lb;
-  w.w_a = w.empty ? 0.0f : expf(la - w.m);
-  w.w_b = w.empty ? 0.0f : expf(lb - w.m);
-  w.s = w.w_a + w.w_b;
-  return w;
-}
-
-__device__ __forceinline__ float merged_lse(const MergeWeights& w) {
-  return w.empty ? -INFINITY : w.m + logf(w.s);
-}
-
-// kVec merged values; load(pa_or_pb, x) reads kVec values of one state. A side of weight 0 is
-// not read.
-template <int kVec, typename S, typename Load>
-__device__ __forceinline__ void merge_values(const MergeWeights& w, const S* pa, const S* pb,
-                                             Load load, float (&y)[kVec]) {
-  if (w.empty) {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) y[i] = 0.0f;
-  } else if (w.w_b == 0.0f) {
-    float xa[kVec];
-    load(pa, xa);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) y[i] = (w.w_a * xa[i]) / w.s;
-  } else if (w.w_a == 0.0f) {
-    float xb[kVec];
-    load(pb, xb);
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) y[i] = (w.w_b * xb[i]) / w.s;
-  } else {
-    float xa[kVec], xb[kVec];
-    load(pa, xa);
-    load(pb, xb);
-#pragma unroll
-    // Both products rounded before the sum, as the CPU twin computes it: left to the compiler,
-    // the sum contracts into an fma in some instantiations and not in others.
-    for (int i = 0; i < kVec; ++i) {
-      y[i] = __fadd_rn(__fmul_rn(w.w_a, xa[i]), __fmul_rn(w.w_b, xb[i])) / w.s;
-    }
-  }
-}
-
 template <typename In, int kVec, int kLanes>
 __global__ void __launch_bounds__(kThreads) merge_kernel(MergeArgs<typename In::Storage> a) {
   using S = typename In::Storage;
@@ -168,8 +115,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(MergeArgs<typename In::
     for (int v = lane; v < a.vectors; v += kLanes) {
       float y[kVec];
       merge_values<kVec>(
-          w, pa + v * kVec, pb + v * kVec,
-          [](const S* p, float(&x)[kVec]) { load_vec<In, kVec>(p, x); }, y);
+          w, [&](float(&x)[kVec]) { load_vec<In, kVec>(pa + v * kVec, x); },
+          [&](float(&x)[kVec]) { load_vec<In, kVec>(pb + v * kVec, x); }, y);
       store_vec<In, kVec>(po + v * kVec, y);
     }
     if (lane == 0) a.out_lse[t * a.lo_token + h * a.lo_head] = merged_lse(w);
@@ -283,9 +230,9 @@ __device__ __forceinline__ void load_merged(const MergeArgs<typename In::Storage
     r.dim.divmod(std::uint32_t(col), h, d);
     if (n > 0) {
       merge_values<kN>(
-          weights_of(a, t, h), a.o_a + t * a.a_token + h * a.a_head + d,
-          a.o_b + t * a.b_token + h * a.b_head + d,
-          [](const S* p, float(&x)[kN]) { load_f32<In, kN>(p, x); }, y);
+          weights_of(a, t, h),
+          [&](float(&x)[kN]) { load_f32<In, kN>(a.o_a + t * a.a_token + h * a.a_head + d, x); },
+          [&](float(&x)[kN]) { load_f32<In, kN>(a.o_b + t * a.b_token + h * a.b_head + d, x); }, y);
     }
   } else {
 #pragma unroll
@@ -295,9 +242,10 @@ __device__ __forceinline__ void load_merged(const MergeArgs<typename In::Storage
       r.dim.divmod(std::uint32_t(col + i), h, d);
       float x[1];
       merge_values<1>(
-          weights_of(a, t, h), a.o_a + t * a.a_token + h * a.a_head + d,
-          a.o_b + t * a.b_token + h * a.b_head + d,
-          [](const S* p, float(&v)[1]) { v[0] = In::to_f32(__ldg(p)); }, x);
+          weights_of(a, t, h),
+          [&](float(&v)[1]) { v[0] = In::to_f32(__ldg(a.o_a + t * a.a_token + h * a.a_head + d)); },
+          [&](float(&v)[1]) { v[0] = In::to_f32(__ldg(a.o_b + t * a.b_token + h * a.b_head + d)); },
+          x);
       y[i] = x[0];
     }
   }

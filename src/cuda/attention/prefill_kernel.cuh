@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   cutlass::arch::warpgroup_reg_alloc<kConsumerRegisters>();
   const PrefillEpilogue<Traits> epilogue(p);
   PipelineState<Traits> state;
-  if constexpr (Traits::kFp8) {
+  if constexpr (Traits::kFp8 && !Traits::kFoldsPrior) {
     if (p.lse == nullptr) {
       const PrefillConsumer<Traits, false> consumer(p, smem, warpgroup);
       Scheduler::for_each_tile(p, [&](const TileWork& w) { consumer.run(w, epilogue, state); });

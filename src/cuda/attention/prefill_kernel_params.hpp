@@ -65,6 +65,12 @@ struct PrefillKernelParams {
   float* lse;               // nullptr: not written
   std::int64_t lse_token_stride, lse_head_stride;
   TileOrder order;
+  // The prior state a folding variant merges in (bf16 [tq][heads][dv] and f32 [tq][heads],
+  // possibly out and lse themselves). Last, so that the other members keep their offsets.
+  const std::uint16_t* prior_out;
+  std::int64_t prior_out_token_stride, prior_out_head_stride;
+  const float* prior_lse;
+  std::int64_t prior_lse_token_stride, prior_lse_head_stride;
 };
 
 }  // namespace fp8mla::cuda::attention

@@ -186,6 +186,12 @@ PrefillKernelParams kernel_params(const PrefillAttentionParams& p, int sm_count)
   kp.lse = p.lse;
   kp.lse_token_stride = p.lse_token_stride;
   kp.lse_head_stride = p.lse_head_stride;
+  kp.prior_out = p.prior_out;
+  kp.prior_out_token_stride = p.prior_out_token_stride;
+  kp.prior_out_head_stride = p.prior_out_head_stride;
+  kp.prior_lse = p.prior_lse;
+  kp.prior_lse_token_stride = p.prior_lse_token_stride;
+  kp.prior_lse_head_stride = p.prior_lse_head_stride;
   kp.order = PrefillScheduler<Traits>::order(p, sm_count);
   return kp;
 }

@@ -29,10 +29,10 @@ struct PrefillVariant {
 using cuda::attention::launch_prefill;
 using cuda::attention::PrefillTraits;
 using cuda::attention::prepare_prefill;
-#define FP8MLA_PREFILL_VARIANT(name, fp8, causal, dqk, dv)              \
-  PrefillVariant{{fp8 ? DType::kE4M3 : DType::kBF16, causal, dqk, dv},  \
-                 &prepare_prefill<PrefillTraits<fp8, causal, dqk, dv>>, \
-                 &launch_prefill<PrefillTraits<fp8, causal, dqk, dv>>},
+#define FP8MLA_PREFILL_VARIANT(name, fp8, causal, dqk, dv, fold)              \
+  PrefillVariant{{fp8 ? DType::kE4M3 : DType::kBF16, causal, dqk, dv, fold},  \
+                 &prepare_prefill<PrefillTraits<fp8, causal, dqk, dv, fold>>, \
+                 &launch_prefill<PrefillTraits<fp8, causal, dqk, dv, fold>>},
 constexpr PrefillVariant kVariants[] = {
 #include "cuda/attention/prefill_variants.def"
 };
@@ -67,12 +67,14 @@ const PrefillVariant& find_variant(const AttentionVariantKey& key) {
 
 std::string to_string(const AttentionVariantKey& key) {
   return concat(dtype_name(key.dtype), key.causal ? " causal" : " non-causal", " Dqk ",
-                key.head_dim_qk, " Dv ", key.head_dim_v);
+                key.head_dim_qk, " Dv ", key.head_dim_v,
+                key.folds_prior_state ? " folding a prior state" : "");
 }
 
 AttentionVariantKey attention_variant_key(const PrefillAttentionArgs& args) {
   return {args.q.dtype(), args.causal, int(args.q.ndim() == 3 ? args.q.size(2) : 0),
-          int(args.v.ndim() == 3 ? args.v.size(2) : 0)};
+          int(args.v.ndim() == 3 ? args.v.size(2) : 0),
+          args.prior_out.data() != nullptr || args.prior_out.ndim() > 0};
 }
 
 std::vector<AttentionVariantKey> compiled_attention_variants() {
@@ -84,13 +86,16 @@ std::vector<AttentionVariantKey> compiled_attention_variants() {
 std::vector<AttentionVariantKey> attention_keys(const AttentionNeeds& needs) {
   std::vector<AttentionVariantKey> keys;
   for (DType dtype : needs.dtypes) {
-    for (bool causal : {true, false}) {
-      if (causal ? !needs.causal : !needs.non_causal) continue;
-      // Arguments shaped as a runtime call's (the key reads dtypes, head dims and the mask).
+    for (int call = 0; call < 3; ++call) {  // causal, non-causal, non-causal folding
+      const bool causal = call == 0, fold = call == 2;
+      if (causal ? !needs.causal : fold ? !needs.non_causal_fold : !needs.non_causal) continue;
+      // Arguments shaped as a runtime call's (the key reads dtypes, head dims, the mask and
+      // whether a prior state is given).
       PrefillAttentionArgs args;
       args.q = TensorView(nullptr, dtype, {0, 1, needs.head_dim_qk});
       args.v = TensorView(nullptr, dtype, {0, 1, needs.head_dim_v});
       args.causal = causal;
+      if (fold) args.prior_out = TensorView(nullptr, DType::kBF16, {0, 1, needs.head_dim_v});
       const AttentionVariantKey key = attention_variant_key(args);
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
     }

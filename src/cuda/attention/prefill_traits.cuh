@@ -28,10 +28,13 @@ namespace fp8mla::cuda::attention {
 
 enum class Swizzle : int { k64B = 64, k128B = 128 };
 
-template <bool kIsFp8, bool kCausal, int kHeadDimQk = 192, int kHeadDimV = 128>
+template <bool kIsFp8, bool kCausal, int kHeadDimQk = 192, int kHeadDimV = 128, bool kFold = false>
 struct PrefillTraits {
   static constexpr bool kFp8 = kIsFp8;
   static constexpr bool kIsCausal = kCausal;
+  // The epilogue folds a prior state into the output (PrefillAttentionArgs::prior_out): a
+  // variant of its own, so that the others' code is untouched by it.
+  static constexpr bool kFoldsPrior = kFold;
   static constexpr int kDqk = kHeadDimQk;
   static constexpr int kDv = kHeadDimV;
   static_assert(kDqk % 64 == 0 && kDv == 128, "the kernel is built for Dqk in 64s and Dv = 128");
