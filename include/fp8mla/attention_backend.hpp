@@ -36,6 +36,10 @@ struct BackendCapabilities {
   bool prepare_prefill_qkv = false;
   bool pack_prefix_chunk_kv = false;
   VLayout v_layout = VLayout::kTokenMajor;  // of the FP8 V the hook and the pack write
+  // Its prefill_attention folds a prior state into its output (PrefillAttentionArgs::prior_out,
+  // prior_lse): true for the shipped backends. The MLA layer then merges each prefix chunk in
+  // the chunk's attention call; without it, with merge_attention_states after the call.
+  bool fold_prior_state = false;
 };
 
 struct BackendRequirements {

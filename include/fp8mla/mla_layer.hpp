@@ -79,15 +79,17 @@ struct MlaFp8Scales {
 struct MlaPrefillOptions {
   // Up to this many prefix keys in the batch, prefix and extend keys are attended together
   // (one-shot). Above it the extend tokens attend causally among themselves, then each chunk of
-  // at most chunk_capacity prefix keys non-causally, merged by LSE; the chunks bound the
-  // memory the prefix keys take.
+  // at most chunk_capacity prefix keys non-causally, its call folding it into the running
+  // output by LSE (or a merge after the call, for a backend that does not fold); the chunks
+  // bound the memory the prefix keys take.
   std::int64_t one_shot_max_prefix = 8192;
   std::int64_t chunk_capacity = 8192;
   float cache_scale_inv = 1.0f;  // the latent cache holds e4m3(x * cache_scale_inv)
   MlaFp8Scales fp8;
   // On the FP8 path with an FP8 o_proj, the last writer of the attention output (the attention
-  // call, or the last merge with chunked prefixes) writes o_proj's e4m3 input and its scales
-  // itself, when the backend fuses fp8_group128. false: a separate quantization, for A/B runs.
+  // call; with chunked prefixes the last chunk's call or merge) writes o_proj's e4m3 input and
+  // its scales itself, when the backend fuses fp8_group128. false: a separate quantization, for
+  // A/B runs.
   bool fuse_output_quant = true;
 };
 
@@ -95,7 +97,7 @@ struct MlaPrefillOptions {
 enum class MlaOutputQuant : std::uint8_t {
   kNone,      // o_proj is a bf16 GEMM: it reads the attention's bf16 output
   kSeparate,  // quantize_fp8_per_token_group of the attention's bf16 output, then the FP8 GEMM
-  kFused,     // the last attention call or merge writes the FP8 GEMM's input and scales
+  kFused,     // the last attention call (or merge) writes the FP8 GEMM's input and scales
 };
 // "none", "separate", "fused".
 std::string_view to_string(MlaOutputQuant mode);
@@ -160,7 +162,7 @@ struct MlaStageTimes {
   double prep = 0;         // RoPE, FP8 conversion, cache write
   double prefix = 0;       // gather, kv_b and packing of the prefix keys
   double attention = 0;
-  double merge = 0;
+  double merge = 0;   // chunks merged after their calls (a backend that does not fold them)
   double output = 0;  // o_proj
   double reduce = 0;  // the all-reduce of o_proj's partial sums (tensor parallelism)
   // Context parallelism: the rank's latent rows packed, all-gathered, the others' written to

@@ -37,6 +37,8 @@ class BackendCapabilities:
     prepare_prefill_qkv: bool
     pack_prefix_chunk_kv: bool
     v_layout: str  # of the FP8 V the hook and the pack write: "token_major" or "transposed"
+    # Its prefill_attention folds a prior state (prior_out / prior_lse) into its output.
+    fold_prior_state: bool
 
 
 def _device(device) -> tuple:

@@ -61,6 +61,7 @@ nb::dict capabilities(const std::string& name) {
   d["prepare_prefill_qkv"] = caps.prepare_prefill_qkv;
   d["pack_prefix_chunk_kv"] = caps.pack_prefix_chunk_kv;
   d["v_layout"] = name_of(caps.v_layout);
+  d["fold_prior_state"] = caps.fold_prior_state;
   return d;
 }
 

@@ -148,6 +148,7 @@ BackendCapabilities capabilities_of(const BackendSpec& spec) {
     caps.head_dims.assign(std::begin(kCpuHeadDims), std::end(kCpuHeadDims));
     caps.architectures = {"cpu"};
     for (OutputQuantKey key : kFusedKeys) caps.output_quant.emplace_back(to_string(key));
+    caps.fold_prior_state = true;
     return caps;
   }
   for (const AttentionVariantKey& key : compiled_attention_variants()) {
@@ -159,6 +160,7 @@ BackendCapabilities capabilities_of(const BackendSpec& spec) {
   if (!arch.empty()) caps.architectures = {arch};
   if (!caps.attention_dtypes.empty()) {
     for (OutputQuantKey key : kFusedKeys) caps.output_quant.emplace_back(to_string(key));
+    caps.fold_prior_state = true;
   }
   return caps;
 }

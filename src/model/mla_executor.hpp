@@ -75,6 +75,9 @@ struct MlaPath {
   bool fp8 = false;
   DType attention_dtype = DType::kBF16;
   MlaOutputQuant output_quant = MlaOutputQuant::kNone;
+  // Chunked prefixes: each chunk's attention call folds its result into the layer's output and
+  // LSE (the backend folds prior states), instead of a merge after it.
+  bool fold_chunks = false;
 };
 // The output quantization key the fused path asks the backend for.
 inline constexpr OutputQuantKey kMlaOutputQuantKey = OutputQuantKey::kFp8Group128;
@@ -113,9 +116,12 @@ struct MlaAttendStep {
   std::int32_t max_seqlen_k = 0;
   bool causal = true;
   bool lse = false;  // kExtend: the layer's output with its LSE, for the chunks to merge into
-  // The last writer of the attention output (no chunks): on a fused path it writes o_proj's
-  // FP8 input and scales instead of bf16.
+  // The last writer of the attention output (no chunks, or the last folded chunk): on a fused
+  // path it writes o_proj's FP8 input and scales instead of bf16.
   bool o_proj_input = false;
+  // kPrefix on a folding path: the call reads the layer's output and LSE as its prior state and
+  // writes the merged state there (in place), or with o_proj_input into o_proj's input.
+  bool fold = false;
 };
 
 // The tensors of one attention call as an executor lays them out: q, k, v views; cu_q, cu_k,
@@ -130,6 +136,9 @@ struct MlaAttentionTensors {
   void* out;
   float* lse;
   TensorView out_scales;
+  // A folded chunk's prior state: the layer's bf16 output [T, H, 128] and LSE; null: none.
+  const std::uint16_t* prior_out = nullptr;
+  const float* prior_lse = nullptr;
 };
 // The attention call's arguments: the tensors above on `device`, the plan's sizes, the step's.
 PrefillAttentionArgs mla_attention_args(const MlaConfig& config, const MlaBatchPlan& plan,
@@ -177,8 +186,8 @@ class MlaExecutor {
   // Each sequence's prefix keys (from prefix_keys over all of them), then its extend keys.
   virtual void assemble_one_shot() = 0;
   virtual void attend(const MlaAttendStep& step) = 0;
-  // The last chunk's output into the layer's, by LSE; with o_proj_input (the last merge) on a
-  // fused path, into o_proj's FP8 input and scales.
+  // The last chunk's output into the layer's, by LSE (a path that does not fold the chunks);
+  // with o_proj_input (the last merge) on a fused path, into o_proj's FP8 input and scales.
   virtual void merge(bool o_proj_input) = 0;
   virtual void output() = 0;  // o_proj into the call's `out`
   virtual void finish() = 0;  // the stage times are in place after it

@@ -108,6 +108,7 @@ MlaPath mla_path(const AttentionBackend& backend, const MlaPrefillOptions& optio
   path.fp8 = caps.prepare_prefill_qkv;
   path.attention_dtype = path.fp8 ? DType::kE4M3 : DType::kBF16;
   path.output_quant = mla_output_quant_plan(caps, options, fp8_o_proj).mode;
+  path.fold_chunks = caps.fold_prior_state;
   return path;
 }
 
@@ -139,6 +140,11 @@ PrefillAttentionArgs mla_attention_args(const MlaConfig& config, const MlaBatchP
     a.output_block_scale = t.out_scales;
   }
   if (t.lse != nullptr) a.lse = TensorView(t.lse, DType::kF32, {T, H}, d);
+  if (t.prior_out != nullptr) {
+    a.prior_out =
+        TensorView(const_cast<std::uint16_t*>(t.prior_out), DType::kBF16, {T, H, kMlaVDim}, d);
+    a.prior_lse = TensorView(const_cast<float*>(t.prior_lse), DType::kF32, {T, H}, d);
+  }
   return a;
 }
 
@@ -174,8 +180,8 @@ void timed(MlaExecutor& x, double* stage, Step&& step) {
 }
 
 // The attention of the extend tokens over their sequences' prefix and extend keys, as the plan
-// chose it.
-void attend_batch(MlaExecutor& x, const MlaBatchPlan& p, MlaStageTimes& t) {
+// chose it; chunks folded in their attention calls or merged after them, as the path says.
+void attend_batch(MlaExecutor& x, const MlaBatchPlan& p, MlaPath path, MlaStageTimes& t) {
   switch (p.prefix_attention) {
     case PrefixAttention::kNone:
       timed(x, &t.attention, [&] { x.attend({MlaKeys::kExtend, 0, p.max_q, true, false, true}); });
@@ -193,11 +199,13 @@ void attend_batch(MlaExecutor& x, const MlaBatchPlan& p, MlaStageTimes& t) {
       timed(x, &t.attention, [&] { x.attend({MlaKeys::kExtend, 0, p.max_q, true, true}); });
       for (std::size_t i = 0; i < p.chunks.size(); ++i) {
         const PrefixChunk& chunk = p.chunks[i];
+        const bool last = i + 1 == p.chunks.size();
         timed(x, &t.prefix, [&] { x.prefix_keys(p.chunk_first_row[i], chunk.keys()); });
         timed(x, &t.attention, [&] {
-          x.attend({MlaKeys::kPrefix, i, chunk.max_seqlen_k, false, false});
+          x.attend({MlaKeys::kPrefix, i, chunk.max_seqlen_k, false, false, path.fold_chunks && last,
+                    path.fold_chunks});
         });
-        timed(x, &t.merge, [&] { x.merge(i + 1 == p.chunks.size()); });
+        if (!path.fold_chunks) timed(x, &t.merge, [&] { x.merge(last); });
       }
       return;
   }
@@ -278,7 +286,7 @@ void run_mla_prefill(MlaExecutor& x, const MlaPrefillCall& call) {
     if (call.times != nullptr) *call.times = t;
     return;
   }
-  attend_batch(x, call.plan, t);
+  attend_batch(x, call.plan, call.path, t);
   timed(x, &t.output, [&] { x.output(); });
   // o_proj has no bias, so each rank's partial sum is its heads' share of the output and the sum
   // over ranks is the output; the reduction runs on the call's stream, in place.

@@ -116,7 +116,7 @@ class CpuMlaExecutor final : public MlaExecutor {
     w_ = {};
     w_.attn.resize(std::size_t(T * H * kMlaVDim));
     w_.lse.resize(std::size_t(T * H));
-    if (call.plan.prefix_attention == PrefixAttention::kChunked) {
+    if (call.plan.prefix_attention == PrefixAttention::kChunked && !call.path.fold_chunks) {
       w_.chunk_out.resize(w_.attn.size());
       w_.chunk_lse.resize(w_.lse.size());
     }
@@ -453,8 +453,15 @@ void CpuMlaExecutor::attend(const MlaAttendStep& step) {
   t.cu_q = plan.cu_q.data();
   t.cu_k = cu_k.data();
   t.descales = descales_;
-  t.out = chunk ? w_.chunk_out.data() : w_.attn.data();
-  t.lse = chunk ? w_.chunk_lse.data() : step.lse ? w_.lse.data() : nullptr;
+  const bool separate_chunk = chunk && !step.fold;
+  t.out = separate_chunk ? w_.chunk_out.data() : w_.attn.data();
+  t.lse = separate_chunk                                  ? w_.chunk_lse.data()
+          : step.lse || (step.fold && !step.o_proj_input) ? w_.lse.data()
+                                                          : nullptr;
+  if (step.fold) {
+    t.prior_out = w_.attn.data();
+    t.prior_lse = w_.lse.data();
+  }
   if (step.o_proj_input && fused()) {
     t.out = w_.o_proj_x.data();
     t.out_scales = o_proj_scales_view();

@@ -140,7 +140,9 @@ class CudaMlaExecutor final : public MlaExecutor {
                        c_.rope);
     cos_sin_ = DeviceBuffer(cos_sin.data(), std::int64_t(cos_sin.size()) * 4);
     // Every attention variant either path can ask for, checked and set up now, not mid-request.
-    warm_up_attention(AttentionNeeds{{DType::kE4M3, DType::kBF16}});
+    AttentionNeeds needs{{DType::kE4M3, DType::kBF16}};
+    needs.non_causal_fold = true;  // the prefix chunks fold into the output (shipped backends)
+    warm_up_attention(needs);
   }
 
   const std::vector<std::string>& projection_notes() const override { return notes_; }
@@ -579,8 +581,15 @@ void CudaMlaExecutor::attend(const MlaAttendStep& step) {
            : chunk ? b_.chunk_cu_k + step.chunk * std::size_t(plan.sequences + 1)
                    : b_.cu_k_one_shot;
   t.descales = b_.descales;
-  t.out = chunk ? b_.chunk_out : b_.attn;
-  t.lse = chunk ? b_.chunk_lse : step.lse ? b_.lse : nullptr;
+  const bool separate_chunk = chunk && !step.fold;
+  t.out = separate_chunk ? b_.chunk_out : b_.attn;
+  t.lse = separate_chunk                                  ? b_.chunk_lse
+          : step.lse || (step.fold && !step.o_proj_input) ? b_.lse
+                                                          : nullptr;
+  if (step.fold) {
+    t.prior_out = b_.attn;
+    t.prior_lse = b_.lse;
+  }
   if (step.o_proj_input && fused()) {
     t.out = b_.gemm_x;
     t.out_scales = gemm_x_scales(T, o_->in);

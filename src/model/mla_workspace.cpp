@@ -87,8 +87,9 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
   // target.
   b.attn = w.take<std::uint16_t>(s.fused_output_quant && s.chunks == 0 ? 0 : T * H * kMlaVDim);
   b.lse = w.take<float>(T * H);
-  b.chunk_out = w.take<std::uint16_t>(s.chunks > 0 ? T * H * kMlaVDim : 0);
-  b.chunk_lse = w.take<float>(s.chunks > 0 ? T * H : 0);
+  const bool chunk_outputs = s.chunks > 0 && !s.fold_chunks;
+  b.chunk_out = w.take<std::uint16_t>(chunk_outputs ? T * H * kMlaVDim : 0);
+  b.chunk_lse = w.take<float>(chunk_outputs ? T * H : 0);
   b.gathered = w.take<std::uint8_t>(s.gathered_rows * kMlaLatentDim);
   // cuBLASLt's workspace, and room for the widest fp8 GEMM's scratch at these row counts.
   std::size_t scratch = 0;
@@ -122,6 +123,7 @@ WorkSizes work_sizes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& 
   }
   s.fp8 = path.fp8;
   s.fused_output_quant = path.output_quant == MlaOutputQuant::kFused;
+  s.fold_chunks = path.fold_chunks;
   s.gathered_rows = limits.max_gathered_rows;
   return s;
 }
@@ -136,6 +138,7 @@ WorkSizes work_sizes(const MlaBatchPlan& plan, MlaPath path) {
   s.chunks = std::int64_t(plan.chunks.size());
   s.fp8 = path.fp8;
   s.fused_output_quant = path.output_quant == MlaOutputQuant::kFused;
+  s.fold_chunks = path.fold_chunks;
   s.gathered_rows = plan.gathered_rows();
   return s;
 }

@@ -26,6 +26,7 @@ struct WorkSizes {
   // The attention writes o_proj's FP8 input (fused output quantization): without chunks, no
   // bf16 attention output is kept.
   bool fused_output_quant = false;
+  bool fold_chunks = false;        // the chunks fold into the output: no chunk output of their own
   std::int64_t gathered_rows = 0;  // context parallelism: the all-gather's latent rows
   std::int64_t prefix_keys() const { return std::max(one_shot_prefix, chunk_keys); }
 };

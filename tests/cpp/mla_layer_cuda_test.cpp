@@ -26,7 +26,8 @@ namespace {
 using test::expect_error;
 
 // Device copies of a fixture's tensors, and a workspace for the batch under both backends (the
-// FP8 path with and without fused output quantization).
+// FP8 path with and without fused output quantization, with chunks folded in their attention
+// calls or merged after them).
 struct DeviceBatch {
   void *hidden = nullptr, *cache = nullptr, *out = nullptr, *workspace = nullptr;
   std::size_t workspace_bytes = 0;
@@ -39,9 +40,10 @@ struct DeviceBatch {
     for (const MlaSequence& s : f.batch.sequences) limits.max_prefix_tokens += s.prefix;
     MlaPrefillOptions unfused = o;
     unfused.fuse_output_quant = false;
-    workspace_bytes = std::max({layer.workspace_bytes(limits, o, *fp8),
-                                layer.workspace_bytes(limits, unfused, *fp8),
-                                layer.workspace_bytes(limits, o, *bf16)});
+    const OutputQuantProbe merging("fp8-hopper", true, false);
+    workspace_bytes = std::max(
+        {layer.workspace_bytes(limits, o, *fp8), layer.workspace_bytes(limits, unfused, *fp8),
+         layer.workspace_bytes(limits, o, *bf16), layer.workspace_bytes(limits, o, merging)});
     EXPECT_EQ(cudaMalloc(&hidden, f.hidden.size() * 2), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&cache, f.cache.size()), cudaSuccess);
     EXPECT_EQ(cudaMalloc(&out, f.hidden.size() * 2), cudaSuccess);
@@ -137,12 +139,14 @@ INSTANTIATE_TEST_SUITE_P(
       return name + (std::get<1>(info.param) == WeightFormat::kBf16 ? "_bf16" : "_fp8_block");
     });
 
-// The fused output quantization on the GPU: the attention kernel's epilogue (the one call) or the
-// last merge (chunks) writes o_proj's e4m3 input and column-major scales, the bytes the standalone
-// kernel makes of the bf16 output it would write (docs/design.md section 6), so the layer output
-// equals the separate quantization's bit for bit, with a backend that fuses (option off) and one
-// that cannot. The plan and the stage times say which ran; with chunks no attention call gets the
-// key (the merge does it).
+// The fused output quantization on the GPU: the attention kernel's epilogue (the one call; with
+// chunks the last chunk's call, folding it in, or the last merge with a backend that does not
+// fold) writes o_proj's e4m3 input and column-major scales, the bytes the standalone kernel makes
+// of the bf16 output it would write (docs/design.md section 6), so the layer output equals the
+// separate quantization's bit for bit, with a backend that fuses (option off) and one that
+// cannot; and the folding epilogue merges with the merge kernel's arithmetic, so folding the
+// chunks equals merging them after their calls, bit for bit. The plan and the stage times say
+// which ran; the probes count the keyed and the folding calls.
 class MlaLayerCudaOutputQuant : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(MlaLayerCudaOutputQuant, FusedEqualsSeparateBitForBit) {
@@ -153,7 +157,8 @@ TEST_P(MlaLayerCudaOutputQuant, FusedEqualsSeparateBitForBit) {
   ASSERT_NE(layer.projection_notes().back().find("o_proj"), std::string::npos);
   ASSERT_NE(layer.projection_notes().back().find("fp8 block-scaled GEMM"), std::string::npos)
       << layer.projection_notes().back();
-  const OutputQuantProbe fusing("fp8-hopper", true), plain("fp8-hopper", false);
+  const OutputQuantProbe fusing("fp8-hopper", true), plain("fp8-hopper", false),
+      merging("fp8-hopper", true, false);
   std::printf("[ layer    ] %s\n", layer.output_quant_plan(fusing, {}).note.c_str());
   std::printf("[ layer    ] %s\n", layer.output_quant_plan(plain, {}).note.c_str());
   for (const auto& lens : output_quant_batches()) {
@@ -166,18 +171,22 @@ TEST_P(MlaLayerCudaOutputQuant, FusedEqualsSeparateBitForBit) {
     for (std::int64_t capacity : {0, 64, 1000}) {
       SCOPED_TRACE(::testing::Message()
                    << GetParam() << ", batch of " << lens.size() << ", capacity " << capacity);
-      const bool chunked = prefixes && capacity > 0;
+      const std::int64_t chunks = f.planned_chunks(prefix_mode(capacity));
+      EXPECT_EQ(chunks > 0, prefixes && capacity > 0);
       MlaPrefillOptions fused = prefix_mode(capacity), separate = fused;
       separate.fuse_output_quant = false;
       const auto run_timed = [&](const OutputQuantProbe& backend, const MlaPrefillOptions& o,
                                  MlaOutputQuant expected) {
         f.cache = cache_before;
-        backend.keyed_calls = 0;
+        backend.keyed_calls = backend.folded_calls = 0;
         MlaStageTimes times;
         std::vector<std::uint16_t> out = d.run(layer, backend, o, &times);
+        const bool folds = backend.capabilities().fold_prior_state;
         EXPECT_EQ(times.output_quant, expected) << to_string(times.output_quant);
         EXPECT_EQ(layer.output_quant_plan(backend, o).mode, expected);
-        EXPECT_EQ(backend.keyed_calls, expected == MlaOutputQuant::kFused && !chunked ? 1 : 0);
+        EXPECT_EQ(backend.keyed_calls,
+                  expected == MlaOutputQuant::kFused && (chunks == 0 || folds) ? 1 : 0);
+        EXPECT_EQ(backend.folded_calls, folds ? chunks : 0);
         return out;
       };
       const std::vector<std::uint16_t> s1 = run_timed(fusing, separate, MlaOutputQuant::kSeparate);
@@ -187,10 +196,19 @@ TEST_P(MlaLayerCudaOutputQuant, FusedEqualsSeparateBitForBit) {
       const std::vector<std::uint16_t> a = run_timed(fusing, fused, MlaOutputQuant::kFused);
       EXPECT_EQ(f.cache, cache_separate);
       const std::vector<std::uint16_t> c = run_timed(plain, fused, MlaOutputQuant::kSeparate);
-      std::int64_t differ = 0;
-      for (std::size_t i = 0; i < a.size(); ++i) differ += a[i] != s1[i];
+      const std::vector<std::uint16_t> m = run_timed(merging, fused, MlaOutputQuant::kFused);
+      const std::vector<std::uint16_t> ms = run_timed(merging, separate, MlaOutputQuant::kSeparate);
+      std::int64_t differ = 0, differ_merged = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        differ += a[i] != s1[i];
+        differ_merged += m[i] != s1[i];
+      }
       EXPECT_EQ(differ, 0) << "of " << a.size() << " output elements differ, fused vs separate";
+      EXPECT_EQ(differ_merged, 0) << "of " << a.size()
+                                  << " output elements differ, chunks merged after their calls vs "
+                                     "folded in them";
       EXPECT_EQ(c, s1);
+      EXPECT_EQ(ms, s1);
       EXPECT_NE(std::count(a.begin(), a.end(), std::uint16_t(0)), std::ptrdiff_t(a.size()));
     }
   }

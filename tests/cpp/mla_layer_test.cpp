@@ -196,11 +196,13 @@ TEST(MlaLayerCpuArgs, WeightsFromSafetensorsGiveTheSameOutput) {
 }
 
 // The FP8 path's fused output quantization (docs/design.md section 5): the last writer of the
-// attention output (the one attention call, or the last merge with chunks) writes o_proj's e4m3
+// attention output (the one attention call; with chunks the last chunk's call, which folds it
+// into the output, or the last merge with a backend that does not fold) writes o_proj's e4m3
 // input and scales. On the CPU both are the standalone quantization of the bf16 output it would
 // write (section 6), so the layer output is bit-identical to the separate quantization's, with a
-// backend that fuses (option off) and one that cannot. The plan and the stage times say which
-// ran; with chunks no attention call gets the key (the merge does it).
+// backend that fuses (option off) and one that cannot, and folding the chunks in their calls
+// gives the bytes of merging them after. The plan and the stage times say which ran; the probes
+// count the keyed and the folding calls.
 TEST(MlaLayerCpuOutputQuant, FusedEqualsSeparateBitForBit) {
   for (const auto& lens : output_quant_batches()) {
     Fixture f(lens, 5);
@@ -208,24 +210,29 @@ TEST(MlaLayerCpuOutputQuant, FusedEqualsSeparateBitForBit) {
     MlaLayer layer(f.config, w);
     const std::vector<std::uint8_t> cache_before = f.cache;
     const bool prefixes = std::any_of(lens.begin(), lens.end(), [](auto l) { return l.first > 0; });
-    const OutputQuantProbe fusing("cpu", true), plain("cpu", false);
+    const OutputQuantProbe fusing("cpu", true), plain("cpu", false), merging("cpu", true, false);
     for (std::int64_t capacity : {0, 64, 100}) {
       SCOPED_TRACE(::testing::Message() << "batch of " << lens.size() << ", capacity " << capacity);
-      const bool chunked = prefixes && capacity > 0;
+      const std::int64_t chunks = f.planned_chunks(prefix_mode(capacity));
+      EXPECT_EQ(chunks > 0, prefixes && capacity > 0);
       MlaPrefillOptions fused = prefix_mode(capacity), separate = fused;
       separate.fuse_output_quant = false;
       const auto run_timed = [&](const OutputQuantProbe& backend, const MlaPrefillOptions& o,
                                  MlaOutputQuant expected) {
         f.cache = cache_before;
-        backend.keyed_calls = 0;
+        backend.keyed_calls = backend.folded_calls = 0;
         std::vector<std::uint16_t> out(f.hidden.size(), 0xFFFF);
         MlaStageTimes times;
         layer.prefill(f.hidden_view(), f.batch, f.cache_view(), backend, o,
                       TensorView(out.data(), DType::kBF16, {f.tokens, f.config.hidden}), {},
                       &times);
+        const bool folds = backend.capabilities().fold_prior_state;
         EXPECT_EQ(times.output_quant, expected) << to_string(times.output_quant);
         EXPECT_EQ(layer.output_quant_plan(backend, o).mode, expected);
-        EXPECT_EQ(backend.keyed_calls, expected == MlaOutputQuant::kFused && !chunked ? 1 : 0);
+        EXPECT_EQ(backend.keyed_calls,
+                  expected == MlaOutputQuant::kFused && (chunks == 0 || folds) ? 1 : 0);
+        EXPECT_EQ(backend.folded_calls, folds ? chunks : 0);
+        EXPECT_EQ(times.merge == 0.0, folds || chunks == 0) << times.merge;
         return out;
       };
       const std::vector<std::uint16_t> a = run_timed(fusing, fused, MlaOutputQuant::kFused);
@@ -233,8 +240,12 @@ TEST(MlaLayerCpuOutputQuant, FusedEqualsSeparateBitForBit) {
       const std::vector<std::uint16_t> b = run_timed(fusing, separate, MlaOutputQuant::kSeparate);
       EXPECT_EQ(f.cache, cache_fused);
       const std::vector<std::uint16_t> c = run_timed(plain, fused, MlaOutputQuant::kSeparate);
+      const std::vector<std::uint16_t> d = run_timed(merging, fused, MlaOutputQuant::kFused);
+      const std::vector<std::uint16_t> e = run_timed(merging, separate, MlaOutputQuant::kSeparate);
       EXPECT_EQ(a, b);
       EXPECT_EQ(a, c);
+      EXPECT_EQ(a, d);
+      EXPECT_EQ(a, e);
       for (std::uint16_t v : a) ASSERT_FALSE(std::isnan(decode_bf16(v)));
       EXPECT_NE(std::count(a.begin(), a.end(), std::uint16_t(0)), std::ptrdiff_t(a.size()));
     }

@@ -20,6 +20,7 @@
 #include "fp8mla/mla_layer.hpp"
 #include "fp8mla/mla_weights.hpp"
 #include "fp8mla/numerics.hpp"
+#include "model/mla_executor.hpp"
 
 namespace fp8mla {
 
@@ -68,6 +69,12 @@ struct Fixture {
   }
   TensorView hidden_view() {
     return TensorView(hidden.data(), DType::kBF16, {tokens, config.hidden});
+  }
+  // The prefix chunks the layer's plan makes of the batch with `options` (0: none).
+  std::int64_t planned_chunks(const MlaPrefillOptions& options) const {
+    MlaBatchPlan plan;
+    plan_mla_batch(config, batch, options, plan);
+    return std::int64_t(plan.chunks.size());
   }
 };
 
@@ -186,21 +193,28 @@ class LayerAccuracy {
   double one_shot_error_[2] = {0, 0};
 };
 
-// A shipped backend that counts the attention calls asked for a quantized output; with
-// `fuses` false it declares no fused output quantization (a backend that cannot fuse).
+// A shipped backend that counts the attention calls asked for a quantized output and those that
+// fold a prior state; with `fuses` false it declares no fused output quantization (a backend that
+// cannot fuse), with `folds` false no folding of prior states (the layer merges chunks after
+// their calls).
 class OutputQuantProbe final : public AttentionBackend {
  public:
-  OutputQuantProbe(const char* name, bool fuses)
+  OutputQuantProbe(const char* name, bool fuses, bool folds = true)
       : base_(make_attention_backend(name)), caps_(base_->capabilities()) {
     if (!fuses) {
       caps_.name += " (no output quantization)";
       caps_.output_quant.clear();
+    }
+    if (!folds) {
+      caps_.name += " (no folding)";
+      caps_.fold_prior_state = false;
     }
   }
   const BackendCapabilities& capabilities() const override { return caps_; }
   void prefill_attention(const PrefillAttentionArgs& args, CudaStream stream) const override {
     const auto given = [](const TensorView& t) { return t.data() != nullptr || t.ndim() > 0; };
     keyed_calls += given(args.output_block_scale) || given(args.output_scale);
+    folded_calls += given(args.prior_out);
     base_->prefill_attention(args, stream);
   }
   void prepare_prefill_qkv(const PrepareQkvArgs& args, CudaStream stream) const override {
@@ -210,6 +224,7 @@ class OutputQuantProbe final : public AttentionBackend {
     base_->pack_prefix_chunk_kv(args, stream);
   }
   mutable int keyed_calls = 0;
+  mutable int folded_calls = 0;
 
  private:
   std::unique_ptr<AttentionBackend> base_;
@@ -217,7 +232,8 @@ class OutputQuantProbe final : public AttentionBackend {
 };
 
 // The batches of the fused output quantization tests: no prefix (one attention call writes
-// o_proj's input), and prefixes (one-shot: the one call; chunked: the last merge).
+// o_proj's input), and prefixes (one-shot: the one call; chunked: the last chunk's call folding
+// it in, or the last merge with a backend that does not fold).
 inline const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>>&
 output_quant_batches() {
   static const std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> batches = {

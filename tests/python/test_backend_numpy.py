@@ -61,13 +61,15 @@ def test_names_and_cpu_capabilities():
     assert caps == fp8mla.BackendCapabilities(
         name="cpu", attention_dtypes=("e4m3", "bf16"), head_dims=CPU_HEAD_DIMS, min_page_size=1,
         max_page_size=128, output_quant=FUSED_KEYS, architectures=("cpu",),
-        prepare_prefill_qkv=True, pack_prefix_chunk_kv=True, v_layout="token_major")
+        prepare_prefill_qkv=True, pack_prefix_chunk_kv=True, v_layout="token_major",
+        fold_prior_state=True)
     with pytest.raises(dataclasses.FrozenInstanceError):
         caps.name = "other"
     bf16 = fp8mla.make_attention_backend("cpu-bf16").capabilities
     assert bf16.attention_dtypes == ("bf16",) and bf16.head_dims == CPU_HEAD_DIMS
     assert bf16.output_quant == FUSED_KEYS
     assert not bf16.prepare_prefill_qkv and not bf16.pack_prefix_chunk_kv
+    assert bf16.fold_prior_state
 
 
 def test_hopper_capabilities():
@@ -80,8 +82,10 @@ def test_hopper_capabilities():
         for caps in (fp8, bf16):
             assert caps.attention_dtypes == () and caps.head_dims == ()
             assert caps.architectures == () and caps.output_quant == ()
+            assert not caps.fold_prior_state
     else:
         assert "bf16" in fp8.attention_dtypes and "e4m3" not in bf16.attention_dtypes
+        assert fp8.fold_prior_state and bf16.fold_prior_state
 
 
 def test_unknown_backend_lists_the_known_ones():
