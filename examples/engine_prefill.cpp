@@ -8,7 +8,8 @@
 //   2. causal attention of the new tokens among themselves, with its LSE;
 //   3. attention of the new tokens over their cached prefix: the prefix rows gathered from the
 //      cache, expanded by kv_b_proj and packed to e4m3 by the backend;
-//   4. the merge of the two attention states in place, then o_proj.
+//   4. that call folding its state into step 2's in place (the backend's fold_prior_state; a
+//      merge of the two states after it for a backend without), then o_proj.
 // Two steps run: a sequence's first tokens, then its next ones (the first now a cached prefix)
 // beside a new sequence. Each step's output is compared with mla_prefill_reference, the float64
 // reference of the whole layer, and the device error flag of the cache ops is read; the exit
@@ -247,7 +248,7 @@ fp8mla::PrefillAttentionArgs prepare_and_attend(Memory& memory, const Model& m,
   prep.v_out = v_out(memory, m.backend.capabilities().v_layout, tokens, heads);
   m.backend.prepare_prefill_qkv(prep);
 
-  // 2. The new tokens among themselves: causal, with the LSE the merge needs.
+  // 2. The new tokens among themselves: causal, with the LSE the fold needs.
   fp8mla::PrefillAttentionArgs attention;
   attention.q = prep.qk.q_out;
   attention.k = prep.qk.k_out;
@@ -266,7 +267,7 @@ fp8mla::PrefillAttentionArgs prepare_and_attend(Memory& memory, const Model& m,
   return attention;
 }
 
-// Steps 3 and 4: the new tokens' attention over their cached prefixes, merged into `attention`'s
+// Steps 3 and 4: the new tokens' attention over their cached prefixes, folded into `attention`'s
 // output and LSE.
 void attend_prefix(Memory& memory, const Model& m, const Metadata& meta,
                    const fp8mla::PrefillAttentionArgs& attention) {
@@ -298,11 +299,18 @@ void attend_prefix(Memory& memory, const Model& m, const Metadata& meta,
       memory.upload(DType::kI32, {std::int64_t(meta.prefixes.size()) + 1}, offsets(meta.prefixes));
   over_prefix.max_seqlen_k = int(*std::max_element(meta.prefixes.begin(), meta.prefixes.end()));
   over_prefix.causal = false;
+  // 4. Folded into the new tokens' state in place by the same call (a sequence without a prefix
+  // sees no key there and keeps its rows).
+  if (m.backend.capabilities().fold_prior_state) {
+    over_prefix.prior_out = over_prefix.out = attention.out;
+    over_prefix.prior_lse = over_prefix.lse = attention.lse;
+    m.backend.prefill_attention(over_prefix);
+    return;
+  }
+  // A backend that does not fold: the call's own state, merged in place after it.
   over_prefix.out = memory.tensor(DType::kBF16, {attention.q.size(0), heads, kV});
   over_prefix.lse = memory.tensor(DType::kF32, {attention.q.size(0), heads});
   m.backend.prefill_attention(over_prefix);
-  // 4. Merged into the new tokens' state in place (a sequence without a prefix has LSE -inf
-  // there and keeps its rows).
   fp8mla::merge_attention_states_inplace(attention.out, attention.lse, over_prefix.out,
                                          over_prefix.lse);
 }

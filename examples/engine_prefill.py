@@ -7,7 +7,8 @@ The engine owns the projections, the paged FP8 latent cache and the batch; fp8ml
   2. causal attention of the new tokens among themselves, with its LSE;
   3. attention of the new tokens over their cached prefix: the prefix rows gathered from the
      cache, expanded by kv_b_proj and packed to FP8 by the backend;
-  4. the merge of the two attention states, then o_proj.
+  4. that call folds its state into step 2's (prior_out / prior_lse, in place: no merge pass),
+     then o_proj.
 
 Two steps run: the first prefills a sequence's first tokens (no prefix), the second continues it
 (its first tokens now a cached prefix) in a batch with a new sequence. Each step's output is
@@ -155,7 +156,7 @@ def prefill_step(xp, config, w, backend, cos_sin, hidden, batch, cache):
         q_scale_inv=1 / Q_SCALE, k_scale_inv=1 / K_SCALE, v_scale_inv=1 / V_SCALE,
         cache_scale_inv=1 / CACHE_SCALE)
 
-    # 2. The new tokens among themselves: causal, with the LSE the merge needs.
+    # 2. The new tokens among themselves: causal, with the LSE the fold needs.
     out, lse = fp8mla.prefill_attention(
         q8, k8, v8, cu_new, cu_new, int(extends.max()), int(extends.max()),
         softmax_scale=config.softmax_scale, causal=True, return_lse=True, **descales)
@@ -169,13 +170,12 @@ def prefill_step(xp, config, w, backend, cos_sin, hidden, batch, cache):
             kv_prefix[..., :NOPE], k_pe, kv_prefix[..., NOPE:], k_scale_inv=1 / K_SCALE,
             v_scale_inv=1 / V_SCALE)
         cu_prefix = xp.put(np.concatenate([[0], np.cumsum(prefixes)]).astype(np.int32))
-        out_prefix, lse_prefix = fp8mla.prefill_attention(
+        # 4. Folded into the new tokens' state in place by the same call (a sequence without a
+        # prefix sees no key there and stays as it is).
+        fp8mla.prefill_attention(
             q8, k8_prefix, v8_prefix, cu_new, cu_prefix, int(extends.max()),
-            int(prefixes.max()), softmax_scale=config.softmax_scale, causal=False,
-            return_lse=True, **descales)
-        # 4. Merged into the new tokens' state in place (a sequence without a prefix has LSE
-        # -inf there and stays as it is).
-        fp8mla.merge_attention_states(out, lse, out_prefix, lse_prefix, out=out, out_lse=lse)
+            int(prefixes.max()), softmax_scale=config.softmax_scale, causal=False, out=out,
+            lse=lse, prior_out=out, prior_lse=lse, **descales)
 
     return xp.linear(out.reshape(tokens, heads * V_DIM), w["o_proj"])
 
