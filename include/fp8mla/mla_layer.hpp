@@ -91,6 +91,10 @@ struct MlaPrefillOptions {
   // its scales itself, when the backend fuses fp8_group128. false: a separate quantization, for
   // A/B runs.
   bool fuse_output_quant = true;
+  // With a backend that folds prior states (BackendCapabilities::fold_prior_state), each prefix
+  // chunk's attention call folds the chunk into the output. false: a merge after each call
+  // (the same bytes), for A/B runs.
+  bool fold_chunks = true;
 };
 
 // How o_proj gets its input (docs/design.md section 5).

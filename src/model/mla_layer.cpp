@@ -108,7 +108,7 @@ MlaPath mla_path(const AttentionBackend& backend, const MlaPrefillOptions& optio
   path.fp8 = caps.prepare_prefill_qkv;
   path.attention_dtype = path.fp8 ? DType::kE4M3 : DType::kBF16;
   path.output_quant = mla_output_quant_plan(caps, options, fp8_o_proj).mode;
-  path.fold_chunks = caps.fold_prior_state;
+  path.fold_chunks = caps.fold_prior_state && options.fold_chunks;
   return path;
 }
 

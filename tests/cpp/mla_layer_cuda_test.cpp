@@ -181,7 +181,7 @@ TEST_P(MlaLayerCudaOutputQuant, FusedEqualsSeparateBitForBit) {
         backend.keyed_calls = backend.folded_calls = 0;
         MlaStageTimes times;
         std::vector<std::uint16_t> out = d.run(layer, backend, o, &times);
-        const bool folds = backend.capabilities().fold_prior_state;
+        const bool folds = backend.capabilities().fold_prior_state && o.fold_chunks;
         EXPECT_EQ(times.output_quant, expected) << to_string(times.output_quant);
         EXPECT_EQ(layer.output_quant_plan(backend, o).mode, expected);
         EXPECT_EQ(backend.keyed_calls,
@@ -198,6 +198,9 @@ TEST_P(MlaLayerCudaOutputQuant, FusedEqualsSeparateBitForBit) {
       const std::vector<std::uint16_t> c = run_timed(plain, fused, MlaOutputQuant::kSeparate);
       const std::vector<std::uint16_t> m = run_timed(merging, fused, MlaOutputQuant::kFused);
       const std::vector<std::uint16_t> ms = run_timed(merging, separate, MlaOutputQuant::kSeparate);
+      MlaPrefillOptions unfolded = fused;
+      unfolded.fold_chunks = false;  // the A/B switch: merged after each call
+      EXPECT_EQ(run_timed(fusing, unfolded, MlaOutputQuant::kFused), m);
       std::int64_t differ = 0, differ_merged = 0;
       for (std::size_t i = 0; i < a.size(); ++i) {
         differ += a[i] != s1[i];

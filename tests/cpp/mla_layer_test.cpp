@@ -226,7 +226,7 @@ TEST(MlaLayerCpuOutputQuant, FusedEqualsSeparateBitForBit) {
         layer.prefill(f.hidden_view(), f.batch, f.cache_view(), backend, o,
                       TensorView(out.data(), DType::kBF16, {f.tokens, f.config.hidden}), {},
                       &times);
-        const bool folds = backend.capabilities().fold_prior_state;
+        const bool folds = backend.capabilities().fold_prior_state && o.fold_chunks;
         EXPECT_EQ(times.output_quant, expected) << to_string(times.output_quant);
         EXPECT_EQ(layer.output_quant_plan(backend, o).mode, expected);
         EXPECT_EQ(backend.keyed_calls,
@@ -242,6 +242,10 @@ TEST(MlaLayerCpuOutputQuant, FusedEqualsSeparateBitForBit) {
       const std::vector<std::uint16_t> c = run_timed(plain, fused, MlaOutputQuant::kSeparate);
       const std::vector<std::uint16_t> d = run_timed(merging, fused, MlaOutputQuant::kFused);
       const std::vector<std::uint16_t> e = run_timed(merging, separate, MlaOutputQuant::kSeparate);
+      MlaPrefillOptions unfolded = fused;
+      unfolded.fold_chunks = false;  // the A/B switch: merged after each call
+      const std::vector<std::uint16_t> g = run_timed(fusing, unfolded, MlaOutputQuant::kFused);
+      EXPECT_EQ(a, g);
       EXPECT_EQ(a, b);
       EXPECT_EQ(a, c);
       EXPECT_EQ(a, d);

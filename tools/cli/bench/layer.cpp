@@ -4,6 +4,8 @@
 //   fp8:  FP8 block-scaled weights, the "fp8-hopper" backend (the FP8 path, o_proj's input
 //         written by the attention: fused output quantization);
 //   fp8-sq: the same with o_proj's input quantized separately (--output-quant separate or both);
+//   fp8-mg: the fp8 row with each prefix chunk merged after its attention call instead of folded
+//         in it (--chunks merge or both; rows with chunks only);
 //   bf16: the same weights, the "bf16-hopper" backend (the BF16 path);
 //   bf16w: bf16 weights, "bf16-hopper" (the BF16 path of a BF16 checkpoint).
 // Time: CUDA events around prefill (metadata upload included), warm-up, median; then one run
@@ -32,16 +34,22 @@ namespace {
 
 constexpr std::int64_t kPageSize = 64;
 
-// A row kind of the table: weights, backend and whether o_proj's input is fused.
+// A row kind of the table: weights, backend, whether o_proj's input is fused and whether prefix
+// chunks fold into the output in their attention calls.
 struct PathSpec {
   const char* name;
   bool fp8_weights, fp8_backend, fuse_output_quant;
+  bool fold_chunks = true;
 };
 
-// The paths to time, the FP8 path with, without or both ways of making o_proj's input.
-std::vector<PathSpec> paths_for(const std::string& output_quant) {
+// The paths to time: the FP8 path with, without or both ways of making o_proj's input, and with
+// chunks folded, merged or both.
+std::vector<PathSpec> paths_for(const std::string& output_quant, const std::string& chunks) {
   std::vector<PathSpec> paths;
-  if (output_quant != "separate") paths.push_back({"fp8", true, true, true});
+  if (output_quant != "separate" && chunks != "merge") paths.push_back({"fp8", true, true, true});
+  if (output_quant != "separate" && chunks != "fold") {
+    paths.push_back({"fp8-mg", true, true, true, false});
+  }
   if (output_quant != "fused") paths.push_back({"fp8-sq", true, true, false});
   paths.push_back({"bf16", true, false, true});
   paths.push_back({"bf16w", false, false, true});
@@ -214,6 +222,7 @@ void add_bench_layer_command(CLI::App& bench) {
     double settle_ms = 300;
     std::string json;
     std::string output_quant = "fused";
+    std::string chunks = "fold";
     int cp = 1;
     std::vector<int> tp;
   };
@@ -234,6 +243,11 @@ void add_bench_layer_command(CLI::App& bench) {
                   "separately (row fp8-sq), or both rows")
       ->check(CLI::IsMember({"fused", "separate", "both"}))
       ->capture_default_str();
+  cmd->add_option("--chunks", options->chunks,
+                  "FP8 path's prefix chunks: folded into the output by their attention calls "
+                  "(row fp8), merged after them (row fp8-mg, shapes with chunks only), or both")
+      ->check(CLI::IsMember({"fold", "merge", "both"}))
+      ->capture_default_str();
   cmd->add_option("--cp", options->cp,
                   "Context parallelism instead: each of N ranks' share of one sequence (no "
                   "prefix), timed one rank after another on this GPU, against the whole "
@@ -253,7 +267,7 @@ void add_bench_layer_command(CLI::App& bench) {
     const std::unique_ptr<AttentionBackend> bf16 = make_attention_backend("bf16-hopper");
     const std::vector<const AttentionBackend*> backends = {fp8.get(), bf16.get()};
     const std::string device = cuda::current_device_props().name;
-    const std::vector<PathSpec> paths = paths_for(options->output_quant);
+    const std::vector<PathSpec> paths = paths_for(options->output_quant, options->chunks);
     std::printf("fp8mla bench layer: deepseek-v3 on %s\n", device.c_str());
     EventTimer timer(options->iters);
     timer.set_settle_ms(options->settle_ms);
@@ -279,8 +293,10 @@ void add_bench_layer_command(CLI::App& bench) {
         const auto& [batch, pages, hidden, cache] = in;
         const double pairs = double(T) * double(prefix) + 0.5 * double(T) * double(T + 1);
         for (const PathSpec& path : paths) {
+          if (!path.fold_chunks && prefix <= MlaPrefillOptions{}.one_shot_max_prefix) continue;
           MlaPrefillOptions prefill_options;
           prefill_options.fuse_output_quant = path.fuse_output_quant;
+          prefill_options.fold_chunks = path.fold_chunks;
           GpuLayerHarness h(config, path.fp8_weights ? fp8_weights : bf16_weights, batch, hidden,
                             pages, kPageSize, prefill_options, backends);
           h.set_cache(cache);
