@@ -55,8 +55,9 @@ void ArgChecker::aligned(const TensorView& t, std::string_view name, int bytes) 
          concat("`", name, "`: expected a ", bytes, "-byte aligned data pointer, got address 0x",
                 std::hex, address, std::dec, " (", t.describe(), ")"));
   }
+  const auto element = std::int64_t(dtype_size(t.dtype()));
   for (int d = 0; d < t.ndim(); ++d) {
-    if (t.size(d) > 1 && t.stride(d) != 1 && (t.stride(d) * dtype_size(t.dtype())) % bytes != 0) {
+    if (t.size(d) > 1 && t.stride(d) != 1 && (t.stride(d) * element) % bytes != 0) {
       fail(ErrorCategory::kInvalidArgument,
            concat("`", name, "`: expected dim ", d, "'s stride to be a multiple of ", bytes,
                   " bytes, got ", t.stride(d), " elements (", t.describe(), ")"));
