@@ -9,7 +9,9 @@
 //  - chunked prefix: attention over the new tokens with its LSE, attention over a prefix chunk of
 //    T cached tokens (not causal) with its LSE, then merge_attention_states with the key
 //    (`fused`) against the bf16 merge followed by the quantization op (`separate`) and the bf16
-//    merge alone (`plain`). The merge alone (the tail, where the two differ) is timed too.
+//    merge alone (`plain`). The merge alone (the tail, where the two differ) is timed too. And
+//    the prefix chunk's attention folding the new tokens' state (prior_out / prior_lse) with the
+//    key (`folded`, no merge pass: the layer's last chunk), and into bf16 (`folded plain`).
 // fused / separate is what fusing saves; fused / plain what the quantization still costs (the
 // target is within 2 % of plain attention, section 9).
 //
@@ -237,8 +239,10 @@ struct Row {
   int heads = 0;
   std::string key;
   double plain_us = 0, fused_us = 0, separate_us = 0, quant_us = 0;
-  // chunked: the merge alone, bf16, fused and followed by the quantization
+  // chunked: the merge alone, bf16, fused and followed by the quantization; the prefix call
+  // folding the state, with the key and into bf16
   double merge_us = 0, merge_fused_us = 0, merge_separate_us = 0;
+  double folded_us = 0, folded_plain_us = 0;
   bool same = true;
 };
 
@@ -320,9 +324,20 @@ void run_chunked(const Options& o, const Problem& p, const std::vector<std::size
                            p.lse(p.lse_prefix), out, p.lse(p.merged_lse), scale, block);
   };
   const TensorView merged = p.states(p.merged);
+  // The prefix chunk's call folding the new tokens' state: into `out` (with the key's scales) or
+  // into bf16 `merged` with its LSE.
+  PrefillAttentionArgs folded_plain = p.attention(true, merged, p.lse(p.merged_lse));
+  folded_plain.prior_out = p.states(p.o_new);
+  folded_plain.prior_lse = p.lse(p.lse_new);
   for (std::size_t i : keys) {
     const KeyInfo& key = kKeys[i];
     const QuantOutput fused_out(key, p.tokens, p.width()), separate_out(key, p.tokens, p.width());
+    const QuantOutput folded_out(key, p.tokens, p.width());
+    PrefillAttentionArgs folded = folded_plain;
+    folded.out = folded_out.out();
+    folded.lse = {};
+    folded.output_scale = folded_out.output_scale();
+    folded.output_block_scale = folded_out.output_block_scale();
     const auto fused_merge = [&] {
       merge(fused_out.out(), fused_out.output_scale(), fused_out.output_block_scale());
     };
@@ -345,7 +360,15 @@ void run_chunked(const Options& o, const Problem& p, const std::vector<std::size
            attend();
            separate_merge();
          },
-         fused_merge, separate_merge, [&] { separate_out.quantize(p.bf16_rows(p.merged)); }});
+         fused_merge, separate_merge, [&] { separate_out.quantize(p.bf16_rows(p.merged)); },
+         [&] {
+           prefill_attention(new_tokens);
+           prefill_attention(folded);
+         },
+         [&] {
+           prefill_attention(new_tokens);
+           prefill_attention(folded_plain);
+         }});
     Row r{"chunked", p.tokens, p.heads, key.name, us[0]};
     r.merge_us = us[1];
     r.fused_us = us[2];
@@ -353,8 +376,16 @@ void run_chunked(const Options& o, const Problem& p, const std::vector<std::size
     r.merge_fused_us = us[4];
     r.merge_separate_us = us[5];
     r.quant_us = us[6];
+    r.folded_us = us[7];
+    r.folded_plain_us = us[8];
     cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    r.same = fused_out.same_bytes(separate_out);
+    // The fold's contract: the bytes of the call, then the merge with the key.
+    prefill_attention(new_tokens);
+    prefill_attention(prefix);
+    fused_merge();
+    prefill_attention(folded);
+    cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    r.same = fused_out.same_bytes(separate_out) && folded_out.same_bytes(fused_out);
     rows.push_back(r);
   }
 }
@@ -364,20 +395,22 @@ std::string tokens_name(std::int64_t t) {
 }
 
 void print_header() {
-  std::printf("%-8s %-5s %-4s %-19s %10s %10s %10s %9s %9s %9s %10s  %s\n", "path", "T", "H", "key",
-              "plain us", "fused us", "sep us", "quant us", "f/sep", "f/plain", "merge f/s",
-              "check");
+  std::printf("%-8s %-5s %-4s %-19s %10s %10s %10s %9s %9s %9s %10s %10s  %s\n", "path", "T", "H",
+              "key", "plain us", "fused us", "sep us", "quant us", "f/sep", "f/plain", "merge f/s",
+              "fold/f", "check");
 }
 
 void print_row(const Row& r) {
-  char tail[16] = "-";  // the merge alone, fused / separate (chunked rows)
+  // Chunked rows: the merge alone, fused / separate; the folded path / the fused one.
+  char tail[16] = "-", fold[16] = "-";
   if (r.path == "chunked") {
     std::snprintf(tail, sizeof(tail), "%.3f", r.merge_fused_us / r.merge_separate_us);
+    std::snprintf(fold, sizeof(fold), "%.3f", r.folded_us / r.fused_us);
   }
-  std::printf("%-8s %-5s %-4d %-19s %10.1f %10.1f %10.1f %9.1f %9.3f %9.3f %10s  %s\n",
+  std::printf("%-8s %-5s %-4d %-19s %10.1f %10.1f %10.1f %9.1f %9.3f %9.3f %10s %10s  %s\n",
               r.path.c_str(), tokens_name(r.tokens).c_str(), r.heads, r.key.c_str(), r.plain_us,
               r.fused_us, r.separate_us, r.quant_us, r.fused_us / r.separate_us,
-              r.fused_us / r.plain_us, tail, r.same ? "ok" : "MISMATCH");
+              r.fused_us / r.plain_us, tail, fold, r.same ? "ok" : "MISMATCH");
   std::fflush(stdout);
 }
 
@@ -404,7 +437,11 @@ void write_json(const Options& o, const std::vector<Row>& rows) {
       f.add("merge_us", json_number(r.merge_us))
           .add("merge_fused_us", json_number(r.merge_fused_us))
           .add("merge_separate_us", json_number(r.merge_separate_us))
-          .add("merge_fused_over_separate", json_number(r.merge_fused_us / r.merge_separate_us));
+          .add("merge_fused_over_separate", json_number(r.merge_fused_us / r.merge_separate_us))
+          .add("folded_us", json_number(r.folded_us))
+          .add("folded_plain_us", json_number(r.folded_plain_us))
+          .add("folded_over_fused", json_number(r.folded_us / r.fused_us))
+          .add("folded_plain_over_plain", json_number(r.folded_plain_us / r.plain_us));
     }
     f.add("same_bytes", json_bool(r.same));
     objects.push_back(f.object());
