@@ -175,6 +175,28 @@ def test_fuses_beside_lse_and_chunked_merges(device, v2):
     assert_same_results(got, fn())
 
 
+@pytest.mark.parametrize("v2", [True, False], ids=["auto_functionalized_v2",
+                                                   "auto_functionalized"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_fuses_a_folding_chunk_call(device, v2):
+    """The last prefix chunk's call folding the running state (prior_out / prior_lse), then the
+    group quantization of its output: one call writing the o_proj input (the layer's last
+    chunk); the extend call stays bf16. On CUDA the folding kernel is non-causal."""
+    x = Inputs(device)
+
+    def fn():
+        o, lse = x.attend("prefill_attention", return_lse=True)
+        folded = x.attend("prefill_attention", causal=False, prior_out=o, prior_lse=lse)
+        return fp8mla.quantize_fp8_per_token_group(folded.view(x.tokens, W),
+                                                   scale_layout="tma_aligned")
+
+    got, recorder = compile_and_run(fn, v2=v2)
+    assert recorder.fusion.fused == [Fusion("prefill_attention", "quantize_fp8_per_token_group",
+                                            "fp8_group128", "tma_aligned")]
+    assert sorted(recorder.calls) == [("prefill_attention", False), ("prefill_attention", True)]
+    assert_same_results(got, fn())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_fuses_dynamic_token_count(device):
     """torch.compile(dynamic=True): the token count is symbolic."""
