@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -24,8 +25,9 @@ inline constexpr std::int64_t kCaseDqk = 192, kCaseDv = 128;
 
 // Buffers: 0 q, 1 k, 2 v, 3 cu_seqlens_q, 4 cu_seqlens_k, 5 descales (q, k, v), 6 out, 7 lse,
 // 8 output scale (f32 block scales [Tq, H] of a fused fp8_group128 output, or the fp8_static
-// scale; unused otherwise). q, k and token-major v are token-major [T, H, D]; e4m3 v is
-// transposed ([H][128][pitch] memory) unless v_token_major.
+// scale; unused otherwise); with `fold`, 9 prior_out bf16 [Tq, H, 128] and 10 prior_lse f32
+// [Tq, H], each sequence's rows from its own seed (some LSEs -inf). q, k and token-major v are
+// token-major [T, H, D]; e4m3 v is transposed ([H][128][pitch] memory) unless v_token_major.
 struct PrefillCase {
   bool fp8 = true;
   bool causal = true;
@@ -36,6 +38,7 @@ struct PrefillCase {
   std::vector<int> k_lens;                       // empty: q_lens
   std::vector<std::uint64_t> seq_seeds;          // empty: seed * 1000 + b
   OutputQuantKey quant = OutputQuantKey::kNone;  // or kFp8Group128, kFp8Static
+  bool fold = false;                             // fold a prior state (CUDA: non-causal only)
   std::uint64_t seed = 1;
 
   const std::vector<int>& keys() const { return k_lens.empty() ? q_lens : k_lens; }
@@ -60,15 +63,37 @@ struct PrefillCase {
                                                     : dense(DType::kE4M3, {q, h * kCaseDv});
     const Spec scale = quant == OutputQuantKey::kFp8Group128 ? dense(DType::kF32, {q, h})
                                                              : dense(DType::kF32, {1});
-    return {dense(dtype(), {q, h, kCaseDqk}),
-            dense(dtype(), {k, h, kCaseDqk}),
-            v,
-            dense(DType::kI32, {b + 1}),
-            dense(DType::kI32, {b + 1}),
-            dense(DType::kF32, {3}),
-            out,
-            dense(DType::kF32, {q, h}),
-            scale};
+    std::vector<Spec> s = {dense(dtype(), {q, h, kCaseDqk}),
+                           dense(dtype(), {k, h, kCaseDqk}),
+                           v,
+                           dense(DType::kI32, {b + 1}),
+                           dense(DType::kI32, {b + 1}),
+                           dense(DType::kF32, {3}),
+                           out,
+                           dense(DType::kF32, {q, h}),
+                           scale};
+    if (fold) {
+      s.push_back(dense(DType::kBF16, {q, h, kCaseDv}));
+      s.push_back(dense(DType::kF32, {q, h}));
+    }
+    return s;
+  }
+
+  // Sequence b's rows [first, first + n) of the prior state: O in (-3, 3), LSE in (-2, 6) with
+  // every seventh -inf (an empty state).
+  void fill_prior(std::vector<HostBuffer>& b, const std::vector<Spec>& s, std::int64_t first,
+                  std::int64_t n, std::uint64_t seq_seed) const {
+    Rng rng(seq_seed);
+    for (std::int64_t t = first; t < first + n; ++t) {
+      for (std::int64_t h = 0; h < heads; ++h) {
+        for (std::int64_t i = 0; i < kCaseDv; ++i) {
+          store_f32(b[9].data(), DType::kBF16, at(s[9], t, h, i), (rng.uniform() * 2 - 1) * 3);
+        }
+        const float lse =
+            rng.below(7) == 0 ? -std::numeric_limits<float>::infinity() : rng.uniform() * 8 - 2;
+        std::memcpy(b[10].data() + 4 * (s[10].offset + t * s[10].strides[0] + h), &lse, 4);
+      }
+    }
   }
 
   // Element (t, h, i) of a token-major or transposed [T, H, D] spec.
@@ -109,6 +134,7 @@ struct PrefillCase {
       fill_sequence(b[0], s[0], cu_q.back(), q_lens[q], kCaseDqk, ss * 3 + 0);
       fill_sequence(b[1], s[1], cu_k.back(), keys()[q], kCaseDqk, ss * 3 + 1);
       fill_sequence(b[2], s[2], cu_k.back(), keys()[q], kCaseDv, ss * 3 + 2);
+      if (fold) fill_prior(b, s, cu_q.back(), q_lens[q], ss * 7 + 5);
       cu_q.push_back(cu_q.back() + q_lens[q]);
       cu_k.push_back(cu_k.back() + keys()[q]);
     }
@@ -143,6 +169,10 @@ struct PrefillCase {
     if (with_lse) a.lse = v(7);
     if (quant == OutputQuantKey::kFp8Group128) a.output_block_scale = v(8);
     if (quant == OutputQuantKey::kFp8Static) a.output_scale = v(8);
+    if (fold) {
+      a.prior_out = v(9);
+      a.prior_lse = v(10);
+    }
     return a;
   }
   void run(std::span<void* const> bases, Device device, CudaStream stream = nullptr) const {
@@ -154,7 +184,7 @@ struct PrefillCase {
     return concat("prefill_attention ", fp8 ? "e4m3" : "bf16", causal ? " causal" : " full",
                   " H=", heads, " q/k lens", lens, with_lse ? ", LSE" : ", no LSE",
                   v_transposed() ? ", V transposed" : ", V token-major", ", output ",
-                  to_string(quant), ", seed ", seed);
+                  to_string(quant), fold ? ", folding a prior state" : "", ", seed ", seed);
   }
 };
 

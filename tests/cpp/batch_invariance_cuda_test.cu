@@ -117,7 +117,8 @@ TEST(BatchInvarianceCuda, PrefillSequenceAloneAndInRaggedBatches) {
   for (const PrefillCase& base :
        {PrefillCase{}, PrefillCase{.with_lse = false}, PrefillCase{.v_token_major = true},
         PrefillCase{.fp8 = false}, PrefillCase{.causal = false},
-        PrefillCase{.quant = OutputQuantKey::kFp8Group128}}) {
+        PrefillCase{.quant = OutputQuantKey::kFp8Group128},
+        PrefillCase{.causal = false, .fold = true}}) {
     expect_sequence_invariant(base, 100, 100);
     expect_sequence_invariant(base, 100, 260);  // a prefix longer than the new tokens
   }

@@ -149,6 +149,19 @@ TEST(RerunCuda, PrefillAttentionFusedOutputQuant) {
   expect_identical_reruns(PrefillCase{.quant = OutputQuantKey::kFp8Static, .seed = 25});
 }
 
+// The folding kernels (a prior state merged in the epilogue), e4m3 and bf16, into bf16 and into
+// the quantized o_proj input.
+TEST(RerunCuda, PrefillAttentionFoldingAPriorState) {
+  FP8MLA_REQUIRE_HOPPER();
+  expect_identical_reruns(PrefillCase{.causal = false, .fold = true, .seed = 26});
+  expect_identical_reruns(PrefillCase{.fp8 = false, .causal = false, .fold = true, .seed = 27});
+  expect_identical_reruns(PrefillCase{.causal = false,
+                                      .with_lse = false,
+                                      .quant = OutputQuantKey::kFp8Group128,
+                                      .fold = true,
+                                      .seed = 28});
+}
+
 TEST(RerunCuda, MergeAttentionStates) {
   FP8MLA_REQUIRE_HOPPER();
   for (DType dtype : {DType::kBF16, DType::kF32}) {

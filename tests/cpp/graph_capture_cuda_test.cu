@@ -130,6 +130,8 @@ TEST(GraphCaptureCuda, PrefillAttentionBf16Out) {
   expect_replay_equals_eager(PrefillCase{.seed = 48});
   expect_replay_equals_eager(PrefillCase{.with_lse = false, .seed = 49});
   expect_replay_equals_eager(PrefillCase{.fp8 = false, .seed = 50});
+  // The folding kernel: the prior state is read at replay time too.
+  expect_replay_equals_eager(PrefillCase{.causal = false, .fold = true, .seed = 53});
 }
 
 TEST(GraphCaptureCuda, MergeAttentionStates) {

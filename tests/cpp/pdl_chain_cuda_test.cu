@@ -3,7 +3,9 @@
 //   mla_rope_quantize_fp8 (q, k of the new tokens), mla_v_quantize_fp8 (their V, transposed),
 //   mla_kv_pack_quantize_fp8 (the prefix chunk's K and V), prefill_attention against the prefix
 //   (full) and against the new tokens (causal), both with LSE, merge_attention_states, and
-//   quantize_fp8_per_token_group of the merged output (the o_proj input).
+//   quantize_fp8_per_token_group of the merged output (the o_proj input); or, folded, the
+//   attention against the new tokens (causal, with LSE) and then against the prefix folding that
+//   state in and writing the o_proj input and its scales itself (no merge, no quantize kernel).
 // The chain alternates between two input sets on the same intermediate buffers, so a kernel that
 // reads an intermediate before its producer finished (a missing or misplaced PDL wait), or writes
 // one its predecessor still reads, sees the other set's values and changes the result. The final
@@ -123,7 +125,7 @@ PrefillAttentionArgs attention_args(const ChainWork& w, const DeviceBuffer& k,
   return a;
 }
 
-void enqueue_chain(const ChainInputs& in, const ChainWork& w, cudaStream_t stream) {
+void enqueue_chain(const ChainInputs& in, const ChainWork& w, bool fold, cudaStream_t stream) {
   const DType bf16 = DType::kBF16;
   MlaRopeQuantizeArgs rope;
   rope.q_nope = cuda_view(in.q_nope, bf16, {kT, kHeads, 128});
@@ -150,12 +152,23 @@ void enqueue_chain(const ChainInputs& in, const ChainWork& w, cudaStream_t strea
   pack.v_out = transposed_v(w.vp8, kP, w.kPitchP);
   pack.v_layout = VLayout::kTransposed;
   mla_kv_pack_quantize_fp8(pack, stream);
-  prefill_attention(attention_args(w, w.kp8, w.vp8, kP, w.kPitchP, true), stream);
-  prefill_attention(attention_args(w, w.k8, w.v8, kT, w.kPitchT, false), stream);
   const auto o = [](const DeviceBuffer& b) {
     return cuda_view(b, DType::kBF16, {kT, kHeads, 128});
   };
   const auto l = [](const DeviceBuffer& b) { return cuda_view(b, DType::kF32, {kT, kHeads}); };
+  if (fold) {
+    prefill_attention(attention_args(w, w.k8, w.v8, kT, w.kPitchT, false), stream);
+    PrefillAttentionArgs prefix = attention_args(w, w.kp8, w.vp8, kP, w.kPitchP, true);
+    prefix.prior_out = o(w.o_b);
+    prefix.prior_lse = l(w.lse_b);
+    prefix.out = cuda_view(w.out8, DType::kE4M3, {kT, kHeads * 128});
+    prefix.output_block_scale = cuda_view(w.scales, DType::kF32, {kT, kHeads});
+    prefix.lse = l(w.lse);
+    prefill_attention(prefix, stream);
+    return;
+  }
+  prefill_attention(attention_args(w, w.kp8, w.vp8, kP, w.kPitchP, true), stream);
+  prefill_attention(attention_args(w, w.k8, w.v8, kT, w.kPitchT, false), stream);
   merge_attention_states(o(w.o_a), l(w.lse_a), o(w.o_b), l(w.lse_b), o(w.o), l(w.lse), stream);
   quantize_fp8_per_token_group(cuda_view(w.o, bf16, {kT, kHeads * 128}),
                                cuda_view(w.out8, DType::kE4M3, {kT, kHeads * 128}),
@@ -167,7 +180,7 @@ struct ChainResult {
   std::vector<std::vector<std::uint8_t>> last_even, last_odd;  // final bytes of each input set
 };
 
-ChainResult run_chains(bool pdl) {
+ChainResult run_chains(bool pdl, bool fold) {
   const PdlScope scope(pdl);
   const ChainInputs sets[2] = {ChainInputs(100), ChainInputs(200)};
   const ChainWork w;
@@ -179,7 +192,7 @@ ChainResult run_chains(bool pdl) {
                                                   w.lse.download()};
   };
   for (std::size_t r = 0; r < kRuns; ++r) {
-    enqueue_chain(sets[r % 2], w, stream.get());
+    enqueue_chain(sets[r % 2], w, fold, stream.get());
     enqueue_fingerprint(w.out8.data(), w.out8.bytes(), f.slot(r, 0), stream.get());
     enqueue_fingerprint(w.scales.data(), w.scales.bytes(), f.slot(r, 1), stream.get());
     enqueue_fingerprint(w.lse.data(), w.lse.bytes(), f.slot(r, 2), stream.get());
@@ -196,9 +209,8 @@ ChainResult run_chains(bool pdl) {
   return result;
 }
 
-TEST(PdlChainCuda, PrepAttentionMergeQuantizeSameBytesWithPdlOnAndOff) {
-  FP8MLA_REQUIRE_HOPPER();
-  const ChainResult off = run_chains(false), on = run_chains(true);
+void expect_same_bytes_with_pdl_on_and_off(bool fold) {
+  const ChainResult off = run_chains(false, fold), on = run_chains(true, fold);
   const std::vector<std::uint64_t>& ref = off.fingerprints;
   // The two input sets must give different outputs, or stale reads could not show.
   for (int k = 0; k < 3; ++k) EXPECT_NE(ref[std::size_t(k)], ref[std::size_t(3 + k)]) << k;
@@ -221,6 +233,16 @@ TEST(PdlChainCuda, PrepAttentionMergeQuantizeSameBytesWithPdlOnAndOff) {
     EXPECT_TRUE(same_bytes(on.last_even[k], off.last_even[k], concat("set 0, output ", k)));
     EXPECT_TRUE(same_bytes(on.last_odd[k], off.last_odd[k], concat("set 1, output ", k)));
   }
+}
+
+TEST(PdlChainCuda, PrepAttentionMergeQuantizeSameBytesWithPdlOnAndOff) {
+  FP8MLA_REQUIRE_HOPPER();
+  expect_same_bytes_with_pdl_on_and_off(false);
+}
+
+TEST(PdlChainCuda, PrepAttentionFoldedIntoTheQuantizedOutputSameBytesWithPdlOnAndOff) {
+  FP8MLA_REQUIRE_HOPPER();
+  expect_same_bytes_with_pdl_on_and_off(true);
 }
 
 }  // namespace
