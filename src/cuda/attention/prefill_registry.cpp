@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/check.hpp"
 #include "fp8mla/error.hpp"
 #if defined(FP8MLA_WITH_CUDA)
 #include "cuda/attention/prefill_launch.hpp"
@@ -73,8 +74,7 @@ std::string to_string(const AttentionVariantKey& key) {
 
 AttentionVariantKey attention_variant_key(const PrefillAttentionArgs& args) {
   return {args.q.dtype(), args.causal, int(args.q.ndim() == 3 ? args.q.size(2) : 0),
-          int(args.v.ndim() == 3 ? args.v.size(2) : 0),
-          args.prior_out.data() != nullptr || args.prior_out.ndim() > 0};
+          int(args.v.ndim() == 3 ? args.v.size(2) : 0), given(args.prior_out)};
 }
 
 std::vector<AttentionVariantKey> compiled_attention_variants() {
