@@ -96,6 +96,9 @@ struct MlaRopeQuantizeArgs {
   // Optional: K split as prefill_attention's k_rope takes it. k_out is then e4m3 [T, H, 128]
   // (k_nope alone) and the RoPE'd k_pe goes here once per token, e4m3 [T, 64] or [T, 1, 64]
   // (any token stride, contiguous last dim): the same bytes as every head's k_out[..., 128:].
+  // k_nope may be left empty: K's nope part is then not this op's (the MLA layer's FP8 path
+  // writes it in e4m3 from kv_b_proj's GEMM), and k_out receives K's RoPE part alone (bytes
+  // 128.. of each head), or is left empty too with k_rope_out.
   TensorView k_rope_out;
 };
 

@@ -82,9 +82,13 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeParams& p) {
         load_row(p.q_pe, t, h, x);
         rope(x, cs, p.style, q_rope);
         quantize_values(q_rope, kMlaRopeDim, p.q_scale_inv, q + kMlaNopeDim);
-        std::uint8_t* k = out_row(p.k_out, t, h);
-        quantize_row(row_of(p.k_nope, t, h), p.k_nope.dtype, kMlaNopeDim, p.k_scale_inv, k);
-        if (!p.k_split) quantize_values(k_rope, kMlaRopeDim, p.k_scale_inv, k + kMlaNopeDim);
+        if (p.k_nope_part) {
+          quantize_row(row_of(p.k_nope, t, h), p.k_nope.dtype, kMlaNopeDim, p.k_scale_inv,
+                       out_row(p.k_out, t, h));
+        }
+        if (!p.k_split) {
+          quantize_values(k_rope, kMlaRopeDim, p.k_scale_inv, out_row(p.k_out, t, h) + kMlaNopeDim);
+        }
       }
       if (p.k_split) {
         quantize_values(k_rope, kMlaRopeDim, p.k_scale_inv, out_row(p.k_rope_out, t, 0));

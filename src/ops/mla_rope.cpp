@@ -214,19 +214,32 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
   p.heads = heads;
   p.q_nope = token_heads(check, args.q_nope, "q_nope", in, tokens, heads, kMlaNopeDim, false);
   p.q_pe = token_heads(check, args.q_pe, "q_pe", in, tokens, heads, kMlaRopeDim, false);
-  p.k_nope = token_heads(check, args.k_nope, "k_nope", in, tokens, heads, kMlaNopeDim, false);
+  p.k_split = given(args.k_rope_out);
+  p.k_nope_part = given(args.k_nope);
+  if (p.k_nope_part) {
+    p.k_nope = token_heads(check, args.k_nope, "k_nope", in, tokens, heads, kMlaNopeDim, false);
+  }
   p.k_pe = token_heads(check, args.k_pe, "k_pe", in, tokens, 1, kMlaRopeDim, true);
   p.q_out = token_heads(check, args.q_out, "q_out", DType::kE4M3, tokens, heads, kMlaQkDim, false);
-  p.k_split = given(args.k_rope_out);
-  p.k_out = token_heads(check, args.k_out, "k_out", DType::kE4M3, tokens, heads,
-                        p.k_split ? kMlaNopeDim : kMlaQkDim, false);
+  // Without k_nope a split K has no k_out, and an unsplit one's k_out gets its RoPE part alone.
+  const bool k_out_part = p.k_nope_part || !p.k_split;
+  check.require(k_out_part || !given(args.k_out), ErrorCategory::kInvalidArgument, [&] {
+    return concat(
+        "`k_out`: expected none without k_nope when k_rope_out takes K's RoPE part "
+        "(nothing would be written to it), got ",
+        args.k_out.describe());
+  });
+  if (k_out_part) {
+    p.k_out = token_heads(check, args.k_out, "k_out", DType::kE4M3, tokens, heads,
+                          p.k_split ? kMlaNopeDim : kMlaQkDim, false);
+  }
   if (p.k_split) {
     p.k_rope_out = token_heads(check, args.k_rope_out, "k_rope_out", DType::kE4M3, tokens, 1,
                                kMlaRopeDim, true);
     check.elements_apart(args.k_rope_out, "k_rope_out");
   }
   check.elements_apart(args.q_out, "q_out");
-  check.elements_apart(args.k_out, "k_out");
+  if (k_out_part) check.elements_apart(args.k_out, "k_out");
 
   p.positions = index_vector(check, args.positions, "positions", tokens);
   p.position_dtype = args.positions.dtype();
@@ -243,15 +256,18 @@ void mla_rope_quantize_fp8(const MlaRopeQuantizeArgs& args, CudaStream stream) {
   p.k_scale_inv = args.k_scale_inv;
 
   const Device device = args.q_nope.device();
+  // Absent views stand in as tensors checked already.
+  const TensorView& k_nope = p.k_nope_part ? args.k_nope : args.q_pe;
+  const TensorView& k_out = k_out_part ? args.k_out : args.q_out;
   check_devices(check, device,
                 {{&args.q_pe, "q_pe"},
-                 {&args.k_nope, "k_nope"},
+                 {&k_nope, "k_nope"},
                  {&args.k_pe, "k_pe"},
                  {&args.positions, "positions"},
                  {&args.cos_sin, "cos_sin"},
                  {&args.q_out, "q_out"},
-                 {&args.k_out, "k_out"},
-                 {p.k_split ? &args.k_rope_out : &args.k_out, p.k_split ? "k_rope_out" : "k_out"}});
+                 {&k_out, "k_out"},
+                 {p.k_split ? &args.k_rope_out : &k_out, p.k_split ? "k_rope_out" : "k_out"}});
 
   if (args.cache_write) {
     const LatentCacheWrite& w = *args.cache_write;

@@ -32,6 +32,9 @@ struct MlaRopeQuantizeParams {
   TokenHeads q_out;  // e4m3 [T, H, 192]
   TokenHeads k_out;  // e4m3 [T, H, 192], or [T, H, 128] with k_split
   bool k_split = false;
+  // false: no k_nope, K's nope part written elsewhere; k_out then holds K's RoPE part alone
+  // (bytes 128.. of each head), or is absent with k_split.
+  bool k_nope_part = true;
   TokenHeads k_rope_out;  // with k_split: e4m3 [T, 1, 64] (heads == 1)
   bool cache_write = false;
   TokenHeads kv_c;          // [T, 1, 512] (heads == 1), same dtype as q_nope; with cache_write

@@ -122,6 +122,7 @@ TEST(MlaRopeCuda, BadPositionAndSlot) {
       c.misaligned = misaligned;
       c.position_dtype = what % 2 ? DType::kI32 : DType::kI64;
       c.split_k = what % 2 == 1;  // 40 heads: two head groups, the first writes k_rope_out
+      c.no_k_nope = what < 2 && misaligned;  // bad positions: only K's RoPE part to zero
       SCOPED_TRACE(c.describe() + concat(", bad kind ", what));
       std::vector<HostBuffer> host = initial_buffers(c);
       const std::int64_t t = 6;  // t % 5 != 4: has a slot

@@ -196,6 +196,7 @@ TEST(MlaRopeQuantize, EveryTokenCount) {
     c.style = n % 3 == 0 ? RopeStyle::kNeox : RopeStyle::kInterleaved;
     c.page_size = 16;
     c.split_k = n % 4 == 1;
+    c.no_k_nope = n % 8 >= 5;
     c.seed = std::uint64_t(n) + 100;
     expect_matches_reference(c);
   }
@@ -286,10 +287,14 @@ class MlaRopeBadInput : public ::testing::Test {
     buffers_ = c_.buffers();
     c_.init(buffers_);
     snapshot_ = c_.buffers();
+    take_snapshot();
+    bases_ = test::host_bases(buffers_);
+  }
+  // What a rejected call must leave: the buffers as they are now (after SetUp, or a valid call).
+  void take_snapshot() {
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
       std::memcpy(snapshot_[i].data(), buffers_[i].data(), buffers_[i].bytes());
     }
-    bases_ = test::host_bases(buffers_);
   }
   MlaRopeQuantizeArgs args() const { return c_.args(bases_, Device::cpu()); }
   // The call throws `category` with every needle in the message and leaves every buffer as is.
@@ -394,6 +399,20 @@ TEST_F(MlaRopeBadInput, SplitK) {
   expect_rejected(a, ErrorCategory::kInvalidArgument, {"`k_rope_out`", "T = 5"});
   a.k_rope_out = TensorView(bases_[test::kKRopeOut], DType::kE4M3, {5, 64});
   EXPECT_NO_THROW(mla_rope_quantize_fp8(a));
+  take_snapshot();
+  // K's nope part left out (k_nope empty): a split K then has no k_out, an unsplit one needs it
+  // for its RoPE part.
+  const MlaRopeQuantizeArgs split = a;
+  a.k_out = TensorView();
+  expect_rejected(a, ErrorCategory::kInvalidArgument, {"`k_out`"});
+  a = split;
+  a.k_nope = TensorView();
+  expect_rejected(a, ErrorCategory::kInvalidArgument, {"`k_out`: expected none without k_nope"});
+  a.k_out = TensorView();
+  EXPECT_NO_THROW(mla_rope_quantize_fp8(a));
+  take_snapshot();
+  a.k_rope_out = TensorView();
+  expect_rejected(a, ErrorCategory::kInvalidArgument, {"`k_out`"});
 }
 
 // No tokens with a split K: torch's empty tensors have no data, and are given all the same.

@@ -71,6 +71,9 @@ struct RopeCase {
   std::int64_t out_head_pad = 0;  // q_out/k_out heads 192 + pad bytes apart
   // K split (k_rope_out): k_out [T, H, 128] in the same rows (bytes 128.. of a head untouched).
   bool split_k = false;
+  // k_nope not given (K's nope part written elsewhere): k_out's nope bytes stay as they were;
+  // with split_k k_out is not given either.
+  bool no_k_nope = false;
   std::int64_t max_pos = 4096;
   std::int64_t cos_sin_pad = 0;  // cos_sin rows 64 + pad floats apart
   bool yarn = true;
@@ -202,7 +205,7 @@ struct RopeCase {
     MlaRopeQuantizeArgs a;
     a.q_nope = v[kQNope].view(bases, device);
     a.q_pe = v[kQPe].view(bases, device);
-    a.k_nope = v[kKNope].view(bases, device);
+    if (!no_k_nope) a.k_nope = v[kKNope].view(bases, device);
     a.k_pe = v[kKPe].view(bases, device);
     a.positions = v[kPositions].view(bases, device);
     a.cos_sin = v[kCosSin].view(bases, device);
@@ -210,7 +213,7 @@ struct RopeCase {
     a.q_scale_inv = q_scale_inv;
     a.k_scale_inv = k_scale_inv;
     a.q_out = v[kQOut].view(bases, device);
-    a.k_out = v[kKOut].view(bases, device);
+    if (!(no_k_nope && split_k)) a.k_out = v[kKOut].view(bases, device);
     if (split_k) a.k_rope_out = v[kKRopeOut].view(bases, device);
     if (page_size > 0) {
       LatentCacheWrite w;
@@ -233,11 +236,12 @@ struct RopeCase {
                   style == RopeStyle::kNeox ? " neox" : " interleaved", " positions ",
                   dtype_name(position_dtype), strided ? " strided" : " contiguous",
                   k_pe_3d ? " k_pe[T,1,64]" : " k_pe[T,64]", misaligned ? " misaligned" : "",
-                  split_k ? " k_rope_out" : "", " out_head_pad ", out_head_pad, " max_pos ",
-                  max_pos, " cos_sin_pad ", cos_sin_pad, yarn ? " yarn" : " plain", " scales ",
-                  q_scale_inv, "/", k_scale_inv, " page_size ", page_size, " (row pad ",
-                  cache_row_pad, ", slots ", dtype_name(slot_dtype), ", scale_inv ",
-                  cache_scale_inv, ") ", data_name(data), " seed ", seed);
+                  split_k ? " k_rope_out" : "", no_k_nope ? " no k_nope" : "", " out_head_pad ",
+                  out_head_pad, " max_pos ", max_pos, " cos_sin_pad ", cos_sin_pad,
+                  yarn ? " yarn" : " plain", " scales ", q_scale_inv, "/", k_scale_inv,
+                  " page_size ", page_size, " (row pad ", cache_row_pad, ", slots ",
+                  dtype_name(slot_dtype), ", scale_inv ", cache_scale_inv, ") ", data_name(data),
+                  " seed ", seed);
   }
 };
 
@@ -282,7 +286,8 @@ inline void reference_outputs(const RopeCase& c, std::vector<HostBuffer>& b,
       std::uint8_t* k = b[kKOut].data() + v[kKOut].byte_at(t, h);
       if (bad) {
         std::memset(q, 0, 192);
-        std::memset(k, 0, c.split_k ? 128 : 192);
+        if (!c.no_k_nope) std::memset(k, 0, c.split_k ? 128 : 192);
+        if (c.no_k_nope && !c.split_k) std::memset(k + 128, 0, 64);
         continue;
       }
       float q_x[64], q_y[64];
@@ -290,7 +295,7 @@ inline void reference_outputs(const RopeCase& c, std::vector<HostBuffer>& b,
       reference_rope(q_x, cs, c.style, q_y);
       for (int i = 0; i < 128; ++i) {
         q[i] = encode_e4m3(in(v[kQNope], t, h, i) * c.q_scale_inv);
-        k[i] = encode_e4m3(in(v[kKNope], t, h, i) * c.k_scale_inv);
+        if (!c.no_k_nope) k[i] = encode_e4m3(in(v[kKNope], t, h, i) * c.k_scale_inv);
       }
       for (int i = 0; i < 64; ++i) {
         q[128 + i] = encode_e4m3(q_y[i] * c.q_scale_inv);
@@ -331,6 +336,7 @@ inline std::vector<RopeCase> rope_matrix(Data data) {
         c.strided = k % 3 != 0;
         c.k_pe_3d = (k / 5) % 2 == 1;
         c.split_k = k % 3 == 2;
+        c.no_k_nope = k % 4 == 1;
         c.misaligned = k % 4 == 3;
         c.out_head_pad = k % 3 == 1 ? 16 : k % 3 == 2 ? 5 : 0;
         c.page_size = std::array<std::int64_t, 5>{0, 1, 16, 64, 128}[k % 5];

@@ -152,13 +152,17 @@ __global__ void __launch_bounds__(kThreads)
   pdl_wait();
   const std::int64_t pos = load_position(p, t);
   if (pos < 0 || pos >= p.max_pos) {  // uniform over the block
-    // Per head the q row's chunks, then the k row's (k_nope's alone for a split K).
-    const int head_chunks = kRowChunks + (p.k_split ? kNopeItems : kRowChunks);
+    // Per head the q row's chunks, then those of the k row this call writes: from its nope
+    // part's first (or, without k_nope, its RoPE part's), to its end (k_nope's alone for a split
+    // K).
+    const int k_first = p.k_nope_part ? 0 : kNopeItems;
+    const int k_end = p.k_split ? kNopeItems : kRowChunks;
+    const int head_chunks = kRowChunks + max(0, k_end - k_first);
     for (int k = threadIdx.x; k < nh * head_chunks; k += kThreads) {
       const std::int64_t h = h0 + k / head_chunks;
       const int r = k % head_chunks;
       std::uint8_t* row = r < kRowChunks ? out_row(p.q_out, t, h) + 16 * r
-                                         : out_row(p.k_out, t, h) + 16 * (r - kRowChunks);
+                                         : out_row(p.k_out, t, h) + 16 * (k_first + r - kRowChunks);
       store_zero16<kVec>(row);
     }
     if (p.k_split && first_group && threadIdx.x < kRopeItems) {
@@ -184,27 +188,29 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  // q_nope and k_nope, 16 items a head: kNopeUnroll items a thread with every load issued before
-  // the first store. (Four a thread ran slower than two: fewer blocks fit an SM.)
-  const int nope_items = nh * 2 * kNopeItems;
+  // q_nope and k_nope, 16 items a head (8 without K's nope part): kNopeUnroll items a thread with
+  // every load issued before the first store. (Four a thread ran slower than two: fewer blocks
+  // fit an SM.)
+  const int head_items = p.k_nope_part ? 2 * kNopeItems : kNopeItems;
+  const int nope_items = nh * head_items;
   const auto nope_row = [&](const TokenHeads& t_heads, int k) {
-    return in_row<In>(t_heads, t, h0 + k / (2 * kNopeItems)) + 16 * (k % kNopeItems);
+    return in_row<In>(t_heads, t, h0 + k / head_items) + 16 * (k % kNopeItems);
   };
   for (int k0 = threadIdx.x; k0 < nope_items; k0 += kThreads * kNopeUnroll) {
     float x[kNopeUnroll][16];
 #pragma unroll
     for (int u = 0; u < kNopeUnroll; ++u) {
       const int k = k0 + u * kThreads;
-      const bool is_k = k % (2 * kNopeItems) >= kNopeItems;
+      const bool is_k = k % head_items >= kNopeItems;
       if (k < nope_items) load_in<In, 16, kVec>(nope_row(is_k ? p.k_nope : p.q_nope, k), x[u]);
     }
 #pragma unroll
     for (int u = 0; u < kNopeUnroll; ++u) {
       const int k = k0 + u * kThreads;
       if (k >= nope_items) continue;
-      const bool is_k = k % (2 * kNopeItems) >= kNopeItems;
+      const bool is_k = k % head_items >= kNopeItems;
       std::uint8_t* out =
-          out_row(is_k ? p.k_out : p.q_out, t, h0 + k / (2 * kNopeItems)) + 16 * (k % kNopeItems);
+          out_row(is_k ? p.k_out : p.q_out, t, h0 + k / head_items) + 16 * (k % kNopeItems);
       store_scaled<16, kVec>(out, x[u], is_k ? p.k_scale_inv : p.q_scale_inv);
     }
   }
