@@ -59,6 +59,8 @@ void check_backend(const BackendCapabilities& caps, const BackendRequirements& r
 
 // The hook's arguments: RoPE + e4m3 Q/K with the latent cache write (as mla_rope_quantize_fp8
 // takes them), and V: bf16 [T, H, 128] to e4m3 v_out (in the backend's v_layout) at v_scale_inv.
+// V and v_out both left empty: V is already e4m3 where attention reads it (the MLA layer's FP8
+// path writes it from kv_b_proj's GEMM) and the hook does Q and K alone.
 struct PrepareQkvArgs {
   MlaRopeQuantizeArgs qk;
   TensorView v;

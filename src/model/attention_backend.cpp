@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include "core/check.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/kernel_registry.hpp"
 #include "fp8mla/output_quant.hpp"
@@ -85,9 +86,11 @@ class OpsBackend final : public AttentionBackend {
   }
   void prepare_prefill_qkv(const PrepareQkvArgs& args, CudaStream stream) const override {
     if (!caps_.prepare_prefill_qkv) AttentionBackend::prepare_prefill_qkv(args, stream);
-    check_v_like_q(args, caps_.v_layout);
+    const bool quantize_v = given(args.v) || given(args.v_out);
+    if (quantize_v) check_v_like_q(args, caps_.v_layout);
     mla_rope_quantize_fp8(args.qk, stream);
-    mla_v_quantize_fp8(args.v, args.v_out, args.v_scale_inv, caps_.v_layout, stream);
+    if (quantize_v)
+      mla_v_quantize_fp8(args.v, args.v_out, args.v_scale_inv, caps_.v_layout, stream);
   }
   void pack_prefix_chunk_kv(const MlaKvPackArgs& args, CudaStream stream) const override {
     if (!caps_.pack_prefix_chunk_kv) AttentionBackend::pack_prefix_chunk_kv(args, stream);
