@@ -95,6 +95,11 @@ struct MlaPrefillOptions {
   // chunk's attention call folds the chunk into the output. false: a merge after each call
   // (the same bytes), for A/B runs.
   bool fold_chunks = true;
+  // On the FP8 path with an FP8 kv_b_proj, kv_b's V half runs as a GEMM of its own that writes
+  // V in e4m3, in the layout attention reads, rounded once from its f32 sums (e4m3(sum *
+  // v_scale_inv)): no bf16 V is written and read back. false: bf16 V quantized by the backend's
+  // hook, for A/B runs.
+  bool fp8_kv_from_projection = false;
 };
 
 // How o_proj gets its input (docs/design.md section 5).

@@ -30,11 +30,11 @@ std::vector<float> dequantize(const MlaProjection& projection) {
 
 namespace {
 
-// y[t, o] = bf16(sum_i x[t, i] * w[o, i]), row t of x given in f32 by load(t, row); four rows
-// at a time through gemm_four_rows.
+// store(t, o, sum_i x[t, i] * w[o, i]), row t of x given in f32 by load(t, row); four rows at a
+// time through gemm_four_rows.
 template <typename LoadRow>
 void linear_rows(std::int64_t rows, std::int64_t in, std::span<const float> w, std::int64_t out,
-                 std::span<std::uint16_t> y, const LoadRow& load) {
+                 const LinearStore& store, const LoadRow& load) {
   cpu::parallel_for((rows + 3) / 4, 1, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> row(static_cast<std::size_t>(in));
     std::vector<float> x(static_cast<std::size_t>(in * 4));  // x[i * 4 + j]
@@ -45,11 +45,15 @@ void linear_rows(std::int64_t rows, std::int64_t in, std::span<const float> w, s
         for (std::int64_t i = 0; i < in; ++i) x[std::size_t(i * 4 + j)] = row[std::size_t(i)];
       }
       gemm_four_rows(x.data(), in, w.data(), out, tokens,
-                     [&](std::int64_t j, std::int64_t o, float v) {
-                       y[std::size_t((t0 + j) * out + o)] = encode_bf16(v);
-                     });
+                     [&](std::int64_t j, std::int64_t o, float v) { store(t0 + j, o, v); });
     }
   });
+}
+
+LinearStore bf16_rows(std::span<std::uint16_t> y, std::int64_t out) {
+  return [y, out](std::int64_t t, std::int64_t o, float v) {
+    y[std::size_t(t * out + o)] = encode_bf16(v);
+  };
 }
 
 }  // namespace
@@ -57,8 +61,13 @@ void linear_rows(std::int64_t rows, std::int64_t in, std::span<const float> w, s
 void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
             std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y,
             bool fp8_input) {
+  linear(x, rows, in, w, out, bf16_rows(y, out), fp8_input);
+}
+
+void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
+            std::span<const float> w, std::int64_t out, const LinearStore& store, bool fp8_input) {
   if (!fp8_input) {
-    linear_rows(rows, in, w, out, y, [&](std::int64_t t, float* xf) {
+    linear_rows(rows, in, w, out, store, [&](std::int64_t t, float* xf) {
       for (std::int64_t i = 0; i < in; ++i) xf[i] = decode_bf16(x[std::size_t(t * in + i)]);
     });
     return;
@@ -72,14 +81,20 @@ void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in
       TensorView(xq.data(), DType::kE4M3, {rows, in}),
       TensorView(xs.data(), DType::kF32, {rows, in / kWeightBlock}),
       GroupQuantOptions{.group_size = int(kWeightBlock)});
-  linear_fp8(xq, xs, rows, in, w, out, y);
+  const std::int64_t groups = in / kWeightBlock;
+  linear_rows(rows, in, w, out, store, [&](std::int64_t t, float* xf) {
+    for (std::int64_t i = 0; i < in; ++i) {
+      xf[i] =
+          decode_e4m3(xq[std::size_t(t * in + i)]) * xs[std::size_t(t * groups + i / kWeightBlock)];
+    }
+  });
 }
 
 void linear_fp8(std::span<const std::uint8_t> xq, std::span<const float> xs, std::int64_t rows,
                 std::int64_t in, std::span<const float> w, std::int64_t out,
                 std::span<std::uint16_t> y) {
   const std::int64_t groups = in / kWeightBlock;
-  linear_rows(rows, in, w, out, y, [&](std::int64_t t, float* xf) {
+  linear_rows(rows, in, w, out, bf16_rows(y, out), [&](std::int64_t t, float* xf) {
     for (std::int64_t i = 0; i < in; ++i) {
       xf[i] =
           decode_e4m3(xq[std::size_t(t * in + i)]) * xs[std::size_t(t * groups + i / kWeightBlock)];

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -59,6 +60,13 @@ void gemm_four_rows(const T* x, std::int64_t in, const float* w, std::int64_t ou
 // as the FP8 GEMM of e4m3 weights sees it.
 void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
             std::span<const float> w, std::int64_t out, std::span<std::uint16_t> y,
+            bool fp8_input = false);
+
+// The same with each f32 sum handed to store(t, o, sum) instead of rounded to bf16 (outputs in
+// other formats or layouts; called from several threads, each (t, o) once).
+using LinearStore = std::function<void(std::int64_t t, std::int64_t o, float sum)>;
+void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
+            std::span<const float> w, std::int64_t out, const LinearStore& store,
             bool fp8_input = false);
 
 // The same on an input quantized already: x = e4m3 xq [rows, in] times its group-128 scales

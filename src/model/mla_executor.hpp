@@ -78,13 +78,17 @@ struct MlaPath {
   // Chunked prefixes: each chunk's attention call folds its result into the layer's output and
   // LSE (the backend folds prior states), instead of a merge after it.
   bool fold_chunks = false;
+  // FP8 path: kv_b_proj's V half is a GEMM of its own that writes V in e4m3 where attention
+  // reads it, rounded once from its f32 sums; the hook then does Q and K alone.
+  bool kv_from_projection = false;
 };
 // The output quantization key the fused path asks the backend for.
 inline constexpr OutputQuantKey kMlaOutputQuantKey = OutputQuantKey::kFp8Group128;
 MlaOutputQuantPlan mla_output_quant_plan(const BackendCapabilities& caps,
                                          const MlaPrefillOptions& options, bool fp8_o_proj);
+class MlaExecutor;
 MlaPath mla_path(const AttentionBackend& backend, const MlaPrefillOptions& options,
-                 bool fp8_o_proj);
+                 const MlaExecutor& executor);
 
 // Everything prefill gets, checked by MlaLayer::prefill before the driver sees it. A calibration
 // call (run_mla_calibration) has the BF16 path, no backend and empty cache and out views.
@@ -166,6 +170,8 @@ class MlaExecutor {
   virtual std::size_t workspace_bytes(const MlaBatchPlan& plan, MlaPath path) const = 0;
   virtual MlaVLayoutNeed fp8_v_layout() const = 0;
   virtual bool fp8_o_proj() const = 0;  // o_proj runs as an FP8 GEMM on e4m3 input
+  // kv_b_proj runs as an FP8 GEMM whose V half can write e4m3 V itself (MlaPath).
+  virtual bool e4m3_kv_projection() const = 0;
 
   // What the executor checks on the host before anything runs (also for a batch with no extend
   // tokens, which then ends here).

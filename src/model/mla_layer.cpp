@@ -102,13 +102,15 @@ MlaOutputQuantPlan mla_output_quant_plan(const BackendCapabilities& caps,
 }
 
 MlaPath mla_path(const AttentionBackend& backend, const MlaPrefillOptions& options,
-                 bool fp8_o_proj) {
+                 const MlaExecutor& executor) {
   const BackendCapabilities& caps = backend.capabilities();
   MlaPath path;
   path.fp8 = caps.prepare_prefill_qkv;
   path.attention_dtype = path.fp8 ? DType::kE4M3 : DType::kBF16;
-  path.output_quant = mla_output_quant_plan(caps, options, fp8_o_proj).mode;
+  path.output_quant = mla_output_quant_plan(caps, options, executor.fp8_o_proj()).mode;
   path.fold_chunks = caps.fold_prior_state && options.fold_chunks;
+  path.kv_from_projection =
+      path.fp8 && options.fp8_kv_from_projection && executor.e4m3_kv_projection();
   return path;
 }
 
@@ -341,8 +343,8 @@ std::size_t MlaLayer::workspace_bytes(const MlaWorkspaceLimits& limits,
                        limits.max_tokens, ", max_sequences ", limits.max_sequences,
                        ", max_prefix_tokens ", limits.max_prefix_tokens));
   }
-  return impl_->executor->workspace_bytes(
-      limits, options, mla_path(backend, options, impl_->executor->fp8_o_proj()));
+  return impl_->executor->workspace_bytes(limits, options,
+                                          mla_path(backend, options, *impl_->executor));
 }
 
 MlaOutputQuantPlan MlaLayer::output_quant_plan(const AttentionBackend& backend,
@@ -357,7 +359,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaBatch& batch, const Te
   const OneCallAtATime one(*impl_, "MlaLayer::prefill");
   check_prefill(hidden, batch.extend_tokens(), cache, options, out, "MlaLayer::prefill");
   plan_mla_batch(config_, batch, options, impl_->plan);
-  const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
+  const MlaPath path = mla_path(backend, options, *impl_->executor);
   check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
   run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, &backend, options, out, workspace,
                                      path, times, stream, impl_->communicator});
@@ -368,8 +370,7 @@ std::size_t MlaLayer::workspace_bytes(const MlaDeviceBatch& batch, const MlaPref
   if (!device_.is_cuda()) return 0;
   MlaBatchPlan plan;  // not the hot path: a plan of its own
   plan_mla_device_batch(config_, batch, device_, plan);
-  return impl_->executor->workspace_bytes(
-      plan, mla_path(backend, options, impl_->executor->fp8_o_proj()));
+  return impl_->executor->workspace_bytes(plan, mla_path(backend, options, *impl_->executor));
 }
 
 void MlaLayer::prefill(const TensorView& hidden, const MlaDeviceBatch& batch,
@@ -379,7 +380,7 @@ void MlaLayer::prefill(const TensorView& hidden, const MlaDeviceBatch& batch,
   const OneCallAtATime one(*impl_, "MlaLayer::prefill (device batch)");
   plan_mla_device_batch(config_, batch, device_, impl_->plan);
   check_prefill(hidden, batch.tokens, cache, options, out, "MlaLayer::prefill (device batch)");
-  const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
+  const MlaPath path = mla_path(backend, options, *impl_->executor);
   check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
   run_mla_prefill(*impl_->executor, {hidden, impl_->plan, cache, &backend, options, out, workspace,
                                      path, times, stream, impl_->communicator});
@@ -406,7 +407,7 @@ void MlaLayer::prefill_context_parallel(
   check_prefill(hidden, batch.batch.extend_tokens(), cache, options, out, kCaller);
   plan_mla_batch(config_, batch.batch, options, impl_->plan, kCaller);
   plan_mla_gather(batch, impl_->plan);
-  const MlaPath path = mla_path(backend, options, impl_->executor->fp8_o_proj());
+  const MlaPath path = mla_path(backend, options, *impl_->executor);
   check_mla_backend(backend, path, cache, device_, impl_->executor->fp8_v_layout());
   MlaPrefillCall call{hidden, impl_->plan, cache,  &backend,           options, out, workspace,
                       path,   times,       stream, impl_->communicator};

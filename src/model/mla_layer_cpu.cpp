@@ -10,6 +10,7 @@
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
 #include "fp8mla/mla_prep.hpp"
+#include "fp8mla/numerics.hpp"
 #include "model/cpu_math.hpp"
 #include "model/mla_executor.hpp"
 
@@ -48,6 +49,10 @@ struct CpuProjection {
   void operator()(std::span<const std::uint16_t> x, std::int64_t rows,
                   std::span<std::uint16_t> y) const {
     model::linear(x, rows, in, w, out, y, fp8_input);
+  }
+  void operator()(std::span<const std::uint16_t> x, std::int64_t rows,
+                  const model::LinearStore& store) const {
+    model::linear(x, rows, in, w, out, store, fp8_input);
   }
 };
 
@@ -108,6 +113,7 @@ class CpuMlaExecutor final : public MlaExecutor {
     return {VLayout::kTokenMajor, "the CPU layer concatenates token-major V"};
   }
   bool fp8_o_proj() const override { return o_.fp8_input; }
+  bool e4m3_kv_projection() const override { return kv_b_.fp8_input; }
 
   void check_batch(const MlaPrefillCall&) override {}  // the CPU ops check every slot themselves
   void begin(const MlaPrefillCall& call) override {
@@ -225,7 +231,25 @@ void CpuMlaExecutor::project() {
   kv_a_(xs, T, w_.kv_a);
   model::rms_norm(w_.kv_a.data(), T, c_.kv_lora_rank, latent, weights_.kv_a_layernorm,
                   c_.rms_norm_eps, w_.kv_c.data());
-  kv_b_(w_.kv_c, T, w_.kv);
+  if (!call_->path.kv_from_projection) {
+    kv_b_(w_.kv_c, T, w_.kv);
+    return;
+  }
+  // MlaPath::kv_from_projection: K-nope and V rounded once from kv_b's f32 sums to e4m3, into
+  // the extend K (nope part of each head's [T, H, 192] row) and V (token-major, the CPU hook's
+  // layout); the hook adds K's RoPE part.
+  size_extend_qkv();
+  const MlaFp8Scales& scales = call_->options.fp8;
+  kv_b_(w_.kv_c, T, [&](std::int64_t t, std::int64_t o, float sum) {
+    const std::int64_t h = o / 256, j = o % 256;
+    if (j < kMlaNopeDim) {
+      w_.extend.k[std::size_t((t * c_.heads + h) * kMlaQkDim + j)] =
+          encode_e4m3(sum * scales.k_scale_inv);
+    } else {
+      w_.extend.v[std::size_t((t * c_.heads + h) * kMlaVDim + j - kMlaNopeDim)] =
+          encode_e4m3(sum * scales.v_scale_inv);
+    }
+  });
 }
 
 void CpuMlaExecutor::size_extend_qkv() {
@@ -302,7 +326,7 @@ void CpuMlaExecutor::prep_fp8(const LatentCacheWrite& write) {
   a.q_nope = TensorView(w_.q.data(), DType::kBF16, {T, H, kMlaNopeDim}, {qw, kMlaQkDim, 1});
   a.q_pe =
       TensorView(w_.q.data() + kMlaNopeDim, DType::kBF16, {T, H, kMlaRopeDim}, {qw, kMlaQkDim, 1});
-  a.k_nope = k_nope_of(w_.kv, T);
+  if (!call_->path.kv_from_projection) a.k_nope = k_nope_of(w_.kv, T);  // else project() wrote it
   a.k_pe = TensorView(w_.kv_a.data() + c_.kv_lora_rank, DType::kBF16, {T, kMlaRopeDim},
                       {kMlaLatentDim, 1});
   a.positions = TensorView(const_cast<std::int64_t*>(plan.positions.data()), DType::kI64, {T});
@@ -315,9 +339,11 @@ void CpuMlaExecutor::prep_fp8(const LatentCacheWrite& write) {
   a.kv_c = TensorView(w_.kv_c.data(), DType::kBF16, {T, c_.kv_lora_rank});
   PrepareQkvArgs hook;
   hook.qk = a;
-  hook.v = v_of(w_.kv, T);
-  hook.v_scale_inv = scales.v_scale_inv;
-  hook.v_out = TensorView(w_.extend.v.data(), DType::kE4M3, {T, H, kMlaVDim});
+  if (!call_->path.kv_from_projection) {
+    hook.v = v_of(w_.kv, T);
+    hook.v_scale_inv = scales.v_scale_inv;
+    hook.v_out = TensorView(w_.extend.v.data(), DType::kE4M3, {T, H, kMlaVDim});
+  }
   call_->backend->prepare_prefill_qkv(hook);
 }
 

@@ -15,6 +15,7 @@
 #include "cuda/common/runtime.hpp"
 #include "cuda/common/stage_timer.hpp"
 #include "cuda/model/cublas_linear.hpp"
+#include "cuda/model/fp8_block_gemm.hpp"
 #include "cuda/model/layer_kernels.hpp"
 #include "fp8mla/attention.hpp"
 #include "fp8mla/error.hpp"
@@ -97,6 +98,31 @@ struct Projection {
   }
 };
 
+// kv_b_proj's e4m3 rows of one half of every head ([k_nope (128) | v (128)] per head: half 0 or
+// 1) as a projection of its own; each head's half is one 128-row scale block, so the block
+// scales split with it.
+struct KvBHalf {
+  std::vector<std::uint8_t> weight;
+  std::vector<float> scale_inv;
+  MlaProjection view;
+
+  KvBHalf(const MlaProjection& kv_b, std::int64_t heads, int half) {
+    const std::int64_t in = kv_b.weight.size(1), cols = kv_b.scale_inv.size(1);
+    weight.resize(std::size_t(heads * kMlaVDim * in));
+    scale_inv.resize(std::size_t(heads * cols));
+    const auto* w = kv_b.weight.data_as<const std::uint8_t>();
+    const auto* s = kv_b.scale_inv.data_as<const float>();
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const std::int64_t block = 2 * h + half;  // the half's rows: scale block row `block`
+      std::memcpy(&weight[std::size_t(h * kMlaVDim * in)], w + block * kMlaVDim * in,
+                  std::size_t(kMlaVDim * in));
+      std::memcpy(&scale_inv[std::size_t(h * cols)], s + block * cols, std::size_t(cols) * 4);
+    }
+    view.weight = TensorView(weight.data(), DType::kE4M3, {heads * kMlaVDim, in});
+    view.scale_inv = TensorView(scale_inv.data(), DType::kF32, {heads, cols});
+  }
+};
+
 // Keys and values of one attention call, as the kernel reads them.
 // FP8: K split as prefill_attention's k_rope reads it, k [n, H, 128] with k_rope [n, 64] after it
 // in the same buffer (K's RoPE part once per key, not once per head: 64 of 192 bytes a head).
@@ -133,6 +159,21 @@ class CudaMlaExecutor final : public MlaExecutor {
     }
     add(kv_a_, "kv_a_proj_with_mqa", weights.kv_a_proj_with_mqa);
     add(kv_b_, "kv_b_proj", weights.kv_b_proj);
+    if (kv_b_->fp8 && cuda::current_device_props().arch == 90) {
+      // The FP8 path's split kv_b (MlaPath::kv_from_projection): each half through fp8mla's
+      // e4m3-output GEMM.
+      for (int half : {0, 1}) {
+        const KvBHalf h(weights.kv_b_proj, c_.heads, half);
+        kv_b_halves_[half] = {DeviceBuffer(h.weight.data(), std::int64_t(h.weight.size())),
+                              padded_scales(h.view)};
+      }
+      notes_.push_back(
+          concat("kv_b_proj on the FP8 path with fp8_kv_from_projection: its K-nope "
+                 "and V halves [",
+                 c_.heads * kMlaVDim, ", ", c_.kv_lora_rank,
+                 "] each an fp8 block-scaled GEMM with e4m3 output (fp8mla's own, "
+                 "CUTLASS)"));
+    }
     add(o_, "o_proj", weights.o_proj);
     kv_a_norm_ = DeviceBuffer(weights.kv_a_layernorm.data(), c_.kv_lora_rank * 2);
     std::vector<float> cos_sin(std::size_t(c_.max_position * kMlaRopeDim));
@@ -157,6 +198,7 @@ class CudaMlaExecutor final : public MlaExecutor {
     return {VLayout::kTransposed, "FP8 attention on Hopper reads it transposed"};
   }
   bool fp8_o_proj() const override { return o_->fp8; }
+  bool e4m3_kv_projection() const override { return kv_b_halves_[0].weight.as<void>() != nullptr; }
 
   void check_batch(const MlaPrefillCall& call) override;
   void begin(const MlaPrefillCall& call) override;
@@ -242,6 +284,7 @@ class CudaMlaExecutor final : public MlaExecutor {
     r.k_out = k_out;
     return r;
   }
+  void project_kv_b_split();
   void prep_fp8(const LatentCacheWrite& write, const TensorView& kv_c);
   void assemble_bf16();
   void copy_latent_rows(const std::int64_t* slots, std::int64_t count, std::uint8_t* rows,
@@ -252,6 +295,12 @@ class CudaMlaExecutor final : public MlaExecutor {
   Device device_;
   cuda::model::CublasLtHandle handle_;
   std::optional<Projection> q_a_, q_b_, kv_a_, kv_b_, o_;
+  // The split kv_b of MlaPath::kv_from_projection (FP8 kv_b on sm_90): the e4m3 weight and block
+  // scales (rows padded as the cuBLASLt ones) of its K-nope rows, then of its V rows.
+  struct Half {
+    DeviceBuffer weight, scales;
+  };
+  Half kv_b_halves_[2];
   DeviceBuffer q_a_norm_, kv_a_norm_, cos_sin_;
   std::vector<std::string> notes_;
   cuda::HostStaging staging_;  // pinned host image of the batch metadata
@@ -358,7 +407,44 @@ void CudaMlaExecutor::project() {
   }
   project(*kv_a_, hidden, T, b_.kv_a);
   rms_norm(b_.kv_a, kMlaLatentDim, kv_a_norm_, int(c_.kv_lora_rank), T, b_.kv_c);
-  project(*kv_b_, b_.kv_c, T, b_.kv);
+  if (call_->path.kv_from_projection) {
+    project_kv_b_split();
+  } else {
+    project(*kv_b_, b_.kv_c, T, b_.kv);
+  }
+}
+
+// MlaPath::kv_from_projection: kv_c quantized once (its scales at a pitch of T rounded up to 4,
+// as the GEMM's TMA reads them), then kv_b's halves through fp8_block_gemm, rounded once from
+// their f32 sums: K-nope e4m3 [T, H, 128] into b_.k8 (the split K's nope rows) at k_scale_inv, V
+// e4m3 transposed into b_.v8 at v_scale_inv.
+void CudaMlaExecutor::project_kv_b_split() {
+  const std::int64_t T = call_->plan.tokens, in = c_.kv_lora_rank;
+  if (T == 0) return;
+  const std::int64_t pitch = (T + 3) / 4 * 4;
+  quantize_fp8_per_token_group(
+      TensorView(b_.kv_c, DType::kBF16, {T, in}, device_),
+      TensorView(b_.gemm_x, DType::kE4M3, {T, in}, device_),
+      TensorView(b_.gemm_x_scales, DType::kF32, {T, in / kWeightBlock}, {1, pitch}, device_),
+      GroupQuantOptions{.group_size = int(kWeightBlock)}, stream_);
+  const MlaFp8Scales& scales = call_->options.fp8;
+  for (int half : {0, 1}) {
+    cuda::model::Fp8BlockGemmParams g;
+    g.x = b_.gemm_x;
+    g.x_scales = b_.gemm_x_scales;
+    g.x_scale_pitch = pitch;
+    g.weight = kv_b_halves_[half].weight.as<void>();
+    g.weight_scales = kv_b_halves_[half].scales.as<float>();
+    g.weight_scale_pitch = cuda::model::linear_scale_columns(in);
+    g.rows = T;
+    g.out = c_.heads * kMlaVDim;
+    g.in = in;
+    g.scale = half == 0 ? scales.k_scale_inv : scales.v_scale_inv;
+    g.y = half == 0 ? static_cast<void*>(b_.k8) : static_cast<void*>(b_.v8);
+    g.y_pitch = half == 0 ? c_.heads * kMlaNopeDim : transposed_v_pitch(T);
+    g.transposed = half == 1;
+    cuda::model::fp8_block_gemm(g, b_.cublas, b_.cublas_bytes, stream_);
+  }
 }
 
 void CudaMlaExecutor::prep() {
@@ -388,7 +474,7 @@ void CudaMlaExecutor::prep_fp8(const LatentCacheWrite& write, const TensorView& 
   MlaRopeQuantizeArgs& a = hook.qk;
   a.q_nope = TensorView(b_.q, DType::kBF16, {T, H, kMlaNopeDim}, {qw, kMlaQkDim, 1}, d);
   a.q_pe = TensorView(b_.q + kMlaNopeDim, DType::kBF16, {T, H, kMlaRopeDim}, {qw, kMlaQkDim, 1}, d);
-  a.k_nope = k_nope_of(b_.kv, T);
+  const bool kv_written = call_->path.kv_from_projection;  // K-nope and V by project()
   a.k_pe =
       TensorView(b_.kv_a + c_.kv_lora_rank, DType::kBF16, {T, kMlaRopeDim}, {kMlaLatentDim, 1}, d);
   a.positions = TensorView(b_.positions, DType::kI64, {T}, d);
@@ -396,13 +482,18 @@ void CudaMlaExecutor::prep_fp8(const LatentCacheWrite& write, const TensorView& 
   a.q_scale_inv = scales.q_scale_inv;
   a.k_scale_inv = scales.k_scale_inv;
   a.q_out = rows_of(b_.q8, DType::kE4M3, T, kMlaQkDim);
-  a.k_out = k8_nope_of(b_.k8, T);
+  if (!kv_written) {
+    a.k_nope = k_nope_of(b_.kv, T);
+    a.k_out = k8_nope_of(b_.k8, T);
+  }
   a.k_rope_out = k8_rope_of(b_.k8, T);
   a.cache_write = write;
   a.kv_c = kv_c;
-  hook.v = v_of(b_.kv, T);
-  hook.v_scale_inv = scales.v_scale_inv;
-  hook.v_out = v8_of(b_.v8, T, transposed_v_pitch(T));
+  if (!kv_written) {
+    hook.v = v_of(b_.kv, T);
+    hook.v_scale_inv = scales.v_scale_inv;
+    hook.v_out = v8_of(b_.v8, T, transposed_v_pitch(T));
+  }
   call_->backend->prepare_prefill_qkv(hook, call_->stream);
 }
 

@@ -52,7 +52,8 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
   const std::int64_t gemm_rows = std::max(T, P);
   const std::int64_t widest_in = std::max({c.hidden, c.q_lora_rank, c.kv_lora_rank, c.o_width()});
   b.gemm_x = w.take<std::uint8_t>(gemm_rows * widest_in);
-  b.gemm_x_scales = w.take<float>(gemm_rows * (widest_in / kWeightBlock));
+  // Scales at a pitch of the rows rounded up to 4 (what the e4m3-output GEMM's TMA reads).
+  b.gemm_x_scales = w.take<float>((gemm_rows + 3) / 4 * 4 * (widest_in / kWeightBlock));
   b.q_a = w.take<std::uint16_t>(T * c.q_lora_rank);
   b.q_a_norm = w.take<std::uint16_t>(T * c.q_lora_rank);
   b.kv_a = w.take<std::uint16_t>(T * kMlaLatentDim);

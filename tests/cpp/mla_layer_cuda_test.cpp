@@ -116,6 +116,18 @@ TEST_P(MlaLayerCuda, PathsAndChunkingMatchTheReference) {
       f.cache = cache_before;
       const std::vector<std::uint16_t> out = d.run(layer, *backend, prefix_mode(capacity));
       accuracy.check(std::string(preset) + " " + name, fp8, capacity, out, f, cache_before);
+      if (fp8 && format == WeightFormat::kFp8Block) {
+        // K-nope and V straight from kv_b's e4m3-output GEMMs (fp8_kv_from_projection), the
+        // hook given neither.
+        MlaPrefillOptions direct = prefix_mode(capacity);
+        direct.fp8_kv_from_projection = true;
+        const OutputQuantProbe probe(name, true);
+        f.cache = cache_before;
+        accuracy.check(std::string(preset) + " " + name + ", K and V from kv_b", true, capacity,
+                       d.run(layer, probe, direct), f, cache_before);
+        EXPECT_EQ(probe.hook_calls_without_kv, 1);
+        EXPECT_EQ(probe.hook_calls_with_kv, 0);
+      }
     }
   }
   accuracy.check_paths_agree();

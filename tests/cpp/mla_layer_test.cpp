@@ -65,6 +65,59 @@ TEST_P(MlaLayerCpu, PathsAndChunkingMatchTheReference) {
   accuracy.check_paths_agree();
 }
 
+// The FP8 path's K-nope and V straight from kv_b's GEMM (fp8_kv_from_projection): within the
+// FP8 path's budget against the reference in every prefix mode, the hook given neither, and no
+// less accurate than the output with the hook's (K-nope and V rounded once from the f32 sums
+// instead of through bf16). With bf16 weights kv_b is no FP8 GEMM and the option changes nothing.
+TEST(MlaLayerCpuFp8Weights, KvFromTheProjection) {
+  Fixture f({{0, 37}, {130, 20}, {300, 1}, {5, 0}, {17, 9}}, 1);
+  const std::vector<std::uint8_t> cache_before = f.cache;
+  for (const WeightFormat format : {WeightFormat::kFp8Block, WeightFormat::kBf16}) {
+    const MlaWeights w = generate_mla_weights(f.config, format, 3);
+    std::vector<double> ref(f.hidden.size());
+    mla_prefill_reference(f.config, w, f.hidden_view(), f.batch, f.cache_view(), 1.0f, ref.data());
+    MlaLayer layer(f.config, w);
+    LayerAccuracy accuracy(format, ref);
+    const OutputQuantProbe probe("cpu", true);
+    const bool fp8_gemm = format == WeightFormat::kFp8Block;
+    for (std::int64_t capacity : {0, 64, 1000}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (fp8_gemm ? "fp8 block" : "bf16") << " weights, capacity " << capacity);
+      MlaPrefillOptions direct = prefix_mode(capacity), hooked = direct;
+      direct.fp8_kv_from_projection = true;
+      hooked.fp8_kv_from_projection = false;
+      probe.hook_calls_with_kv = probe.hook_calls_without_kv = 0;
+      f.cache = cache_before;
+      const std::vector<std::uint16_t> a = run(layer, f, probe, direct);
+      EXPECT_EQ(probe.hook_calls_without_kv, fp8_gemm ? 1 : 0);
+      EXPECT_EQ(probe.hook_calls_with_kv, fp8_gemm ? 0 : 1);
+      accuracy.check("fp8, K and V from kv_b", true, capacity, a, f, cache_before);
+      const std::vector<std::uint8_t> cache_direct = f.cache;
+      f.cache = cache_before;
+      const std::vector<std::uint16_t> b = run(layer, f, probe, hooked);
+      EXPECT_EQ(f.cache, cache_direct);  // the latent rows do not depend on V
+      if (!fp8_gemm) {
+        EXPECT_EQ(a, b);
+        continue;
+      }
+      // As accurate as the hook's K and V: their difference is e4m3 rounding noise of the same
+      // size as each one's error (codes near a rounding boundary flip), not a bias.
+      const auto cosine = [&](const std::vector<std::uint16_t>& out) {
+        double dot = 0, xx = 0, yy = 0;
+        for (std::size_t i = 0; i < out.size(); ++i) {
+          const double x = decode_bf16(out[i]);
+          dot += x * ref[i];
+          xx += x * x;
+          yy += ref[i] * ref[i];
+        }
+        return dot / std::sqrt(xx * yy);
+      };
+      EXPECT_GE(cosine(a), cosine(b) - 1e-4) << cosine(a) << " vs " << cosine(b);
+      EXPECT_NE(a, b);
+    }
+  }
+}
+
 // e4m3 weights whose input dim is not a multiple of 128 (hidden 200, q_lora_rank 96): those
 // projections run as bf16 GEMMs on the dequantized weight, in the layer and in the reference.
 TEST(MlaLayerCpuFp8Weights, InputDimsNotMultiplesOf128) {

@@ -218,6 +218,8 @@ class OutputQuantProbe final : public AttentionBackend {
     base_->prefill_attention(args, stream);
   }
   void prepare_prefill_qkv(const PrepareQkvArgs& args, CudaStream stream) const override {
+    const bool kv = args.v.data() != nullptr || args.qk.k_nope.data() != nullptr;
+    (kv ? hook_calls_with_kv : hook_calls_without_kv) += 1;
     base_->prepare_prefill_qkv(args, stream);
   }
   void pack_prefix_chunk_kv(const MlaKvPackArgs& args, CudaStream stream) const override {
@@ -225,6 +227,8 @@ class OutputQuantProbe final : public AttentionBackend {
   }
   mutable int keyed_calls = 0;
   mutable int folded_calls = 0;
+  mutable int hook_calls_with_kv = 0;     // the hook quantized K-nope and V
+  mutable int hook_calls_without_kv = 0;  // they came from kv_b's e4m3 GEMMs
 
  private:
   std::unique_ptr<AttentionBackend> base_;

@@ -6,6 +6,9 @@
 //   fp8-sq: the same with o_proj's input quantized separately (--output-quant separate or both);
 //   fp8-mg: the fp8 row with each prefix chunk merged after its attention call instead of folded
 //         in it (--chunks merge or both; rows with chunks only);
+//   fp8-kv: the fp8 row with K-nope and V written in e4m3 by kv_b's own GEMMs
+//         (fp8_kv_from_projection) instead of quantized by the hook (--kv-output projection or
+//         both);
 //   bf16: the same weights, the "bf16-hopper" backend (the BF16 path);
 //   bf16w: bf16 weights, "bf16-hopper" (the BF16 path of a BF16 checkpoint).
 // Time: CUDA events around prefill (metadata upload included), warm-up, median; then one run
@@ -40,16 +43,21 @@ struct PathSpec {
   const char* name;
   bool fp8_weights, fp8_backend, fuse_output_quant;
   bool fold_chunks = true;
+  bool kv_from_projection = false;
 };
 
-// The paths to time: the FP8 path with, without or both ways of making o_proj's input, and with
-// chunks folded, merged or both.
-std::vector<PathSpec> paths_for(const std::string& output_quant, const std::string& chunks) {
+// The paths to time: the FP8 path with, without or both ways of making o_proj's input, with
+// chunks folded, merged or both, and with K-nope and V quantized by the hook, written by kv_b or
+// both.
+std::vector<PathSpec> paths_for(const std::string& output_quant, const std::string& chunks,
+                                const std::string& kv_output) {
   std::vector<PathSpec> paths;
-  if (output_quant != "separate" && chunks != "merge") paths.push_back({"fp8", true, true, true});
-  if (output_quant != "separate" && chunks != "fold") {
-    paths.push_back({"fp8-mg", true, true, true, false});
+  const bool fused = output_quant != "separate";
+  if (fused && chunks != "merge" && kv_output != "projection") {
+    paths.push_back({"fp8", true, true, true});
   }
+  if (fused && kv_output != "hook") paths.push_back({"fp8-kv", true, true, true, true, true});
+  if (fused && chunks != "fold") paths.push_back({"fp8-mg", true, true, true, false});
   if (output_quant != "fused") paths.push_back({"fp8-sq", true, true, false});
   paths.push_back({"bf16", true, false, true});
   paths.push_back({"bf16w", false, false, true});
@@ -223,6 +231,7 @@ void add_bench_layer_command(CLI::App& bench) {
     std::string json;
     std::string output_quant = "fused";
     std::string chunks = "fold";
+    std::string kv_output = "hook";
     int cp = 1;
     std::vector<int> tp;
   };
@@ -248,6 +257,11 @@ void add_bench_layer_command(CLI::App& bench) {
                   "(row fp8), merged after them (row fp8-mg, shapes with chunks only), or both")
       ->check(CLI::IsMember({"fold", "merge", "both"}))
       ->capture_default_str();
+  cmd->add_option("--kv-output", options->kv_output,
+                  "FP8 path's e4m3 K-nope and V: quantized from bf16 by the hook (row fp8), "
+                  "written by kv_b's own e4m3-output GEMMs (row fp8-kv), or both")
+      ->check(CLI::IsMember({"hook", "projection", "both"}))
+      ->capture_default_str();
   cmd->add_option("--cp", options->cp,
                   "Context parallelism instead: each of N ranks' share of one sequence (no "
                   "prefix), timed one rank after another on this GPU, against the whole "
@@ -267,7 +281,8 @@ void add_bench_layer_command(CLI::App& bench) {
     const std::unique_ptr<AttentionBackend> bf16 = make_attention_backend("bf16-hopper");
     const std::vector<const AttentionBackend*> backends = {fp8.get(), bf16.get()};
     const std::string device = cuda::current_device_props().name;
-    const std::vector<PathSpec> paths = paths_for(options->output_quant, options->chunks);
+    const std::vector<PathSpec> paths =
+        paths_for(options->output_quant, options->chunks, options->kv_output);
     std::printf("fp8mla bench layer: deepseek-v3 on %s\n", device.c_str());
     EventTimer timer(options->iters);
     timer.set_settle_ms(options->settle_ms);
@@ -297,6 +312,7 @@ void add_bench_layer_command(CLI::App& bench) {
           MlaPrefillOptions prefill_options;
           prefill_options.fuse_output_quant = path.fuse_output_quant;
           prefill_options.fold_chunks = path.fold_chunks;
+          prefill_options.fp8_kv_from_projection = path.kv_from_projection;
           GpuLayerHarness h(config, path.fp8_weights ? fp8_weights : bf16_weights, batch, hidden,
                             pages, kPageSize, prefill_options, backends);
           h.set_cache(cache);
