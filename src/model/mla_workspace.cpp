@@ -59,7 +59,7 @@ MlaBuffers carve(Carver& w, const MlaConfig& c, const WorkSizes& s) {
   b.kv_a = w.take<std::uint16_t>(T * kMlaLatentDim);
   b.kv_c = w.take<std::uint16_t>(T * c.kv_lora_rank);
   b.q = w.take<std::uint16_t>(T * c.q_width());
-  b.kv = w.take<std::uint16_t>(T * c.kv_b_width());
+  b.kv = w.take<std::uint16_t>(s.kv_from_projection ? 0 : T * c.kv_b_width());
   // The FP8 path's K is split: k_nope's [n, H, 128] then the RoPE part's [n, 64].
   const auto split_k = [&](std::int64_t n) { return n * (H * kMlaNopeDim + kMlaRopeDim); };
   if (s.fp8) {
@@ -125,6 +125,7 @@ WorkSizes work_sizes(const MlaWorkspaceLimits& limits, const MlaPrefillOptions& 
   s.fp8 = path.fp8;
   s.fused_output_quant = path.output_quant == MlaOutputQuant::kFused;
   s.fold_chunks = path.fold_chunks;
+  s.kv_from_projection = path.kv_from_projection;
   s.gathered_rows = limits.max_gathered_rows;
   return s;
 }
@@ -140,6 +141,7 @@ WorkSizes work_sizes(const MlaBatchPlan& plan, MlaPath path) {
   s.fp8 = path.fp8;
   s.fused_output_quant = path.output_quant == MlaOutputQuant::kFused;
   s.fold_chunks = path.fold_chunks;
+  s.kv_from_projection = path.kv_from_projection;
   s.gathered_rows = plan.gathered_rows();
   return s;
 }

@@ -27,6 +27,8 @@ struct WorkSizes {
   // bf16 attention output is kept.
   bool fused_output_quant = false;
   bool fold_chunks = false;        // the chunks fold into the output: no chunk output of their own
+  // kv_b's GEMMs write e4m3 K-nope and V for the extend tokens: no bf16 kv_b output of theirs.
+  bool kv_from_projection = false;
   std::int64_t gathered_rows = 0;  // context parallelism: the all-gather's latent rows
   std::int64_t prefix_keys() const { return std::max(one_shot_prefix, chunk_keys); }
 };
