@@ -182,21 +182,27 @@ class MlaLayer:
 
     def prefill(self, hidden, batch, cache, *, out=None, one_shot_max_prefix=8192,
                 chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0, k_scale_inv=1.0,
-                v_scale_inv=1.0, fuse_output_quant=True, workspace=None, stream=None):
+                v_scale_inv=1.0, fuse_output_quant=True, fold_chunks=True,
+                fp8_kv_from_projection=False, workspace=None, stream=None):
         """hidden: bf16 [T, hidden], T the batch's extend tokens, rows in sequence order; cache:
         e4m3 [pages, page_size, 576], its prefix rows read and its extend rows written; returns
         out, bf16 [T, hidden]. numpy arrays (ml_dtypes) or torch tensors on the layer's device.
         Prefix keys up to one_shot_max_prefix are attended with the new ones in one pass, more
         in chunks of chunk_capacity merged by LSE; the scales are the FP8 path's static ones.
         fuse_output_quant: on the FP8 path the attention writes o_proj's FP8 input itself (the
-        same bytes as a separate quantization; output_quant_plan says which runs). On
+        same bytes as a separate quantization; output_quant_plan says which runs). fold_chunks:
+        each prefix chunk's attention call folds it into the output (else a merge after it, the
+        same bytes). fp8_kv_from_projection: on the FP8 path with an FP8 kv_b_proj, kv_b's GEMMs
+        write e4m3 K-nope and V themselves, rounded once from their f32 sums (docs/design.md,
+        the layer's step 2; off by default). On
         CUDA the workspace is allocated (and kept) when not given, and `stream` defaults to
         torch's current stream. One call at a time per layer: a prefill or calibrate of the same
         layer from another thread meanwhile raises InvalidArgumentError (one layer per thread)."""
         arrays = adapter_for(hidden)
         rows = _batch(batch)
         options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,
-                           k_scale_inv, v_scale_inv, fuse_output_quant)
+                           k_scale_inv, v_scale_inv, fuse_output_quant, fold_chunks,
+                           fp8_kv_from_projection)
         if out is None:
             out = arrays.empty((sum(r[1] for r in rows), self.config.hidden), "bf16", hidden)
         if _device(self.device)[0] == "cuda":
@@ -217,7 +223,8 @@ class MlaLayer:
                              max_seqlen_prefix=0, out=None, one_shot_max_prefix=8192,
                              chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0,
                              k_scale_inv=1.0, v_scale_inv=1.0, fuse_output_quant=True,
-                             workspace=None, stream=None):
+                             fold_chunks=True, fp8_kv_from_projection=False, workspace=None,
+                             stream=None):
         """prefill of a batch of new tokens described by arrays on the
         layer's device (fp8mla::MlaDeviceBatch), for a batch padded to a fixed shape that a CUDA
         graph captures once and replays for other batches of that shape. hidden: bf16 [T,
@@ -250,7 +257,8 @@ class MlaLayer:
                   as_int(max_seqlen_prefix),
                   int(one_shot_max_prefix), int(chunk_capacity), float(cache_scale_inv),
                   float(q_scale_inv), float(k_scale_inv), float(v_scale_inv),
-                  bool(fuse_output_quant), int(stream or 0))
+                  bool(fuse_output_quant), bool(fold_chunks), bool(fp8_kv_from_projection),
+                  int(stream or 0))
         # torch: the op torch.ops.fp8mla.mla_layer_prefill_device_batch where torch.compile or
         # the dispatcher must see it, else self._prefill_device_batch directly.
         arrays.run_layer(self, "prefill_device_batch", values)
@@ -260,18 +268,20 @@ class MlaLayer:
                               workspace, max_seqlen_q, cu_seqlens_prefix, prefix_slots,
                               max_seqlen_prefix, one_shot_max_prefix, chunk_capacity,
                               cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv,
-                              fuse_output_quant, stream):
+                              fuse_output_quant, fold_chunks, fp8_kv_from_projection, stream):
         """prefill_device_batch's work, out allocated: also the torch op's implementation."""
         arrays = adapter_for(hidden)
         options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,
-                           k_scale_inv, v_scale_inv, fuse_output_quant)
+                           k_scale_inv, v_scale_inv, fuse_output_quant, fold_chunks,
+                           fp8_kv_from_projection)
         # Shapes only: len() of a device tensor reads no device memory (graph capture).
         tokens, sequences = hidden.shape[0], len(cu_seqlens_q) - 1
         prefix_tokens = 0 if cu_seqlens_prefix is None else len(prefix_slots)
         if _device(self.device)[0] == "cuda":
             # A device batch's prefixes are one chunk: sized as such by the limits' rule.
             sizing = _options(0, max(prefix_tokens, 1), cache_scale_inv, q_scale_inv,
-                              k_scale_inv, v_scale_inv, fuse_output_quant)
+                              k_scale_inv, v_scale_inv, fuse_output_quant, fold_chunks,
+                              fp8_kv_from_projection)
             workspace = self._cuda_workspace(workspace, (tokens, sequences, prefix_tokens, 0),
                                              sizing, hidden)
             if not stream:
@@ -308,8 +318,8 @@ class MlaLayer:
     def prefill_context_parallel(self, hidden, cp_batch, communicator, cache, *, out=None,
                                  one_shot_max_prefix=8192, chunk_capacity=8192,
                                  cache_scale_inv=1.0, q_scale_inv=1.0, k_scale_inv=1.0,
-                                 v_scale_inv=1.0, fuse_output_quant=True, workspace=None,
-                                 stream=None):
+                                 v_scale_inv=1.0, fuse_output_quant=True, fold_chunks=True,
+                                 fp8_kv_from_projection=False, workspace=None, stream=None):
         """prefill for rank cp_batch.rank of a context-parallel group (docs/parallelism.md):
         cp_batch is fp8mla.context_parallel_batch(full_batch, rank, size), hidden the rank's
         rows (bf16 [len(cp_batch.tokens), hidden], the full batch's hidden[cp_batch.tokens]),
@@ -325,7 +335,8 @@ class MlaLayer:
         _check_type(op, "communicator", communicator, MlaCommunicator)
         arrays = adapter_for(hidden)
         options = _options(one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv,
-                           k_scale_inv, v_scale_inv, fuse_output_quant)
+                           k_scale_inv, v_scale_inv, fuse_output_quant, fold_chunks,
+                           fp8_kv_from_projection)
         if out is None:
             out = arrays.empty((len(cp_batch.tokens), self.config.hidden), "bf16", hidden)
         if _device(self.device)[0] == "cuda":
@@ -373,9 +384,11 @@ def _fields(c: MlaConfig) -> tuple:
 
 
 def _options(one_shot_max_prefix=8192, chunk_capacity=8192, cache_scale_inv=1.0, q_scale_inv=1.0,
-             k_scale_inv=1.0, v_scale_inv=1.0, fuse_output_quant=True) -> tuple:
+             k_scale_inv=1.0, v_scale_inv=1.0, fuse_output_quant=True, fold_chunks=True,
+             fp8_kv_from_projection=False) -> tuple:
     return (int(one_shot_max_prefix), int(chunk_capacity), float(cache_scale_inv),
-            float(q_scale_inv), float(k_scale_inv), float(v_scale_inv), bool(fuse_output_quant))
+            float(q_scale_inv), float(k_scale_inv), float(v_scale_inv), bool(fuse_output_quant),
+            bool(fold_chunks), bool(fp8_kv_from_projection))
 
 
 def mla_prefill_reference(weights: MlaWeights, hidden, batch, cache, *,

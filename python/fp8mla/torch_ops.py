@@ -220,14 +220,15 @@ _LAYER_SCHEMA = ("(int layer, Tensor hidden, Tensor cu_seqlens_q, Tensor positio
                  "SymInt max_seqlen_q, Tensor? cu_seqlens_prefix, Tensor? prefix_slots, "
                  "SymInt max_seqlen_prefix, int one_shot_max_prefix, int chunk_capacity, "
                  "float cache_scale_inv, float q_scale_inv, float k_scale_inv, "
-                 "float v_scale_inv, bool fuse_output_quant, int stream) -> ()")
+                 "float v_scale_inv, bool fuse_output_quant, bool fold_chunks, "
+                 "bool fp8_kv_from_projection, int stream) -> ()")
 
 
 def _layer_prefill_device_batch(layer, hidden, cu_seqlens_q, positions, slot_mapping, cache, out,
                                 workspace, max_seqlen_q, cu_seqlens_prefix, prefix_slots,
                                 max_seqlen_prefix, one_shot_max_prefix, chunk_capacity,
                                 cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv,
-                                fuse_output_quant, stream):
+                                fuse_output_quant, fold_chunks, fp8_kv_from_projection, stream):
     from ._layer import _LAYERS
 
     target = _LAYERS.get(layer)
@@ -238,7 +239,7 @@ def _layer_prefill_device_batch(layer, hidden, cu_seqlens_q, positions, slot_map
                                  workspace, max_seqlen_q, cu_seqlens_prefix, prefix_slots,
                                  max_seqlen_prefix, one_shot_max_prefix, chunk_capacity,
                                  cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv,
-                                 fuse_output_quant, stream)
+                                 fuse_output_quant, fold_chunks, fp8_kv_from_projection, stream)
 
 
 torch.library.custom_op("fp8mla::mla_layer_prefill_device_batch", _layer_prefill_device_batch,

@@ -82,13 +82,15 @@ fp8mla::MlaBatch to_batch(const PyBatchIn& py) {
 }
 
 // (one_shot_max_prefix, chunk_capacity, cache_scale_inv, q_scale_inv, k_scale_inv, v_scale_inv,
-// fuse_output_quant)
-using PyOptions = std::tuple<std::int64_t, std::int64_t, float, float, float, float, bool>;
+// fuse_output_quant, fold_chunks, fp8_kv_from_projection)
+using PyOptions =
+    std::tuple<std::int64_t, std::int64_t, float, float, float, float, bool, bool, bool>;
 
 fp8mla::MlaPrefillOptions to_options(const PyOptions& py) {
   fp8mla::MlaPrefillOptions o;
   std::tie(o.one_shot_max_prefix, o.chunk_capacity, o.cache_scale_inv, o.fp8.q_scale_inv,
-           o.fp8.k_scale_inv, o.fp8.v_scale_inv, o.fuse_output_quant) = py;
+           o.fp8.k_scale_inv, o.fp8.v_scale_inv, o.fuse_output_quant, o.fold_chunks,
+           o.fp8_kv_from_projection) = py;
   return o;
 }
 

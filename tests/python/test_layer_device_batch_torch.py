@@ -144,7 +144,8 @@ def test_torch_op_and_torch_compile_give_eager_bytes(device):
     eager = step(eager_cache)
     op_cache, op_out = cache_before.clone(), torch.empty_like(eager)
     op_args = (layer.number, p.hidden, p.cu_seqlens_q, p.positions, p.slot_mapping, op_cache,
-               op_out, None, MAX_SEQLEN_Q, None, None, 0, 8192, 8192, 1.0, 1.0, 1.0, 1.0, True, 0)
+               op_out, None, MAX_SEQLEN_Q, None, None, 0, 8192, 8192, 1.0, 1.0, 1.0, 1.0, True, True,
+               False, 0)
     torch.ops.fp8mla.mla_layer_prefill_device_batch(*op_args)
     # fullgraph: the layer's C++ call would break the graph; the torch op does not.
     backend = "inductor" if device == "cuda" else "aot_eager"
@@ -173,4 +174,4 @@ def test_torch_op_of_a_layer_that_is_gone_is_an_error():
                                                           f"{number}"):
         torch.ops.fp8mla.mla_layer_prefill_device_batch(
             number, p.hidden, p.cu_seqlens_q, p.positions, p.slot_mapping, cache, out, None,
-            MAX_SEQLEN_Q, None, None, 0, 8192, 8192, 1.0, 1.0, 1.0, 1.0, True, 0)
+            MAX_SEQLEN_Q, None, None, 0, 8192, 8192, 1.0, 1.0, 1.0, 1.0, True, True, False, 0)

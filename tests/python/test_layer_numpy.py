@@ -111,6 +111,28 @@ def test_fused_output_quant_gives_the_separate_bytes():
     assert fp8mla.MlaLayer(None, bf16_weights).output_quant_plan()[0] == "none"
 
 
+def test_fold_and_kv_from_projection_options():
+    """fold_chunks off merges each prefix chunk after its call: the same bytes. With
+    fp8_kv_from_projection kv_b's GEMMs write e4m3 K-nope and V themselves (rounded once from
+    their f32 sums): an output as close to the float64 reference, not the same bytes."""
+    weights = fp8mla.generate_mla_weights("tiny", "fp8", seed=3)
+    tokens = sum(e for _, e in LENGTHS)
+    hidden = hidden_states(tokens, weights.config.hidden, 1)
+    cache_before = random_cache(32, 2)
+    batch = batch_of(LENGTHS, 32)
+    layer = fp8mla.MlaLayer(None, weights, backend="cpu")
+    ref = fp8mla.mla_prefill_reference(weights, hidden, batch, cache_before.copy())
+    chunked = dict(one_shot_max_prefix=64, chunk_capacity=64)
+    base = layer.prefill(hidden, batch, cache_before.copy(), **chunked)
+    merged = layer.prefill(hidden, batch, cache_before.copy(), fold_chunks=False, **chunked)
+    assert np.array_equal(base.view(np.uint16), merged.view(np.uint16))
+    direct = layer.prefill(hidden, batch, cache_before.copy(), fp8_kv_from_projection=True,
+                           **chunked)
+    assert not np.array_equal(base.view(np.uint16), direct.view(np.uint16))
+    assert cosine(direct, ref) >= cosine(base, ref) - 1e-4
+    assert cosine(direct, ref) >= BOUND["fp8", "cpu"]
+
+
 def test_written_cache_serves_the_next_prefill():
     """A sequence prefilled in two steps (the second reading the prefix the first wrote) matches
     the reference of the second step on that cache, and the two steps together match one
