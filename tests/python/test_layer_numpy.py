@@ -87,15 +87,19 @@ def test_both_paths_match_the_reference(fmt):
     assert cosine(outputs["cpu", 8192], outputs["cpu-bf16", 8192]) >= 0.998
 
 
+def fp8_cpu_case():
+    """The tiny preset with FP8 weights on the "cpu" backend (the FP8 path), over LENGTHS: the
+    weights, hidden states, the cache before the prefill, the batch and the layer."""
+    weights = fp8mla.generate_mla_weights("tiny", "fp8", seed=3)
+    hidden = hidden_states(sum(e for _, e in LENGTHS), weights.config.hidden, 1)
+    return (weights, hidden, random_cache(32, 2), batch_of(LENGTHS, 32),
+            fp8mla.MlaLayer(None, weights, backend="cpu"))
+
+
 def test_fused_output_quant_gives_the_separate_bytes():
     """On the FP8 path with FP8 weights the attention (or the last merge, with chunks) writes
     o_proj's FP8 input itself: the bytes a separate quantization makes, so the same output."""
-    weights = fp8mla.generate_mla_weights("tiny", "fp8", seed=3)
-    tokens = sum(e for _, e in LENGTHS)
-    hidden = hidden_states(tokens, weights.config.hidden, 1)
-    cache_before = random_cache(32, 2)
-    batch = batch_of(LENGTHS, 32)
-    layer = fp8mla.MlaLayer(None, weights, backend="cpu")
+    weights, hidden, cache_before, batch, layer = fp8_cpu_case()
     mode, note = layer.output_quant_plan()
     assert mode == "fused" and "fused fp8_group128" in note, note
     assert layer.output_quant_plan(fuse_output_quant=False)[0] == "separate"
@@ -115,12 +119,7 @@ def test_fold_and_kv_from_projection_options():
     """fold_chunks off merges each prefix chunk after its call: the same bytes. With
     fp8_kv_from_projection kv_b's GEMMs write e4m3 K-nope and V themselves (rounded once from
     their f32 sums): an output as close to the float64 reference, not the same bytes."""
-    weights = fp8mla.generate_mla_weights("tiny", "fp8", seed=3)
-    tokens = sum(e for _, e in LENGTHS)
-    hidden = hidden_states(tokens, weights.config.hidden, 1)
-    cache_before = random_cache(32, 2)
-    batch = batch_of(LENGTHS, 32)
-    layer = fp8mla.MlaLayer(None, weights, backend="cpu")
+    weights, hidden, cache_before, batch, layer = fp8_cpu_case()
     ref = fp8mla.mla_prefill_reference(weights, hidden, batch, cache_before.copy())
     chunked = dict(one_shot_max_prefix=64, chunk_capacity=64)
     base = layer.prefill(hidden, batch, cache_before.copy(), **chunked)
