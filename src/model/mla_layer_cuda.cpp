@@ -98,28 +98,40 @@ struct Projection {
   }
 };
 
-// kv_b_proj's e4m3 rows of one half of every head ([k_nope (128) | v (128)] per head: half 0 or
-// 1) as a projection of its own; each head's half is one 128-row scale block, so the block
-// scales split with it.
-struct KvBHalf {
+// kv_b_proj with its rows grouped by half: every head's K-nope rows, then every head's V rows
+// (the checkpoint interleaves them, [k_nope (128) | v (128)] per head). Each head's half is one
+// 128-row scale block, so the block scales regroup with it. The GEMM's output is then [n,
+// [K-nope (H * 128) | V (H * 128)]]: K-nope and V are plain strided views of it, and each half of
+// the weight is a GEMM of its own (MlaPath::kv_from_projection) without a copy.
+struct KvBByHalf {
   std::vector<std::uint8_t> weight;
   std::vector<float> scale_inv;
   MlaProjection view;
 
-  KvBHalf(const MlaProjection& kv_b, std::int64_t heads, int half) {
-    const std::int64_t in = kv_b.weight.size(1), cols = kv_b.scale_inv.size(1);
-    weight.resize(std::size_t(heads * kMlaVDim * in));
-    scale_inv.resize(std::size_t(heads * cols));
-    const auto* w = kv_b.weight.data_as<const std::uint8_t>();
+  KvBByHalf(const MlaProjection& kv_b, std::int64_t heads) {
+    const TensorView& w = kv_b.weight;
+    const std::int64_t in = w.size(1), row_bytes = in * std::int64_t(dtype_size(w.dtype()));
+    weight.resize(std::size_t(w.size(0) * row_bytes));
+    const auto* from = w.data_as<const std::uint8_t>();
+    for (std::int64_t h = 0; h < heads; ++h) {
+      for (int half = 0; half < 2; ++half) {
+        std::memcpy(&weight[std::size_t((half * heads + h) * kMlaVDim * row_bytes)],
+                    from + (2 * h + half) * kMlaVDim * row_bytes,
+                    std::size_t(kMlaVDim * row_bytes));
+      }
+    }
+    view.weight = TensorView(weight.data(), w.dtype(), {w.size(0), in});
+    if (w.dtype() != DType::kE4M3) return;
+    const std::int64_t cols = kv_b.scale_inv.size(1);
+    scale_inv.resize(std::size_t(2 * heads * cols));
     const auto* s = kv_b.scale_inv.data_as<const float>();
     for (std::int64_t h = 0; h < heads; ++h) {
-      const std::int64_t block = 2 * h + half;  // the half's rows: scale block row `block`
-      std::memcpy(&weight[std::size_t(h * kMlaVDim * in)], w + block * kMlaVDim * in,
-                  std::size_t(kMlaVDim * in));
-      std::memcpy(&scale_inv[std::size_t(h * cols)], s + block * cols, std::size_t(cols) * 4);
+      for (int half = 0; half < 2; ++half) {
+        std::memcpy(&scale_inv[std::size_t((half * heads + h) * cols)], s + (2 * h + half) * cols,
+                    std::size_t(cols) * 4);
+      }
     }
-    view.weight = TensorView(weight.data(), DType::kE4M3, {heads * kMlaVDim, in});
-    view.scale_inv = TensorView(scale_inv.data(), DType::kF32, {heads, cols});
+    view.scale_inv = TensorView(scale_inv.data(), DType::kF32, {2 * heads, cols});
   }
 };
 
@@ -158,15 +170,9 @@ class CudaMlaExecutor final : public MlaExecutor {
       add(q_b_, "q_proj", weights.q_proj);
     }
     add(kv_a_, "kv_a_proj_with_mqa", weights.kv_a_proj_with_mqa);
-    add(kv_b_, "kv_b_proj", weights.kv_b_proj);
+    add(kv_b_, "kv_b_proj", KvBByHalf(weights.kv_b_proj, c_.heads).view);
     if (kv_b_->fp8 && cuda::current_device_props().arch == 90) {
-      // The FP8 path's split kv_b (MlaPath::kv_from_projection): each half through fp8mla's
-      // e4m3-output GEMM.
-      for (int half : {0, 1}) {
-        const KvBHalf h(weights.kv_b_proj, c_.heads, half);
-        kv_b_halves_[half] = {DeviceBuffer(h.weight.data(), std::int64_t(h.weight.size())),
-                              padded_scales(h.view)};
-      }
+      kv_b_e4m3_ = true;
       notes_.push_back(
           concat("kv_b_proj on the FP8 path with fp8_kv_from_projection: its K-nope "
                  "and V halves [",
@@ -198,7 +204,7 @@ class CudaMlaExecutor final : public MlaExecutor {
     return {VLayout::kTransposed, "FP8 attention on Hopper reads it transposed"};
   }
   bool fp8_o_proj() const override { return o_->fp8; }
-  bool e4m3_kv_projection() const override { return kv_b_halves_[0].weight.as<void>() != nullptr; }
+  bool e4m3_kv_projection() const override { return kv_b_e4m3_; }
 
   void check_batch(const MlaPrefillCall& call) override;
   void begin(const MlaPrefillCall& call) override;
@@ -245,14 +251,15 @@ class CudaMlaExecutor final : public MlaExecutor {
         stream_);
   }
 
-  // Views: [n, H, 128] k_nope and v inside a [n, H, 256] kv_b output; a transposed e4m3 V.
+  // Views: [n, H, 128] k_nope and v inside an [n, [K-nope (H * 128) | V (H * 128)]] kv_b output
+  // (KvBByHalf); a transposed e4m3 V.
   TensorView k_nope_of(std::uint16_t* kv, std::int64_t n) const {
-    return TensorView(kv, DType::kBF16, {n, c_.heads, kMlaNopeDim}, {c_.heads * 256, 256, 1},
-                      device_);
+    return TensorView(kv, DType::kBF16, {n, c_.heads, kMlaNopeDim},
+                      {c_.heads * 2 * kMlaNopeDim, kMlaNopeDim, 1}, device_);
   }
   TensorView v_of(std::uint16_t* kv, std::int64_t n) const {
-    return TensorView(kv + kMlaNopeDim, DType::kBF16, {n, c_.heads, kMlaVDim},
-                      {c_.heads * 256, 256, 1}, device_);
+    return TensorView(kv + c_.heads * kMlaNopeDim, DType::kBF16, {n, c_.heads, kMlaVDim},
+                      {c_.heads * 2 * kMlaNopeDim, kMlaVDim, 1}, device_);
   }
   TensorView v8_of(std::uint8_t* v, std::int64_t n, std::int64_t pitch) const {
     return transposed_v_view(v, n, c_.heads, pitch, device_);
@@ -268,7 +275,7 @@ class CudaMlaExecutor final : public MlaExecutor {
     return TensorView(k + n * c_.heads * kMlaNopeDim, DType::kE4M3, {n, kMlaRopeDim}, device_);
   }
 
-  // The BF16 path's K = [k_nope | k_pe] per head, from a [n, H, 256] kv_b output and k_pe rows
+  // The BF16 path's K = [k_nope | k_pe] per head, from a kv_b output (k_nope_of) and k_pe rows
   // shared by the heads (RoPE'd when the caller adds positions).
   cuda::model::RopeAssembleParams k_assembly(const std::uint16_t* kv, std::int64_t n,
                                              const std::uint16_t* k_pe, std::int64_t k_pe_stride,
@@ -277,8 +284,8 @@ class CudaMlaExecutor final : public MlaExecutor {
     r.tokens = n;
     r.heads = c_.heads;
     r.k_nope = kv;
-    r.k_nope_token_stride = c_.heads * 256;
-    r.k_nope_head_stride = 256;
+    r.k_nope_token_stride = c_.heads * 2 * kMlaNopeDim;
+    r.k_nope_head_stride = kMlaNopeDim;
     r.k_pe = k_pe;
     r.k_pe_stride = k_pe_stride;
     r.k_out = k_out;
@@ -295,12 +302,8 @@ class CudaMlaExecutor final : public MlaExecutor {
   Device device_;
   cuda::model::CublasLtHandle handle_;
   std::optional<Projection> q_a_, q_b_, kv_a_, kv_b_, o_;
-  // The split kv_b of MlaPath::kv_from_projection (FP8 kv_b on sm_90): the e4m3 weight and block
-  // scales (rows padded as the cuBLASLt ones) of its K-nope rows, then of its V rows.
-  struct Half {
-    DeviceBuffer weight, scales;
-  };
-  Half kv_b_halves_[2];
+  // kv_b's halves run as e4m3-output GEMMs (MlaPath::kv_from_projection): an FP8 kv_b on sm_90.
+  bool kv_b_e4m3_ = false;
   DeviceBuffer q_a_norm_, kv_a_norm_, cos_sin_;
   std::vector<std::string> notes_;
   cuda::HostStaging staging_;  // pinned host image of the batch metadata
@@ -433,9 +436,12 @@ void CudaMlaExecutor::project_kv_b_split() {
     g.x = b_.gemm_x;
     g.x_scales = b_.gemm_x_scales;
     g.x_scale_pitch = pitch;
-    g.weight = kv_b_halves_[half].weight.as<void>();
-    g.weight_scales = kv_b_halves_[half].scales.as<float>();
-    g.weight_scale_pitch = cuda::model::linear_scale_columns(in);
+    // The half's rows of the grouped kv_b (KvBByHalf) and their scale rows.
+    const std::int64_t rows = c_.heads * kMlaVDim,
+                       scale_pitch = cuda::model::linear_scale_columns(in);
+    g.weight = kv_b_->weight.as<std::uint8_t>() + half * rows * in;
+    g.weight_scales = kv_b_->scale.as<float>() + half * c_.heads * scale_pitch;
+    g.weight_scale_pitch = scale_pitch;
     g.rows = T;
     g.out = c_.heads * kMlaVDim;
     g.in = in;
@@ -562,7 +568,7 @@ MlaActivationAmax CudaMlaExecutor::activation_amax() {
   };
   amax(b_.q, T, H * kMlaQkDim, c_.q_width(), 0);
   amax(b_.k16, T * H, kMlaQkDim, kMlaQkDim, 1);
-  amax(b_.kv + kMlaNopeDim, T * H, kMlaVDim, 256, 2);
+  amax(b_.kv + H * kMlaNopeDim, T, H * kMlaVDim, 2 * H * kMlaNopeDim, 2);  // V rows (v_of)
   amax(b_.kv_c, T, c_.kv_lora_rank, c_.kv_lora_rank, 3);
   amax(b_.k_pe16, T, kMlaRopeDim, kMlaRopeDim, 3);
   unsigned bits[kAmaxCells];
@@ -631,11 +637,12 @@ void CudaMlaExecutor::assemble_one_shot() {
                               std::size_t(from.v_pitch), std::size_t(rows),
                               std::size_t(H * kMlaVDim), cudaMemcpyDeviceToDevice, stream_),
             "cudaMemcpy2DAsync(one-shot V)");
-    } else {  // token-major rows of 128 bf16, 256 apart in the kv_b output
+    } else {  // a token's H * 128 bf16 contiguous, tokens v.stride(0) apart (v_of)
+      const std::size_t row_bytes = std::size_t(H * kMlaVDim * 2);
       check(
-          cudaMemcpy2DAsync(b_.one_shot_v + to_row * H * kMlaVDim * 2, kMlaVDim * 2,
-                            v + from_row * from.v.stride(0) * 2, std::size_t(from.v.stride(1) * 2),
-                            kMlaVDim * 2, std::size_t(rows * H), cudaMemcpyDeviceToDevice, stream_),
+          cudaMemcpy2DAsync(b_.one_shot_v + to_row * std::int64_t(row_bytes), row_bytes,
+                            v + from_row * from.v.stride(0) * 2, std::size_t(from.v.stride(0) * 2),
+                            row_bytes, std::size_t(rows), cudaMemcpyDeviceToDevice, stream_),
           "cudaMemcpy2DAsync(one-shot V)");
     }
   };
