@@ -22,6 +22,8 @@ void add_bench_prep_command(CLI::App& bench);
 void add_bench_attention_command(CLI::App& bench);
 // `fp8mla bench output-quant`: fused output quantization vs attention + the quantization op.
 void add_bench_output_quant_command(CLI::App& bench);
+// `fp8mla bench projection`: kv_b_proj's bf16-output GEMM vs its e4m3-output pair.
+void add_bench_projection_command(CLI::App& bench);
 #if defined(FP8MLA_WITH_MODEL)
 // `fp8mla bench layer`: the MLA layer's FP8 and BF16 paths (CUDA builds with the model).
 void add_bench_layer_command(CLI::App& bench);

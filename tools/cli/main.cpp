@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   fp8mla::cli::add_bench_prep_command(*bench);
   fp8mla::cli::add_bench_attention_command(*bench);
   fp8mla::cli::add_bench_output_quant_command(*bench);
+  fp8mla::cli::add_bench_projection_command(*bench);
 #if defined(FP8MLA_WITH_MODEL)
   fp8mla::cli::add_bench_layer_command(*bench);
 #endif
