@@ -56,6 +56,19 @@ LinearStore bf16_rows(std::span<std::uint16_t> y, std::int64_t out) {
   };
 }
 
+// store(t, o, sum) of e4m3 xq [rows, in] times its group-128 scales xs [rows, in / 128].
+void linear_e4m3_input(std::span<const std::uint8_t> xq, std::span<const float> xs,
+                       std::int64_t rows, std::int64_t in, std::span<const float> w,
+                       std::int64_t out, const LinearStore& store) {
+  const std::int64_t groups = in / kWeightBlock;
+  linear_rows(rows, in, w, out, store, [&](std::int64_t t, float* xf) {
+    for (std::int64_t i = 0; i < in; ++i) {
+      xf[i] =
+          decode_e4m3(xq[std::size_t(t * in + i)]) * xs[std::size_t(t * groups + i / kWeightBlock)];
+    }
+  });
+}
+
 }  // namespace
 
 void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in,
@@ -81,25 +94,13 @@ void linear(std::span<const std::uint16_t> x, std::int64_t rows, std::int64_t in
       TensorView(xq.data(), DType::kE4M3, {rows, in}),
       TensorView(xs.data(), DType::kF32, {rows, in / kWeightBlock}),
       GroupQuantOptions{.group_size = int(kWeightBlock)});
-  const std::int64_t groups = in / kWeightBlock;
-  linear_rows(rows, in, w, out, store, [&](std::int64_t t, float* xf) {
-    for (std::int64_t i = 0; i < in; ++i) {
-      xf[i] =
-          decode_e4m3(xq[std::size_t(t * in + i)]) * xs[std::size_t(t * groups + i / kWeightBlock)];
-    }
-  });
+  linear_e4m3_input(xq, xs, rows, in, w, out, store);
 }
 
 void linear_fp8(std::span<const std::uint8_t> xq, std::span<const float> xs, std::int64_t rows,
                 std::int64_t in, std::span<const float> w, std::int64_t out,
                 std::span<std::uint16_t> y) {
-  const std::int64_t groups = in / kWeightBlock;
-  linear_rows(rows, in, w, out, bf16_rows(y, out), [&](std::int64_t t, float* xf) {
-    for (std::int64_t i = 0; i < in; ++i) {
-      xf[i] =
-          decode_e4m3(xq[std::size_t(t * in + i)]) * xs[std::size_t(t * groups + i / kWeightBlock)];
-    }
-  });
+  linear_e4m3_input(xq, xs, rows, in, w, out, bf16_rows(y, out));
 }
 
 void rms_norm(const std::uint16_t* x, std::int64_t rows, std::int64_t width, std::int64_t stride,

@@ -110,28 +110,27 @@ struct KvBByHalf {
 
   KvBByHalf(const MlaProjection& kv_b, std::int64_t heads) {
     const TensorView& w = kv_b.weight;
-    const std::int64_t in = w.size(1), row_bytes = in * std::int64_t(dtype_size(w.dtype()));
-    weight.resize(std::size_t(w.size(0) * row_bytes));
-    const auto* from = w.data_as<const std::uint8_t>();
-    for (std::int64_t h = 0; h < heads; ++h) {
-      for (int half = 0; half < 2; ++half) {
-        std::memcpy(&weight[std::size_t((half * heads + h) * kMlaVDim * row_bytes)],
-                    from + (2 * h + half) * kMlaVDim * row_bytes,
-                    std::size_t(kMlaVDim * row_bytes));
-      }
-    }
+    const std::int64_t in = w.size(1);
+    weight.resize(std::size_t(w.size(0) * in) * dtype_size(w.dtype()));
+    regroup(w.data_as<const std::uint8_t>(), weight.data(), weight.size(), heads);
     view.weight = TensorView(weight.data(), w.dtype(), {w.size(0), in});
     if (w.dtype() != DType::kE4M3) return;
-    const std::int64_t cols = kv_b.scale_inv.size(1);
-    scale_inv.resize(std::size_t(2 * heads * cols));
-    const auto* s = kv_b.scale_inv.data_as<const float>();
+    scale_inv.resize(std::size_t(kv_b.scale_inv.numel()));  // one row per 128-row block
+    regroup(kv_b.scale_inv.data_as<const std::uint8_t>(),
+            reinterpret_cast<std::uint8_t*>(scale_inv.data()), scale_inv.size() * 4, heads);
+    view.scale_inv = TensorView(scale_inv.data(), DType::kF32, kv_b.scale_inv.shape());
+  }
+
+  // `bytes` of 2 * heads equal blocks from (head h, half) order to (half, head h) order.
+  static void regroup(const std::uint8_t* from, std::uint8_t* to, std::size_t bytes,
+                      std::int64_t heads) {
+    const std::size_t block = bytes / std::size_t(2 * heads);
     for (std::int64_t h = 0; h < heads; ++h) {
       for (int half = 0; half < 2; ++half) {
-        std::memcpy(&scale_inv[std::size_t((half * heads + h) * cols)], s + (2 * h + half) * cols,
-                    std::size_t(cols) * 4);
+        std::memcpy(to + std::size_t(half * heads + h) * block,
+                    from + std::size_t(2 * h + half) * block, block);
       }
     }
-    view.scale_inv = TensorView(scale_inv.data(), DType::kF32, {2 * heads, cols});
   }
 };
 
